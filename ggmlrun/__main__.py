@@ -1,0 +1,3 @@
+from ggmlrun.cli import main
+
+main()

@@ -1,0 +1,192 @@
+"""Click commands only: parse, call the core, hand results to the report layer.
+
+Data goes to stdout, diagnostics to stderr. Every error leaves through `main()`: one line, exit
+2 for bad input, 1 for a failure while running, a traceback only with --debug.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ggmlrun import report
+from ggmlrun.core import engine
+from ggmlrun.core.errors import CheckError, GgmlrunError, InputError
+from ggmlrun.core.loader import load_backends, load_graph
+
+# piped output gets a wide fixed width so tables are not squeezed into 80 columns
+stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+stderr = Console(stderr=True)
+
+GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
+BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),
+                        help="YAML file with a `backends:` list; overrides the graph's own.")
+JSON = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
+                     help="Show Python tracebacks on errors.")
+
+
+def emit_json(data: dict) -> None:
+    click.echo(json.dumps(data, indent=2, default=_json_default))
+
+
+def _json_default(value):
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _prepare(graph_path: Path, backends_file: Path | None):
+    graph = load_graph(graph_path)
+    override = load_backends(backends_file) if backends_file else None
+    backends = engine.resolve_backends(graph, override)
+    return graph, engine.schedule(graph, backends)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ggmlrun")
+@DEBUG
+def cli():
+    """See and run how a ggml compute graph is placed, sized and executed across devices."""
+
+
+@cli.command()
+@GRAPH
+@JSON
+@DEBUG
+def validate(graph, as_json):
+    """Load and check a graph file only."""
+    g = load_graph(graph)
+    if as_json:
+        emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
+                   "outputs": [t.name for t in g.outputs]})
+    else:
+        stdout.print(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, outputs: "
+                     f"{', '.join(t.name for t in g.outputs)})")
+
+
+@cli.command()
+@GRAPH
+@BACKENDS
+@JSON
+@click.option("--dump-splits", is_flag=True, help="Every node's backend, cause and sources.")
+@click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
+              help="With --dump-splits: rich tables, or ggml's GGML_SCHED_DEBUG text.")
+@DEBUG
+def plan(graph, backends_file, as_json, dump_splits, fmt):
+    """Schedule only: the splits, their inputs, and why every node went where it did."""
+    _, sched = _prepare(graph, backends_file)
+    if as_json:
+        emit_json(report.plan_dict(sched))
+        return
+    if dump_splits and fmt == "ggml":
+        click.echo(report.ggml_dump(sched))
+        return
+    report.print_tables(stdout, report.split_table(sched))
+    if dump_splits:
+        report.print_tables(stdout, report.assignment_table(sched))
+
+
+@cli.command()
+@GRAPH
+@BACKENDS
+@JSON
+@DEBUG
+def measure(graph, backends_file, as_json):
+    """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
+    g, sched = _prepare(graph, backends_file)
+    _, memory = engine.plan_memory(sched)
+    if as_json:
+        emit_json(report.measure_dict(memory))
+    else:
+        report.print_tables(stdout, report.measure_table(memory, f"memory of {g.name}"))
+
+
+@cli.command()
+@GRAPH
+@BACKENDS
+@JSON
+@click.option("--input", "input_specs", multiple=True, metavar="NAME=FILE.npy",
+              help="Set a graph input from a .npy file (repeatable).")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every output, by name, to this .npz (atomically).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, help="Compute N times after one plan.")
+@click.option("--check", is_flag=True, help="Compare outputs with the plain NumPy reference evaluator.")
+@DEBUG
+def run(graph, backends_file, as_json, input_specs, out_file, repeat, check):
+    """Schedule, measure, allocate and compute; print splits, timings and outputs."""
+    from ggmlrun.core import data, results
+
+    g, sched = _prepare(graph, backends_file)
+    inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
+    plan_, memory = engine.plan_memory(sched)
+    engine.check_capacity(sched, memory)
+    leaf_values = engine.leaf_values(g)
+    result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat)
+    summaries = {name: results.summarize(arr) for name, arr in result.outputs.items()}
+    errors = results.compare_with_reference(g, leaf_values, inputs, result.outputs) if check else None
+    if out_file:
+        results.write_npz(out_file, result.outputs)
+    if as_json:
+        payload = report.run_dict(sched, memory, result, summaries)
+        if errors is not None:
+            payload["check"] = {"max_rel_err": errors, "passed": results.check_passed(g, errors)}
+        emit_json(payload)
+    else:
+        report.print_tables(stdout, report.split_table(sched), report.timing_table(result),
+                            report.outputs_table(summaries, errors))
+    if errors is not None and not results.check_passed(g, errors):
+        worst = max(errors, key=errors.get)
+        raise CheckError(f"output '{worst}' differs from the reference evaluator by "
+                                 f"{errors[worst]:.3e} (relative)")
+
+
+@cli.command()
+@BACKENDS
+@JSON
+@DEBUG
+def ops(backends_file, as_json):
+    """The op table, and which backends support each op."""
+    from ggmlrun.core.backends.spec import default_backends
+
+    backends = load_backends(backends_file) if backends_file else default_backends()
+    if as_json:
+        emit_json(report.ops_dict(backends))
+    else:
+        report.print_tables(stdout, report.ops_table(backends))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        cli.main(args=argv, prog_name="ggmlrun", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(2 if isinstance(err, click.UsageError) else err.exit_code)
+    except click.exceptions.Abort:
+        stderr.print("ggmlrun: aborted")
+        sys.exit(1)
+    except GgmlrunError as err:
+        if debug:
+            raise
+        fail(str(err), err.exit_code)
+    except Exception as err:  # noqa: BLE001 - one line for anything unexpected
+        if debug:
+            raise
+        fail(f"internal error: {type(err).__name__}: {err} (run with --debug for a traceback)", 1)
+    sys.exit(0)
+
+
+def fail(message: str, code: int) -> None:
+    click.echo(f"ggmlrun: error: {message}", err=True)
+    sys.exit(code)
+
+
+__all__ = ["cli", "main", "InputError"]

@@ -1,0 +1,56 @@
+"""Backends at run time: real byte arenas, and the cost model a simulated device reports.
+
+Each backend owns two NumPy byte buffers: its weights and its compute arena (sized by the
+measure pass). Every tensor is an ndarray view into one of them at its planned offset, so a
+wrong plan gives wrong numbers. A `sim` backend computes with the same kernels as the CPU; what
+makes it a device is that its memory is its own (nothing reads it without a copy) and that it
+reports modeled times from its `flops`, `mem_bw`, `link_bw` and `link_latency`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.graph import Tensor
+
+
+def aligned_bytes(size: int, alignment: int) -> np.ndarray:
+    """A zeroed uint8 buffer whose first byte sits on `alignment` (as a backend buffer would)."""
+    raw = np.zeros(size + alignment, dtype=np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start:start + size]
+
+
+def strided_view(buffer: np.ndarray, offset: int, tensor: Tensor) -> np.ndarray:
+    return np.ndarray(tensor.shape, dtype=tensor.np_dtype, buffer=buffer, offset=offset,
+                      strides=tensor.strides)
+
+
+class Backend:
+    def __init__(self, spec: BackendSpec, arena_bytes: int, weights_bytes: int):
+        self.spec = spec
+        self.arena = aligned_bytes(arena_bytes, spec.alignment)
+        self.weights = aligned_bytes(weights_bytes, spec.alignment)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def modeled_compute_s(self, flops: int, nbytes: int) -> float | None:
+        """Roofline time on a sim device; None for the CPU, whose time is only measured."""
+        if self.spec.kind == "cpu":
+            return None
+        return max(flops / self.spec.flops, nbytes / self.spec.mem_bw)
+
+    def modeled_link_s(self, nbytes: int) -> float | None:
+        """One transfer over this device's host link; None for the CPU (it has no link)."""
+        if self.spec.kind == "cpu":
+            return None
+        return self.spec.link_latency + nbytes / self.spec.link_bw
+
+
+def modeled_copy_s(src: Backend, dst: Backend, nbytes: int) -> float | None:
+    """A copy crosses the link of every sim device it touches (sim to sim goes via the host)."""
+    legs = [t for t in (src.modeled_link_s(nbytes), dst.modeled_link_s(nbytes)) if t is not None]
+    return sum(legs) if legs else None

@@ -1,0 +1,55 @@
+"""What a backends list says (SPEC.md section 3), before any memory exists."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+GiB = 1024**3
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 * GiB
+
+
+@dataclass
+class BackendSpec:
+    name: str
+    kind: str                              # "cpu" | "sim"
+    memory: int                            # capacity in bytes: weights + arena
+    alignment: int
+    threads: int | None = None             # cpu: caps BLAS threads
+    supports: frozenset[str] | None = None  # None: every op not in `unsupported`
+    unsupported: frozenset[str] = field(default_factory=frozenset)
+    offload_min_batch: int = 32
+    flops: float = 50e12                   # sim cost model
+    mem_bw: float = 1e12
+    link_bw: float = 25e9
+    link_latency: float = 10e-6
+    line: int | None = None
+
+    def supports_op(self, op: str) -> bool:
+        """View ops compute nothing, so every backend "runs" them: they follow their source."""
+        from ggmlrun.core.ops import OPS
+
+        if op in OPS and OPS[op].view_op:
+            return True
+        if op in self.unsupported:
+            return False
+        return self.supports is None or op in self.supports
+
+
+def default_cpu(name: str = "CPU") -> BackendSpec:
+    return BackendSpec(name=name, kind="cpu", memory=physical_memory(), alignment=64)
+
+
+def default_sim(name: str = "SIM0") -> BackendSpec:
+    return BackendSpec(name=name, kind="sim", memory=16 * GiB, alignment=128)
+
+
+def default_backends() -> list[BackendSpec]:
+    """SPEC.md's default set: a simulated device first, then the CPU."""
+    return [default_sim(), default_cpu()]

@@ -1,0 +1,91 @@
+"""The pipeline in one place: backends -> schedule -> memory plan -> capacity -> execution.
+
+The CLI calls these in order; each returns plain result objects the report layer renders.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggmlrun.core.alloc import GraphAllocator, MemoryPlan, layout_weights
+from ggmlrun.core.backends.spec import BackendSpec, default_backends
+from ggmlrun.core.errors import CapacityError
+from ggmlrun.core.exec import Executor, RunResult
+from ggmlrun.core.graph import Graph, Tensor
+from ggmlrun.core.sched import Schedule, Scheduler
+
+
+@dataclass
+class BackendMemory:
+    name: str
+    kind: str
+    arena_bytes: int
+    weights_bytes: int
+    lower_bound_bytes: int
+    no_reuse_bytes: int
+    memory: int
+
+
+def resolve_backends(graph: Graph, override: list[BackendSpec] | None) -> list[BackendSpec]:
+    """--backends wins over the file's `backends:`, which wins over the default set."""
+    return override or graph.backends or default_backends()
+
+
+def schedule(graph: Graph, backends: list[BackendSpec]) -> Schedule:
+    return Scheduler(backends).schedule(graph)
+
+
+def plan_memory(sched: Schedule) -> tuple[MemoryPlan, list[BackendMemory]]:
+    """The measure pass: every arena sized, with its lower bound and no-reuse size beside it."""
+    alignments = [b.alignment for b in sched.backends]
+    leafs, entries = sched.alloc_sequence()
+    plan = GraphAllocator(alignments).plan(leafs, entries)
+    location = {w: sched.backend_of[w] for w in sched.graph.weights}
+    _, weights_bytes = layout_weights(sched.graph.weights, location, alignments)
+    memory = [BackendMemory(name=spec.name, kind=spec.kind, arena_bytes=plan.arena_bytes[i],
+                            weights_bytes=weights_bytes[i], lower_bound_bytes=plan.lower_bound(i),
+                            no_reuse_bytes=plan.no_reuse_bytes(i), memory=spec.memory)
+              for i, spec in enumerate(sched.backends)]
+    return plan, memory
+
+
+def check_capacity(sched: Schedule, memory: list[BackendMemory]) -> None:
+    """Fail before allocating anything when weights plus arena exceed a backend's memory."""
+    for i, mem in enumerate(memory):
+        need = mem.weights_bytes + mem.arena_bytes
+        if need <= mem.memory:
+            continue
+        here = [t for t in sched.graph.leafs + sched.graph.nodes
+                if sched.backend_of.get(t) == i and not t.is_view]
+        largest = sorted(here, key=lambda t: t.nbytes, reverse=True)[:3]
+        names = ", ".join(f"{t.name} ({human_bytes(t.nbytes)})" for t in largest)
+        raise CapacityError(
+            f"backend {mem.name} needs {need} bytes ({human_bytes(need)}: weights "
+            f"{human_bytes(mem.weights_bytes)} + arena {human_bytes(mem.arena_bytes)}) but its "
+            f"memory is {mem.memory} bytes ({human_bytes(mem.memory)}); largest tensors: {names}; "
+            f"raise its `memory` or move weights to another backend")
+
+
+def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
+    """Every leaf's data: generated, given inline, or read from its .npy."""
+    from ggmlrun.core.data import leaf_array
+
+    return {t: leaf_array(t, graph.seed) for t in graph.leafs}
+
+
+def execute(sched: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndarray],
+            inputs: dict[Tensor, np.ndarray] | None = None, repeat: int = 1,
+            progress=None) -> RunResult:
+    executor = Executor(sched, plan, leaf_values)
+    feed = {t: leaf_values[t] for t in sched.graph.inputs}
+    feed.update(inputs or {})
+    return executor.run(feed, repeat=repeat, progress=progress)
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"

@@ -1,0 +1,163 @@
+"""Graph generators: llama-style blocks and MLPs as graph-file text, for real model shapes.
+
+Output is YAML in flow style, one tensor or node per line, so a generated file reads like a
+hand-written one. Nothing here parses YAML; the loader reads what this writes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+class GraphText:
+    """Collects tensors and nodes, then renders the graph file."""
+
+    def __init__(self, name: str, comment: str = ""):
+        self.name = name
+        self.comment = comment
+        self.tensors: list[tuple[str, dict]] = []
+        self.nodes: list[dict] = []
+        self.outputs: list[str] = []
+        self.backends: list[dict] | None = None
+
+    def tensor(self, name: str, shape, **keys) -> str:
+        self.tensors.append((name, {"shape": list(shape), **keys}))
+        return name
+
+    def node(self, name: str, op: str, *src: str, backend: str | None = None, **params) -> str:
+        entry = {"name": name, "op": op, "src": list(src)}
+        if params:
+            entry["params"] = params
+        if backend:
+            entry["backend"] = backend
+        self.nodes.append(entry)
+        return name
+
+    def render(self) -> str:
+        lines = [f"# {line}" for line in self.comment.splitlines()]
+        lines += [f"name: {self.name}", "seed: 0"]
+        if self.backends:
+            lines.append("backends:")
+            lines += [f"  - {_value(b)}" for b in self.backends]
+        lines.append("tensors:")
+        lines += [f"  {name}: {_value(spec)}" for name, spec in self.tensors]
+        lines.append("nodes:")
+        lines += [f"  - {_value(n)}" for n in self.nodes]
+        lines.append(f"outputs: {_value(self.outputs or [self.nodes[-1]['name']])}")
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class LlamaShape:
+    layers: int = 2
+    dim: int = 256
+    heads: int = 8
+    ffn: int = 688
+    context: int = 32        # tokens already in the KV cache are not modeled; this is the batch length
+    batch: int = 32          # tokens processed at once (rows of every activation)
+    dtype: str = "f32"       # weights' dtype
+    offload: int = 0         # how many of the last layers keep their weights on SIM0
+    device: str = "SIM0"
+
+
+def llama(shape: LlamaShape, name: str = "llama") -> str:
+    """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN, residuals.
+
+    As in llama.cpp's partial offload, the last `offload` layers' weights live on the device
+    and the rest on the CPU; the scheduler decides where every node runs from there.
+    """
+    s = shape
+    if s.dim % s.heads:
+        raise ValueError("dim must be a multiple of heads")
+    hd = s.dim // s.heads
+    if hd % 2:
+        raise ValueError("head dim (dim / heads) must be even for rope")
+    g = GraphText(name, f"generated: ggmlrun gen llama --layers {s.layers} --dim {s.dim} "
+                        f"--heads {s.heads} --ffn {s.ffn} --batch {s.batch} --dtype {s.dtype} "
+                        f"--offload {s.offload}")
+    x = g.tensor("x", [s.batch, s.dim], role="input", init="randn")
+    pos = g.tensor("pos", [s.batch], dtype="i32", role="input", init="arange")
+    wscale = 1.0 / math.sqrt(s.dim)
+    for layer in range(s.layers):
+        p = f"l{layer}."
+        where = {"backend": s.device} if layer >= s.layers - s.offload else {}
+        w = {}
+        for key, shp in (("attn_norm", [s.dim]), ("wq", [s.dim, s.dim]), ("wk", [s.dim, s.dim]),
+                         ("wv", [s.dim, s.dim]), ("wo", [s.dim, s.dim]), ("ffn_norm", [s.dim]),
+                         ("ffn_gate", [s.ffn, s.dim]), ("ffn_up", [s.ffn, s.dim]),
+                         ("ffn_down", [s.dim, s.ffn])):
+            keys = dict(where)
+            if len(shp) == 1:
+                keys.update(init="ones")
+            else:
+                keys.update(init="randn", scale=wscale)
+                if s.dtype != "f32":
+                    keys["dtype"] = s.dtype
+            w[key] = g.tensor(p + key, shp, **keys)
+        n = g.node(p + "attn_rms", "rms_norm", x)
+        n = g.node(p + "attn_in", "mul", n, w["attn_norm"])
+        heads = {}
+        for key in ("q", "k", "v"):
+            m = g.node(p + key, "mul_mat", w["w" + key], n)
+            heads[key] = g.node(p + key + "3", "reshape", m, shape=[s.batch, s.heads, hd])
+        q = g.node(p + "q_rope", "rope", heads["q"], pos)
+        k = g.node(p + "k_rope", "rope", heads["k"], pos)
+        qp = g.node(p + "q_heads", "permute", q, axes=[1, 0, 2])
+        kp = g.node(p + "k_heads", "permute", k, axes=[1, 0, 2])
+        kq = g.node(p + "kq", "mul_mat", kp, qp)
+        kq = g.node(p + "kq_scaled", "scale", kq, s=1.0 / math.sqrt(hd))
+        kq = g.node(p + "kq_masked", "diag_mask_inf", kq)
+        kq = g.node(p + "kq_soft", "soft_max", kq)
+        vt = g.node(p + "v_heads_t", "permute", heads["v"], axes=[1, 2, 0])
+        vt = g.node(p + "v_cont", "cont", vt)
+        kqv = g.node(p + "kqv", "mul_mat", vt, kq)
+        kqv = g.node(p + "kqv_tokens", "permute", kqv, axes=[1, 0, 2])
+        kqv = g.node(p + "kqv_cont", "cont", kqv)
+        kqv = g.node(p + "kqv_flat", "reshape", kqv, shape=[s.batch, s.dim])
+        o = g.node(p + "attn_out", "mul_mat", w["wo"], kqv)
+        h = g.node(p + "attn_res", "add", o, x)
+        n = g.node(p + "ffn_rms", "rms_norm", h)
+        n = g.node(p + "ffn_in", "mul", n, w["ffn_norm"])
+        gate = g.node(p + "gate", "mul_mat", w["ffn_gate"], n)
+        gate = g.node(p + "gate_silu", "silu", gate)
+        up = g.node(p + "up", "mul_mat", w["ffn_up"], n)
+        gu = g.node(p + "gate_up", "mul", gate, up)
+        down = g.node(p + "down", "mul_mat", w["ffn_down"], gu)
+        x = g.node(p + "out", "add", down, h)
+    g.outputs = [x]
+    return g.render()
+
+
+def mlp(layers: int = 2, dim: int = 512, hidden: int = 2048, batch: int = 32,
+        dtype: str = "f32", offload: int = 0, device: str = "SIM0", name: str = "mlp") -> str:
+    """A stack of gelu MLP blocks with residuals; the last `offload` blocks' weights on the device."""
+    g = GraphText(name, f"generated: ggmlrun gen mlp --layers {layers} --dim {dim} --hidden "
+                        f"{hidden} --batch {batch} --dtype {dtype} --offload {offload}")
+    x = g.tensor("x", [batch, dim], role="input", init="randn")
+    for layer in range(layers):
+        keys = {"init": "randn", "scale": 1.0 / math.sqrt(dim)}
+        if dtype != "f32":
+            keys["dtype"] = dtype
+        if layer >= layers - offload:
+            keys["backend"] = device
+        w1 = g.tensor(f"l{layer}.w1", [hidden, dim], **keys)
+        w2 = g.tensor(f"l{layer}.w2", [dim, hidden], **keys)
+        h = g.node(f"l{layer}.h", "mul_mat", w1, x)
+        a = g.node(f"l{layer}.a", "gelu", h)
+        y = g.node(f"l{layer}.y", "mul_mat", w2, a)
+        x = g.node(f"l{layer}.out", "add", y, x)
+    g.outputs = [x]
+    return g.render()

@@ -1,0 +1,156 @@
+"""Tensor and Graph: pure data, the shared language of every layer.
+
+A `Tensor` is ggml's `ggml_tensor` without the memory: shape, dtype and byte strides (NumPy
+order), the op that makes it and its sources, and, for views, the root tensor whose bytes it
+aliases (`view_src`, never itself a view, as in ggml) with a byte offset into it. Leafs
+(weights and inputs) have no op. Nothing here computes or allocates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+NP_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "i32": np.dtype(np.int32)}
+DTYPE_NAMES = {v: k for k, v in NP_DTYPES.items()}
+MAX_DIMS = 4
+
+
+def itemsize(dtype: str) -> int:
+    return NP_DTYPES[dtype].itemsize
+
+
+def contiguous_strides(shape: tuple[int, ...], item: int) -> tuple[int, ...]:
+    strides, step = [], item
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def span_bytes(shape: tuple[int, ...], strides: tuple[int, ...], item: int) -> int:
+    """Bytes from a tensor's first element to the end of its last (ggml_nbytes)."""
+    if any(d == 0 for d in shape):
+        return 0
+    return item + sum((d - 1) * s for d, s in zip(shape, strides))
+
+
+@dataclass
+class LeafData:
+    """Where a leaf's values come from: exactly one of init / values / file."""
+
+    init: str | None = None
+    keys: dict = field(default_factory=dict)     # init keys: scale, low, high, value, ...
+    values: list | None = None
+    file: Path | None = None
+
+
+@dataclass(eq=False)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "f32"
+    strides: tuple[int, ...] = ()
+    op: str | None = None                 # None for leafs and scheduler copies
+    src: list["Tensor"] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    view_src: "Tensor | None" = None      # root tensor whose bytes this one aliases
+    view_offset: int = 0                  # bytes into view_src
+    role: str | None = None               # leafs: "weight" | "input"; copies: "copy"
+    backend: str | None = None            # weights: buffer location; others: a user pin
+    data: LeafData | None = None          # leafs only
+    is_output: bool = False
+    line: int | None = None               # YAML line, for error messages
+
+    def __post_init__(self):
+        self.shape = tuple(int(d) for d in self.shape)
+        if not self.strides:
+            self.strides = contiguous_strides(self.shape, itemsize(self.dtype))
+        self.strides = tuple(int(s) for s in self.strides)
+
+    # --- derived facts -------------------------------------------------------------------
+    @property
+    def is_leaf(self) -> bool:
+        return self.op is None and self.role != "copy"
+
+    @property
+    def is_view(self) -> bool:
+        return self.view_src is not None
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return NP_DTYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return itemsize(self.dtype)
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return span_bytes(self.shape, self.strides, self.itemsize)
+
+    @property
+    def is_contiguous(self) -> bool:
+        return self.strides == contiguous_strides(self.shape, self.itemsize)
+
+    def same_layout(self, other: "Tensor") -> bool:
+        """ggml_are_same_layout: the condition for one tensor to take another's slot."""
+        return (self.dtype, self.shape, self.strides) == (other.dtype, other.shape, other.strides)
+
+    def describe(self) -> str:
+        kind = "tensor" if self.is_leaf else "node"
+        return f"{kind} '{self.name}'"
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {list(self.shape)}, {self.dtype}, op={self.op})"
+
+
+@dataclass
+class Graph:
+    name: str
+    leafs: list[Tensor]                   # file order
+    nodes: list[Tensor]                   # execution order
+    outputs: list[Tensor]
+    seed: int = 0
+    backends: list | None = None          # BackendSpec list from the file, if it gave one
+    path: Path | None = None
+    backends_line: int | None = None
+
+    def __post_init__(self):
+        self._by_name = {t.name: t for t in self.leafs + self.nodes}
+
+    def tensor(self, name: str) -> Tensor:
+        return self._by_name[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        return [t for t in self.leafs if t.role == "input"]
+
+    @property
+    def weights(self) -> list[Tensor]:
+        return [t for t in self.leafs if t.role == "weight"]
+
+    def leafs_by_first_use(self) -> list[Tensor]:
+        """Leafs in the order ggml's graph builder meets them (left-to-right source visits).
+
+        ggml allocates graph inputs in its `leafs` order, which is discovery order, not the
+        order a file lists them; the planner follows ggml here so sizes can be compared.
+        Leafs no node uses come last, in file order.
+        """
+        seen: dict[int, Tensor] = {}
+        for node in self.nodes:
+            for src in node.src:
+                if src.is_leaf and id(src) not in seen:
+                    seen[id(src)] = src
+        rest = [t for t in self.leafs if id(t) not in seen]
+        return list(seen.values()) + rest

@@ -1,0 +1,388 @@
+"""Offline offset planning for buffers with known lifetimes ("dynamic storage allocation").
+
+Every buffer lives over a half-open time interval [lower, upper) and needs `size` bytes. Two
+buffers whose lifetimes overlap must not overlap in address space; the goal is the smallest
+peak, max(offset + size). The planner runs cheap greedy placements first (good enough for the
+arena planner's easy graphs, and an upper bound for everything else), then, when asked, a
+MiniMalloc-style exact search (see `pack_search`) that tries to close the gap to the lower
+bound within a time limit.
+
+This module has no dependency on the rest of ggmlrun except the error class used for CSV
+input, so it can be tested and benchmarked on its own.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ggmlrun.core.errors import InputError
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One allocation request: `size` bytes needed over time [lower, upper)."""
+
+    id: str
+    lower: int
+    upper: int
+    size: int
+
+    def __post_init__(self):
+        if self.size < 0:
+            raise ValueError(f"buffer {self.id!r}: size {self.size} is negative")
+        if self.upper < self.lower:
+            raise ValueError(f"buffer {self.id!r}: upper {self.upper} < lower {self.lower}")
+
+
+@dataclass
+class PackResult:
+    """The chosen offsets and how good they are: `peak == lower_bound` proves optimality."""
+
+    offsets: dict[str, int]
+    peak: int
+    lower_bound: int
+    method: str
+    seconds: float
+    greedy_peak: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def optimal(self) -> bool:
+        return self.peak == self.lower_bound
+
+
+# --------------------------------------------------------------------------- basic arrays
+
+
+def _arrays(buffers):
+    """Columns as int64 arrays; buffers that can never conflict get `active == False`."""
+    lower = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=len(buffers))
+    upper = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=len(buffers))
+    size = np.fromiter((b.size for b in buffers), dtype=np.int64, count=len(buffers))
+    active = (upper > lower) & (size > 0)
+    return lower, upper, size, active
+
+
+def lower_bound(buffers) -> int:
+    """The most bytes live at any one instant: no placement can have a smaller peak.
+
+    Ends sort before starts at the same time because lifetimes are half-open, so a buffer
+    freed at t and one allocated at t are never counted together.
+    """
+    if not buffers:
+        return 0
+    lower, upper, size, active = _arrays(buffers)
+    lower, upper, size = lower[active], upper[active], size[active]
+    if size.size == 0:
+        return 0
+    times = np.concatenate([upper, lower])
+    deltas = np.concatenate([-size, size])
+    order = np.lexsort((deltas, times))  # by time, then negative deltas (ends) first
+    return int(max(0, np.cumsum(deltas[order]).max()))
+
+
+def overlap_pairs(lower, upper, active, max_pairs=None):
+    """All index pairs (i, j) whose lifetimes overlap, each pair once, in O(n log n + pairs).
+
+    After sorting by start, the buffers overlapping i that start no earlier than i are exactly
+    those whose start lies in [lower_i, upper_i): one searchsorted per buffer finds them.
+    """
+    idx = np.flatnonzero(active)
+    order = idx[np.argsort(lower[idx], kind="stable")]
+    starts = lower[order]
+    pos = np.arange(order.size)
+    end = np.searchsorted(starts, upper[order], side="left")
+    counts = np.maximum(end - pos - 1, 0)
+    total = int(counts.sum())
+    if max_pairs is not None and total > max_pairs:
+        raise MemoryError(f"{total} overlapping pairs exceed {max_pairs}")
+    first = np.repeat(pos, counts)
+    offsets_in_run = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    second = first + 1 + offsets_in_run
+    return order[first], order[second]
+
+
+def neighbours(lower, upper, active):
+    """Adjacency lists of the time-overlap graph, as Python lists (the greedy loop's input)."""
+    a, b = overlap_pairs(lower, upper, active)
+    n = lower.size
+    src = np.concatenate([a, b])
+    dst = np.concatenate([b, a])
+    order = np.argsort(src, kind="stable")
+    dst = dst[order]
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    flat = dst.tolist()
+    bounds = ptr.tolist()
+    return [flat[bounds[i]:bounds[i + 1]] for i in range(n)]
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def verify(buffers, offsets, *, capacity=None, alignment=1, chunk_pairs=4_000_000) -> list[str]:
+    """Every broken rule, as readable lines; an empty list means the placement is valid.
+
+    Pairs are enumerated in chunks so that a dense instance (everything live at once) costs
+    time but not quadratic memory.
+    """
+    problems = []
+    missing = [b.id for b in buffers if b.id not in offsets]
+    if missing:
+        problems.append(f"no offset for {len(missing)} buffer(s): {', '.join(missing[:5])}")
+        return problems
+    off = np.fromiter((offsets[b.id] for b in buffers), dtype=np.int64, count=len(buffers))
+    lower, upper, size, active = _arrays(buffers)
+    for i in np.flatnonzero(off < 0)[:20]:
+        problems.append(f"buffer {buffers[i].id!r}: negative offset {int(off[i])}")
+    if alignment > 1:
+        for i in np.flatnonzero(off % alignment)[:20]:
+            problems.append(f"buffer {buffers[i].id!r}: offset {int(off[i])} "
+                            f"is not a multiple of {alignment}")
+    if capacity is not None:
+        for i in np.flatnonzero(off + size > capacity)[:20]:
+            problems.append(f"buffer {buffers[i].id!r}: ends at {int(off[i] + size[i])} "
+                            f"> capacity {capacity}")
+    problems.extend(_space_conflicts(buffers, off, lower, upper, size, active, chunk_pairs))
+    return problems
+
+
+def _space_conflicts(buffers, off, lower, upper, size, active, chunk_pairs):
+    """Time-overlapping pairs that also overlap in address space (first 20 reported)."""
+    idx = np.flatnonzero(active)
+    order = idx[np.argsort(lower[idx], kind="stable")]
+    starts = lower[order]
+    end = np.searchsorted(starts, upper[order], side="left")
+    counts = np.maximum(end - np.arange(order.size) - 1, 0)
+    found = []
+    lo = 0
+    while lo < order.size and len(found) < 20:
+        cum = np.cumsum(counts[lo:])
+        hi = lo + max(1, int(np.searchsorted(cum, chunk_pairs, side="right")))
+        c = counts[lo:hi]
+        first = np.repeat(np.arange(lo, hi), c)
+        second = first + 1 + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))
+        a, b = order[first], order[second]
+        bad = (off[a] < off[b] + size[b]) & (off[b] < off[a] + size[a])
+        for i, j in zip(a[bad][:20].tolist(), b[bad][:20].tolist()):
+            found.append(f"buffers {buffers[i].id!r} [{off[i]}, {off[i] + size[i]}) and "
+                         f"{buffers[j].id!r} [{off[j]}, {off[j] + size[j]}) overlap in time "
+                         f"and space")
+        lo = hi
+    return found[:20]
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+def _align_up(x: int, alignment: int) -> int:
+    return -(-x // alignment) * alignment
+
+
+def _place(placed, size, alignment, best_fit):
+    """Lowest (first fit) or tightest (best fit) free gap of `size` among `placed` spans."""
+    placed.sort()
+    cursor = 0
+    best = None
+    best_slack = None
+    for start, stop in placed:
+        if start - cursor >= size:
+            if not best_fit:
+                return cursor
+            slack = start - cursor - size
+            if best_slack is None or slack < best_slack:
+                best, best_slack = cursor, slack
+        if stop > cursor:
+            cursor = _align_up(stop, alignment)
+    return cursor if best is None else best
+
+
+def greedy_pass(order, size, nbrs, alignment=1, best_fit=False):
+    """Place buffers one by one in `order`, each in a free gap among its placed neighbours.
+
+    Cost is O(sum of neighbour counts * log), i.e. O(n * live) for the arena planner's graphs.
+    """
+    n = len(size)
+    off = [-1] * n
+    peak = 0
+    for i in order:
+        s = size[i]
+        placed = [(off[j], off[j] + size[j]) for j in nbrs[i] if off[j] >= 0]
+        o = _place(placed, s, alignment, best_fit) if placed else 0
+        off[i] = o
+        peak = max(peak, o + s)
+    return off, peak
+
+
+def greedy_orderings(lower, upper, size, active, limit=None):
+    """Orderings worth trying; different instances favour different ones, so try several.
+
+    Big-first orderings (size, area) leave small buffers to fill gaps; start-time order is the
+    online allocator's order and wins on chain-like graphs; long-lived-first keeps the
+    buffers that constrain everything at the bottom.
+    """
+    length = upper - lower
+    area = length * size
+    idx = np.arange(lower.size)
+    keys = [
+        ("size", (idx, lower, -size)),
+        ("area", (idx, -size, -area)),
+        ("length", (idx, -size, -length)),
+        ("start", (idx, -size, lower)),
+        ("size*sqrt(length)", (idx, -(size * np.sqrt(np.maximum(length, 1))))),
+    ]
+    if limit is not None:
+        keys = keys[:limit]
+    out = []
+    for name, key in keys:
+        order = np.lexsort(key)
+        out.append((name, order[active[order]].tolist()))
+    return out
+
+
+def plan_greedy(buffers, alignment=1, max_orderings=None):
+    """Best placement over all greedy orderings and both gap rules: (offsets list, peak, name)."""
+    lower, upper, size, active = _arrays(buffers)
+    nbrs = neighbours(lower, upper, active)
+    sizes = size.tolist()
+    best = ([0] * len(buffers), 0, "trivial")
+    first = True
+    for name, order in greedy_orderings(lower, upper, size, active, max_orderings):
+        for best_fit in (False, True):
+            off, peak = greedy_pass(order, sizes, nbrs, alignment, best_fit)
+            if first or peak < best[1]:
+                best = (off, peak, f"greedy:{name}/{'best' if best_fit else 'first'}-fit")
+                first = False
+    offs = [o if o >= 0 else 0 for o in best[0]]
+    return offs, best[1], best[2]
+
+
+# --------------------------------------------------------------------------- the planner
+
+
+def plan_offsets(buffers, capacity=None, time_limit=5.0, *, search=True, alignment=1,
+                 max_orderings=None) -> PackResult:
+    """Offsets for every buffer, as low a peak as the time limit allows.
+
+    Greedy always runs. The search runs only when `search` is true, `time_limit > 0`, and the
+    greedy peak is above the target: `capacity` when given (then any fitting placement is
+    accepted), otherwise the lower bound (then it bisects on the peak between the lower bound
+    and the best found so far).
+    """
+    t0 = time.perf_counter()
+    buffers = list(buffers)
+    _check_ids(buffers)
+    if alignment < 1:
+        raise ValueError(f"alignment must be >= 1, got {alignment}")
+    if max_orderings is None and len(buffers) > 20_000:
+        max_orderings = 2  # keep the greedy-only path of huge graphs to a couple of passes
+    offs, peak, method = plan_greedy(buffers, alignment, max_orderings)
+    lb = lower_bound(buffers)
+    greedy_peak = peak
+    notes = []
+    target = lb if capacity is None else capacity
+    if search and time_limit and time_limit > 0 and peak > max(target, lb):
+        from ggmlrun.core.pack_search import minimise_peak
+
+        found = minimise_peak(buffers, lb, peak, capacity, alignment,
+                              deadline=t0 + time_limit)
+        notes.extend(found.notes)
+        if found.offsets is not None and found.peak < peak:
+            offs, peak, method = found.offsets, found.peak, found.method
+    offsets = {b.id: int(o) for b, o in zip(buffers, offs)}
+    return PackResult(offsets, int(peak), int(lb), method, time.perf_counter() - t0,
+                      greedy_peak=int(greedy_peak), notes=notes)
+
+
+def _check_ids(buffers):
+    seen = set()
+    for b in buffers:
+        if b.id in seen:
+            raise ValueError(f"duplicate buffer id {b.id!r}")
+        seen.add(b.id)
+
+
+# --------------------------------------------------------------------------- CSV
+
+
+_COLUMNS = ("id", "lower", "upper", "size")
+
+
+def read_csv(path) -> list[Buffer]:
+    """Buffers from MiniMalloc's CSV format; errors name the file and the line."""
+    path = os.fspath(path)
+    try:
+        handle = open(path, newline="")
+    except OSError as e:
+        raise InputError(f"cannot read: {e.strerror}", file=path) from None
+    with handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise InputError("empty file; expected a header 'id,lower,upper,size'", file=path,
+                             line=1)
+        header = [h.strip() for h in header]
+        missing = [c for c in _COLUMNS if c not in header]
+        if missing:
+            raise InputError(f"header lacks column(s) {', '.join(missing)}; "
+                             f"expected 'id,lower,upper,size'", file=path, line=1)
+        cols = [header.index(c) for c in _COLUMNS]
+        buffers, seen = [], {}
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            buf = _parse_row(row, cols, path, line)
+            if buf.id in seen:
+                raise InputError(f"buffer id {buf.id!r} repeats the one on line {seen[buf.id]}",
+                                 file=path, line=line)
+            seen[buf.id] = line
+            buffers.append(buf)
+    return buffers
+
+
+def _parse_row(row, cols, path, line):
+    if len(row) <= max(cols):
+        raise InputError(f"expected at least {max(cols) + 1} fields, got {len(row)}",
+                         file=path, line=line)
+    ident = row[cols[0]].strip()
+    if not ident:
+        raise InputError("empty id", file=path, line=line)
+    values = []
+    for name, c in zip(_COLUMNS[1:], cols[1:]):
+        text = row[c].strip()
+        try:
+            values.append(int(text))
+        except ValueError:
+            raise InputError(f"buffer {ident!r}: {name} {text!r} is not an integer",
+                             file=path, line=line) from None
+    try:
+        return Buffer(ident, *values)
+    except ValueError as e:
+        raise InputError(str(e), file=path, line=line) from None
+
+
+def write_csv(path, buffers, offsets) -> None:
+    """The rows back with an `offset` column; atomic, so a crash never leaves half a file."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".pack-", suffix=".csv", dir=directory)
+    try:
+        with os.fdopen(fd, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow([*_COLUMNS, "offset"])
+            for b in buffers:
+                writer.writerow([b.id, b.lower, b.upper, b.size, offsets[b.id]])
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
