@@ -160,6 +160,68 @@ def ops(backends_file, as_json):
         report.print_tables(stdout, report.ops_table(backends))
 
 
+@cli.group()
+def gen():
+    """Write a generated graph file (llama-style or MLP) with real model shapes."""
+
+
+def _write_text(text: str, out: Path | None) -> None:
+    from ggmlrun.core.results import write_text
+
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        write_text(out, text)
+        stderr.print(f"wrote {out}")
+
+
+@gen.command("llama")
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--dim", type=click.IntRange(min=2), default=256, show_default=True)
+@click.option("--heads", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--ffn", type=click.IntRange(min=1), default=688, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Tokens per compute (rows of every activation).")
+@click.option("--dtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True)
+@click.option("--offload", type=click.IntRange(min=0), default=0, show_default=True,
+              help="How many of the last layers keep their weights on the device.")
+@click.option("--device", default="SIM0", show_default=True)
+@click.option("--name", default="llama", show_default=True)
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path))
+@DEBUG
+def gen_llama(layers, dim, heads, ffn, batch, dtype, offload, device, name, out):
+    """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN."""
+    from ggmlrun.core.gen import LlamaShape, llama
+
+    if dim % heads or (dim // heads) % 2:
+        raise InputError(f"--dim {dim} must be a multiple of --heads {heads} with an even head size")
+    if offload > layers:
+        raise InputError(f"--offload {offload} is more than --layers {layers}")
+    shape = LlamaShape(layers=layers, dim=dim, heads=heads, ffn=ffn, batch=batch, dtype=dtype,
+                       offload=offload, device=device)
+    _write_text(llama(shape, name=name), out)
+
+
+@gen.command("mlp")
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--dim", type=click.IntRange(min=1), default=512, show_default=True)
+@click.option("--hidden", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--dtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True)
+@click.option("--offload", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--device", default="SIM0", show_default=True)
+@click.option("--name", default="mlp", show_default=True)
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path))
+@DEBUG
+def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
+    """A stack of gelu MLP blocks with residuals."""
+    from ggmlrun.core.gen import mlp
+
+    if offload > layers:
+        raise InputError(f"--offload {offload} is more than --layers {layers}")
+    _write_text(mlp(layers, dim, hidden, batch, dtype, offload, device, name), out)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv

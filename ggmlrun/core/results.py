@@ -53,6 +53,14 @@ def check_passed(graph: Graph, errors: dict[str, float]) -> bool:
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    write_atomic(path, lambda handle: np.savez(handle, **arrays))
+
+
+def write_text(path: Path, text: str) -> None:
+    write_atomic(path, lambda handle: handle.write(text.encode()))
+
+
+def write_atomic(path: Path, write) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
@@ -62,7 +70,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
         raise RunError(f"cannot write {path}: {err.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
+            write(handle)
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)

@@ -52,7 +52,10 @@ def want_number(op: str, key: str, v, *, finite: bool = True, positive: bool = F
                 nonneg: bool = False) -> float:
     if not is_number(v):
         raise InputError(f"{op}: param '{key}' must be a number, got {v!r}")
-    x = float(v)
+    try:
+        x = float(v)
+    except OverflowError:
+        raise InputError(f"{op}: param '{key}' is too large, got {v!r}") from None
     if math.isnan(x) or (finite and math.isinf(x)):
         raise InputError(f"{op}: param '{key}' must be a finite number, got {v!r}")
     if positive and not x > 0:

@@ -76,6 +76,8 @@ def _soft_max_infer(srcs, *, scale):
 
 @quiet
 def _soft_max_kernel(out, a, mask=None, *, scale):
+    if mask is not None and np.may_share_memory(mask, out):
+        mask = mask.copy()     # ggml may give the node its mask's slot; read it before writing
     x = out if out.dtype == F32 else np.empty(out.shape, F32)
     np.multiply(a, F32(scale), out=x, dtype=F32, casting="same_kind")
     if mask is not None:
@@ -140,7 +142,8 @@ def _rope_infer(srcs, *, n_dims, mode, freq_base, freq_scale):
     return OpResult(a.shape, a.dtype)
 
 
-def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float) -> np.ndarray:
+def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float,
+                freq_scale: float) -> np.ndarray:
     """θ[t, i] in f32, formed as ggml forms it, so large positions agree with ggml.
 
     ggml (rope cache): θ₀ = (float)p, θᵢ₊₁ = θᵢ·powf(base, −2/n) as f32 products, and each
