@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.table import Table as RichTable
 
 from ggmlrun.core.engine import BackendMemory, human_bytes
 from ggmlrun.core.exec import RunResult
@@ -57,6 +58,13 @@ def run_dict(sched: Schedule, memory: list[BackendMemory], result: RunResult,
     }
     data["copied"] = {"count": result.copied_count, "bytes": result.copied_bytes}
     return data
+
+
+class Table(RichTable):
+    """A rich table whose cells are plain text: names like `[cpu 1.inp]` are never markup."""
+
+    def add_row(self, *cells, **kwargs):
+        super().add_row(*(escape(c) if isinstance(c, str) else c for c in cells), **kwargs)
 
 
 # --- tables ------------------------------------------------------------------------------------

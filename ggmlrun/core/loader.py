@@ -102,8 +102,11 @@ def _read_yaml(path) -> tuple[object, _Doc]:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         what = " ".join(f"{err.problem or 'malformed YAML'}".split())
-        context = f" ({' '.join(err.context.split())})" if err.context else ""
-        raise InputError(f"YAML syntax error: {what}{context}", file=file,
+        if err.context:   # PyYAML's own order: "while parsing X (at line N), expected Y"
+            start = err.context_mark
+            at = f" at line {start.line + 1}" if start and start is not mark else ""
+            what = f"{' '.join(err.context.split())}{at}, {what}"
+        raise InputError(f"YAML syntax error: {what}", file=file,
                          line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as err:
         raise InputError(f"YAML error: {' '.join(str(err).split())}", file=file) from None
@@ -147,7 +150,7 @@ def _what(value) -> str:
     if value is None:
         return "nothing (null)"
     if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()}; quote it if you meant a name)"
+        return f"a boolean ({str(value).lower()})"
     if isinstance(value, int):
         return f"the integer {value}"
     if isinstance(value, float):
@@ -160,6 +163,11 @@ def _what(value) -> str:
     if isinstance(value, dict):
         return "a mapping"
     return f"a {type(value).__name__}"
+
+
+def _shown(value) -> str:
+    """A value named in 'unknown X' messages: strings as written, anything else described."""
+    return f"'{value}'" if isinstance(value, str) else _what(value)
 
 
 def _is_int(value) -> bool:
@@ -179,7 +187,9 @@ def _unknown_keys(doc, mapping, allowed, path, culprit, what="key"):
 
 def _check_name(doc, name, path, culprit, what="name"):
     if not isinstance(name, str):
-        raise doc.error(f"{what} must be a string, got {_what(name)}", path, culprit)
+        hint = ("; YAML reads yes/no/on/off/true/false as booleans: quote the name"
+                if isinstance(name, bool) else "")
+        raise doc.error(f"{what} must be a string, got {_what(name)}{hint}", path, culprit)
     if "#" in name:
         raise doc.error(f"{what} '{name}' contains '#', which is reserved for the scheduler's "
                         "copies; rename it", path, culprit)
@@ -252,11 +262,11 @@ def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
 
     dtype = spec.get("dtype", "f32")
     if dtype not in NP_DTYPES:
-        raise fail(f"unknown dtype {_what(dtype)}; known: {', '.join(NP_DTYPES)}", "dtype")
+        raise fail(f"unknown dtype {_shown(dtype)}; known: {', '.join(NP_DTYPES)}", "dtype")
     shape = _parse_shape(doc, spec, dtype, path, culprit)
     role = spec.get("role", "weight")
     if role not in ROLES:
-        raise fail(f"unknown role {_what(role)}; known: {', '.join(ROLES)}", "role")
+        raise fail(f"unknown role {_shown(role)}; known: {', '.join(ROLES)}", "role")
     backend = spec.get("backend")
     if backend is not None and (not isinstance(backend, str) or not backend):
         raise fail(f"backend must be a backend's name, got {_what(backend)}", "backend")
@@ -319,7 +329,7 @@ def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
     """Check an init's keys and fill in their defaults (the data depends on the full set)."""
     where = path + ("init",)
     if init not in INIT_KEYS:
-        raise doc.error(f"unknown init {_what(init)}; {did_you_mean(str(init), INIT_KEYS)}",
+        raise doc.error(f"unknown init {_shown(init)}; {did_you_mean(str(init), INIT_KEYS)}",
                         where, culprit)
     if dtype == "i32" and init in FLOAT_ONLY_INITS:
         raise doc.error(f"init '{init}' makes fractions but the tensor is i32; use zeros, "
@@ -470,7 +480,7 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
         if src in defined:
             srcs.append(defined[src])
         elif src == name:
-            raise doc.error(f"node '{name}' uses itself as a source", at, culprit)
+            raise doc.error("a node cannot use itself as a source", at, culprit)
         elif src in later:
             raise doc.error(f"src '{src}' is defined later (line {later[src]}); a source must "
                             "be defined above the node that uses it", at, culprit)
@@ -588,7 +598,7 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
     if kind is None:
         raise doc.error(f"missing 'kind'; known: {', '.join(KINDS)}", path, culprit)
     if kind not in KINDS:
-        raise doc.error(f"unknown kind {_what(kind)}; known: {', '.join(KINDS)}",
+        raise doc.error(f"unknown kind {_shown(kind)}; known: {', '.join(KINDS)}",
                         path + ("kind",), culprit)
     wrong = SIM_ONLY_KEYS if kind == "cpu" else CPU_ONLY_KEYS
     for key in item:
@@ -645,7 +655,7 @@ def _parse_op_list(doc, ops, where, culprit, key) -> list[str]:
                         f"{_what(ops)}", where, culprit)
     for j, op in enumerate(ops):
         if not isinstance(op, str) or op not in OPS:
-            raise doc.error(f"{key}: unknown op {_what(op)}; {did_you_mean(str(op), OPS)}",
+            raise doc.error(f"{key}: unknown op {_shown(op)}; {did_you_mean(str(op), OPS)}",
                             where + (j,), culprit)
     return ops
 

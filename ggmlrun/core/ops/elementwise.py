@@ -172,4 +172,4 @@ def _clamp_kernel(out, a, *, min, max):  # noqa: A002
 
 register(OpSpec(
     name="clamp", n_src=(1, 1), infer=_clamp_infer, kernel=_clamp_kernel,
-    params={"min": -math.inf, "max": math.inf}, summary="clip a to [min, max]"))
+    params={"min": -math.inf, "max": math.inf}, summary="clip a to min..max (defaults ±inf)"))
