@@ -41,6 +41,21 @@ class NodeTiming:
     calls: int = 0
 
 
+COPY, COMPUTE = "copy", "compute"
+
+
+@dataclass
+class StepEvent:
+    """One copy or op of one run, in seconds since the run started (for traces)."""
+
+    run: int
+    kind: str                    # "copy" | "compute"
+    tensor: Tensor               # the node, or the copy tensor
+    backend: str
+    start: float
+    end: float
+
+
 @dataclass
 class RunResult:
     outputs: dict[str, np.ndarray]
@@ -49,6 +64,7 @@ class RunResult:
     repeat: int
     copied_count: int            # tensors moved per compute, as executed
     copied_bytes: int
+    events: list[StepEvent] = field(default_factory=list)
 
 
 class Executor:
@@ -88,53 +104,81 @@ class Executor:
             np.copyto(self.views[weight], self.leaf_values[weight])
 
     # --- running ---------------------------------------------------------------------------
-    def run(self, inputs: dict[Tensor, np.ndarray], repeat: int = 1, progress=None) -> RunResult:
-        specs = self.schedule.backends
-        timings = [BackendTiming(name=s.name, kind=s.kind) for s in specs]
-        per_node = {n: NodeTiming(n, self.schedule.backend_name(n))
-                    for n in self.schedule.graph.nodes if not get_op(n.op).view_op}
-        self._model(timings)
-        copied = [0, 0]
+    def _compile(self) -> list[tuple]:
+        """The run as a flat list of steps, resolved once: per-node work in the loop is a call."""
+        steps = []
+        for split in self.schedule.splits:
+            for original, copy in zip(split.inputs, split.copies):
+                steps.append((COPY, split.backend, copy, np.copyto,
+                              (self.views[copy], self.views[original]), {}))
+            for node in split.nodes:
+                spec = get_op(node.op)
+                if spec.view_op:
+                    continue
+                srcs = tuple(self.views[s] for s in self.schedule.srcs_of[node])
+                steps.append((COMPUTE, self.schedule.backend_of[node], node, spec.kernel,
+                              (self.views[node], *srcs), node.params))
+        return steps
+
+    def run(self, inputs: dict[Tensor, np.ndarray], repeat: int = 1, progress=None,
+            record_events: bool = False) -> RunResult:
+        steps = self._compile()
+        seconds = [0.0] * len(steps)
+        events: list[tuple[int, int, float, float]] = []   # (run, step, start, end)
+        clock = time.perf_counter
+        input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
+        origin = clock()
         for run_index in range(repeat):
-            for tensor in self.schedule.graph.inputs:
-                np.copyto(self.views[tensor], inputs[tensor])
-            copied = [0, 0]
+            for view, value in input_views:
+                np.copyto(view, value)
             with np.errstate(all="ignore"):
-                for split in self.schedule.splits:
-                    self._copy_inputs(split, timings[split.backend], copied)
-                    for node in split.nodes:
-                        self.run_node(node, timings, per_node)
+                for i, (_, _, tensor, fn, args, params) in enumerate(steps):
+                    start = clock()
+                    try:
+                        fn(*args, **params)
+                    except Exception as err:  # noqa: BLE001 - reported with the node that raised
+                        raise self._failure(steps[i], err) from err
+                    end = clock()
+                    seconds[i] += end - start
+                    if record_events:
+                        events.append((run_index, i, start - origin, end - origin))
             if progress:
                 progress(run_index + 1)
         outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
-        return RunResult(outputs=outputs, timings=timings, node_timings=list(per_node.values()),
-                         repeat=repeat, copied_count=copied[0], copied_bytes=copied[1])
+        return self._result(steps, seconds, events, outputs, repeat)
 
-    def _copy_inputs(self, split, timing: BackendTiming, copied: list[int]) -> None:
-        for original, copy in zip(split.inputs, split.copies):
-            start = time.perf_counter()
-            np.copyto(self.views[copy], self.views[original])
-            timing.copy_s += time.perf_counter() - start
-            copied[0] += 1
-            copied[1] += copy.nbytes
+    def _failure(self, step, err: Exception) -> RunError:
+        kind, b, tensor, *_ = step
+        where = self.backends[b].name
+        if kind == COPY:
+            source = self.schedule.copy_source[tensor].name
+            return RunError(f"while copying '{source}' to {where}: {type(err).__name__}: {err}")
+        if isinstance(err, RunError):
+            return RunError(f"while executing node '{tensor.name}' ({tensor.op}) on {where}: "
+                            f"{err.message}")
+        return RunError(f"while executing node '{tensor.name}' ({tensor.op}) on {where}: "
+                        f"{type(err).__name__}: {err}")
 
-    def run_node(self, node: Tensor, timings: list[BackendTiming], per_node: dict) -> None:
-        spec = get_op(node.op)
-        if spec.view_op:
-            return
-        b = self.schedule.backend_of[node]
-        srcs = [self.views[s] for s in self.schedule.srcs_of[node]]
-        start = time.perf_counter()
-        try:
-            spec.kernel(self.views[node], *srcs, **node.params)
-        except Exception as err:  # noqa: BLE001 - reported with the node that raised it
-            raise RunError(f"while executing node '{node.name}' ({node.op}) on "
-                           f"{self.backends[b].name}: {type(err).__name__}: {err}") from err
-        elapsed = time.perf_counter() - start
-        timings[b].compute_s += elapsed
-        entry = per_node[node]
-        entry.seconds += elapsed
-        entry.calls += 1
+    def _result(self, steps, seconds, events, outputs, repeat) -> RunResult:
+        specs = self.schedule.backends
+        timings = [BackendTiming(name=s.name, kind=s.kind) for s in specs]
+        self._model(timings)
+        node_timings = []
+        copied_count = copied_bytes = 0
+        for (kind, b, tensor, *_), spent in zip(steps, seconds):
+            if kind == COPY:
+                timings[b].copy_s += spent
+                copied_count += 1
+                copied_bytes += tensor.nbytes
+            else:
+                timings[b].compute_s += spent
+                node_timings.append(NodeTiming(tensor, specs[b].name, spent, repeat))
+        trace = [StepEvent(run=r, kind=steps[i][0], tensor=steps[i][2],
+                           backend=specs[steps[i][1]].name, start=t0, end=t1)
+                 for r, i, t0, t1 in events]
+        return RunResult(outputs=outputs, timings=timings, node_timings=node_timings,
+                         repeat=repeat, copied_count=copied_count, copied_bytes=copied_bytes,
+                         events=trace)
 
     def _model(self, timings: list[BackendTiming]) -> None:
         """Per-compute counts and modeled seconds, from the schedule alone."""

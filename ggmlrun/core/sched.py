@@ -90,12 +90,17 @@ class Scheduler:
         self.op_offload = op_offload
         self.index = {b.name: i for i, b in enumerate(backends)}
 
-    def schedule(self, graph: Graph) -> Schedule:
+    def schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None = None) -> Schedule:
+        """Run the passes. `decided` holds assignments made elsewhere (a placement policy):
+        like user pins, the passes never overwrite them, and the rest follows ggml's rules."""
         self.graph = graph
         self.backend_of: dict[Tensor, int] = {}
         self.cause: dict[Tensor, str] = {}
         self.location = self._weight_locations(graph)
         self._user_pins(graph)
+        for tensor, (b, cause) in (decided or {}).items():
+            if self._get(tensor) == -1:
+                self._set(tensor, b, cause)
         self._pass1_preallocated(graph)
         self._pass2_expand(graph.nodes)
         self._pass3_best_and_upgrade(graph.nodes)
@@ -239,7 +244,7 @@ class Scheduler:
                     if held > best:
                         best = held
                         self._set(node, b, "3.best")
-            elif self.cause.get(node) != "usr":
+            elif self.cause.get(node, "").startswith("1.") or self.cause.get(node, "").startswith("2."):
                 for b in range(current):
                     if (self._supports_buffer(b, current) and self._supports(b, node)
                             and all(self._buffer_supported(s, b) for s in node.src)):
