@@ -309,3 +309,19 @@ def test_parse_size(text, size):
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError):
         parse_size(text)
+
+
+def test_deep_nesting_is_an_input_error(tmp_path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("tensors: " + "[" * 50000 + "]" * 50000 + "\n")
+    with pytest.raises(InputError) as info:
+        load_graph(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_nothing_in_a_file_is_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(HERE / "bad_graphs" / "python_tag.yaml", tmp_path / "g.yaml")
+    with pytest.raises(InputError):
+        load_graph("g.yaml")
+    assert not (tmp_path / "pwned.txt").exists()

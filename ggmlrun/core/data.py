@@ -90,7 +90,8 @@ def leaf_array(tensor: Tensor, seed: int) -> np.ndarray:
     if data is None:
         raise InputError("is not a leaf with data", line=tensor.line, culprit=tensor.describe())
     if data.values is not None:
-        return np.array(data.values, dtype=tensor.np_dtype).reshape(tensor.shape)
+        with np.errstate(over="ignore"):     # 1e6 in an f16 is inf, as in ggml
+            return np.array(data.values, dtype=tensor.np_dtype).reshape(tensor.shape)
     if data.file is not None:
         try:
             return load_npy(data.file, tensor.shape, tensor.dtype)

@@ -26,6 +26,8 @@ class BackendMemory:
     lower_bound_bytes: int
     no_reuse_bytes: int
     memory: int
+    ggml_arena_bytes: int        # what ggml's online allocator needs on the same schedule
+    planner: str                 # which plan `arena_bytes` is: "ggml" | "best"
 
 
 def resolve_backends(graph: Graph, override: list[BackendSpec] | None) -> list[BackendSpec]:
@@ -37,16 +39,29 @@ def schedule(graph: Graph, backends: list[BackendSpec]) -> Schedule:
     return Scheduler(backends).schedule(graph)
 
 
-def plan_memory(sched: Schedule) -> tuple[MemoryPlan, list[BackendMemory]]:
-    """The measure pass: every arena sized, with its lower bound and no-reuse size beside it."""
+PLANNERS = ("ggml", "best")
+
+
+def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, list[BackendMemory]]:
+    """The measure pass: every arena sized, with its lower bound and no-reuse size beside it.
+
+    `ggml` is ggml's allocator, faithfully; `best` re-places the same slots offline and keeps,
+    per arena, whichever plan is smaller.
+    """
     alignments = [b.alignment for b in sched.backends]
     leafs, entries = sched.alloc_sequence()
-    plan = GraphAllocator(alignments).plan(leafs, entries)
+    ggml_plan = GraphAllocator(alignments).plan(leafs, entries)
+    plan = ggml_plan
+    if planner == "best":
+        from ggmlrun.core.planner import best_plan
+
+        plan = best_plan(ggml_plan)
     location = {w: sched.backend_of[w] for w in sched.graph.weights}
     _, weights_bytes = layout_weights(sched.graph.weights, location, alignments)
     memory = [BackendMemory(name=spec.name, kind=spec.kind, arena_bytes=plan.arena_bytes[i],
                             weights_bytes=weights_bytes[i], lower_bound_bytes=plan.lower_bound(i),
-                            no_reuse_bytes=plan.no_reuse_bytes(i), memory=spec.memory)
+                            no_reuse_bytes=plan.no_reuse_bytes(i), memory=spec.memory,
+                            ggml_arena_bytes=ggml_plan.arena_bytes[i], planner=planner)
               for i, spec in enumerate(sched.backends)]
     return plan, memory
 

@@ -53,15 +53,19 @@ class CapacityError(RunError):
 
 
 def did_you_mean(name: str, known) -> str:
-    """The alternatives, closest first, for 'unknown X' messages."""
-    import difflib
+    """All the alternatives, the three closest first ('matmul' finds 'mul_mat'), for 'unknown X'."""
+    from difflib import SequenceMatcher
+
+    def squash(text: str) -> str:
+        return "".join(sorted(text.replace("_", "").lower()))
+
+    def likeness(candidate: str) -> float:
+        return max(SequenceMatcher(None, name, candidate).ratio(),
+                   SequenceMatcher(None, squash(name), squash(candidate)).ratio())
 
     known = sorted(known)
-    close = difflib.get_close_matches(name, known, n=3)
-    rest = [k for k in known if k not in close]
-    shown = close + rest
-    text = ", ".join(shown[:12]) + (", ..." if len(shown) > 12 else "")
-    return f"known: {text}"
+    close = [k for k in sorted(known, key=likeness, reverse=True)[:3] if likeness(k) >= 0.5]
+    return "known: " + ", ".join(close + [k for k in known if k not in close])
 
 
 class CheckError(RunError):

@@ -27,6 +27,8 @@ from ggmlrun.core.ops import OPS, make_node
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 MAX_TENSOR_BYTES = 2**40          # 1 TiB per tensor: far past any real weight, guards typos
+MAX_VALUES = 2**20                # inline values: bigger data belongs in a .npy (and YAML
+                                  # aliases could otherwise make a tiny file expand to billions)
 MAX_SEED = 2**64 - 1
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -100,13 +102,15 @@ def _read_yaml(path) -> tuple[object, _Doc]:
         if root is not None:
             _map_lines(loader, root, (), lines, set(), file)
     except yaml.MarkedYAMLError as err:
+        syntax = isinstance(err, (yaml.scanner.ScannerError, yaml.parser.ParserError,
+                                  yaml.composer.ComposerError))
         mark = err.problem_mark or err.context_mark
         what = " ".join(f"{err.problem or 'malformed YAML'}".split())
         if err.context:   # PyYAML's own order: "while parsing X (at line N), expected Y"
             start = err.context_mark
             at = f" at line {start.line + 1}" if start and start is not mark else ""
             what = f"{' '.join(err.context.split())}{at}, {what}"
-        raise InputError(f"YAML syntax error: {what}", file=file,
+        raise InputError(f"YAML {'syntax ' if syntax else ''}error: {what}", file=file,
                          line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as err:
         raise InputError(f"YAML error: {' '.join(str(err).split())}", file=file) from None
@@ -394,6 +398,10 @@ def _normalize_init(doc, init, keys, shape, dtype, path, culprit) -> dict:
 def _parse_values(doc, values, shape, dtype, path, culprit) -> list:
     """A nested list exactly matching the shape; i32 values must be integers in range."""
     where = path + ("values",)
+    if math.prod(shape) > MAX_VALUES:
+        raise doc.error(f"values for {math.prod(shape)} elements; inline values are for up to "
+                        f"{MAX_VALUES}: save bigger data with np.save and use file:", where,
+                        culprit)
 
     def walk(item, depth, index):
         label = "values" + "".join(f"[{i}]" for i in index)
