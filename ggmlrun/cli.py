@@ -28,6 +28,12 @@ BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=
 JSON = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
                      help="Show Python tracebacks on errors.")
+POLICY = click.option("--policy", type=click.Choice(["ggml", "cost"]), default="ggml", show_default=True,
+                      help="Placement: ggml's passes, or minimum modeled time (copies included).")
+PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default="best",
+                       show_default=True,
+                       help="Arena offsets: ggml's online best-fit, or the offline planner "
+                            "(never larger).")
 
 
 def emit_json(data: dict) -> None:
@@ -40,11 +46,11 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _prepare(graph_path: Path, backends_file: Path | None):
+def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml"):
     graph = load_graph(graph_path)
     override = load_backends(backends_file) if backends_file else None
     backends = engine.resolve_backends(graph, override)
-    return graph, engine.schedule(graph, backends)
+    return graph, engine.schedule(graph, backends, policy)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,10 +82,11 @@ def validate(graph, as_json):
 @click.option("--dump-splits", is_flag=True, help="Every node's backend, cause and sources.")
 @click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
               help="With --dump-splits: rich tables, or ggml's GGML_SCHED_DEBUG text.")
+@POLICY
 @DEBUG
-def plan(graph, backends_file, as_json, dump_splits, fmt):
+def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
     """Schedule only: the splits, their inputs, and why every node went where it did."""
-    _, sched = _prepare(graph, backends_file)
+    _, sched = _prepare(graph, backends_file, policy)
     if as_json:
         emit_json(report.plan_dict(sched))
         return
@@ -87,6 +94,8 @@ def plan(graph, backends_file, as_json, dump_splits, fmt):
         click.echo(report.ggml_dump(sched))
         return
     report.print_tables(stdout, report.split_table(sched))
+    if sched.policy is not None:
+        report.print_tables(stdout, report.policy_table(sched))
     if dump_splits:
         report.print_tables(stdout, report.assignment_table(sched))
 
@@ -95,11 +104,13 @@ def plan(graph, backends_file, as_json, dump_splits, fmt):
 @GRAPH
 @BACKENDS
 @JSON
+@POLICY
+@PLANNER
 @DEBUG
-def measure(graph, backends_file, as_json):
+def measure(graph, backends_file, as_json, policy, planner):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
-    g, sched = _prepare(graph, backends_file)
-    _, memory = engine.plan_memory(sched)
+    g, sched = _prepare(graph, backends_file, policy)
+    _, memory = engine.plan_memory(sched, planner)
     if as_json:
         emit_json(report.measure_dict(memory))
     else:
@@ -116,14 +127,16 @@ def measure(graph, backends_file, as_json):
               help="Write every output, by name, to this .npz (atomically).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, help="Compute N times after one plan.")
 @click.option("--check", is_flag=True, help="Compare outputs with the plain NumPy reference evaluator.")
+@POLICY
+@PLANNER
 @DEBUG
-def run(graph, backends_file, as_json, input_specs, out_file, repeat, check):
+def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
     from ggmlrun.core import data, results
 
-    g, sched = _prepare(graph, backends_file)
+    g, sched = _prepare(graph, backends_file, policy)
     inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
-    plan_, memory = engine.plan_memory(sched)
+    plan_, memory = engine.plan_memory(sched, planner)
     engine.check_capacity(sched, memory)
     leaf_values = engine.leaf_values(g)
     result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat)

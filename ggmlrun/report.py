@@ -28,16 +28,28 @@ def plan_dict(sched: Schedule) -> dict:
         nodes.append({
             "name": node.name, "op": node.op, "backend": sched.backend_name(node),
             "cause": sched.cause.get(node, ""),
+            **({"reason": sched.reasons[node]} if node in sched.reasons else {}),
             "srcs": [{"name": s.name, "backend": sched.backend_name(s),
                       "cause": sched.cause.get(s, "")} for s in sched.srcs_of[node]],
         })
-    return {"graph": sched.graph.name, "backends": [b.name for b in sched.backends],
+    data = {"graph": sched.graph.name, "backends": [b.name for b in sched.backends],
             "splits": splits, "nodes": nodes, "n_splits": len(sched.splits),
             "copy_count": sched.copy_count, "copy_bytes": sched.copy_bytes}
+    if sched.policy is not None:
+        outcome = sched.policy
+        data["policy"] = {
+            "name": "cost", "kept": outcome.kept, "note": outcome.note,
+            "ggml": {"compute_s": outcome.ggml_time[0], "copy_s": outcome.ggml_time[1],
+                     "total_s": sum(outcome.ggml_time)},
+            "cost": {"compute_s": outcome.cost_time[0], "copy_s": outcome.cost_time[1],
+                     "total_s": sum(outcome.cost_time)},
+        }
+    return data
 
 
 def measure_dict(memory: list[BackendMemory]) -> dict:
     return {"backends": [{"name": m.name, "kind": m.kind, "arena_bytes": m.arena_bytes,
+                          "planner": m.planner, "ggml_arena_bytes": m.ggml_arena_bytes,
                           "weights_bytes": m.weights_bytes,
                           "lower_bound_bytes": m.lower_bound_bytes,
                           "no_reuse_bytes": m.no_reuse_bytes, "memory_bytes": m.memory}
@@ -96,12 +108,16 @@ def assignment_table(sched: Schedule) -> Table:
     table = Table(title="node assignments (cause: why the node landed there)")
     for col in ("split", "node", "op", "bytes", "backend", "cause", "sources"):
         table.add_column(col)
+    reasons = sched.reasons
     split_of = {n: i for i, s in enumerate(sched.splits) for n in s.nodes}
     for node in sched.graph.nodes:
         srcs = "  ".join(f"{s.name} [{sched.backend_name(s)} {sched.cause.get(s, '')}]"
                          for s in sched.srcs_of[node])
+        cause = sched.cause.get(node, "")
+        if node in reasons:
+            cause += f": {reasons[node]}"
         table.add_row(str(split_of.get(node, "")), node.name, node.op, human_bytes(node.nbytes),
-                      sched.backend_name(node), sched.cause.get(node, ""), srcs)
+                      sched.backend_name(node), cause, srcs)
     return table
 
 
@@ -134,11 +150,25 @@ def ggml_dump(sched: Schedule) -> str:
 
 def measure_table(memory: list[BackendMemory], title: str) -> Table:
     table = Table(title=title)
-    for col in ("backend", "kind", "arena", "lower bound", "no reuse", "weights", "memory"):
+    for col in ("backend", "kind", "arena (ggml)", "arena (best)", "lower bound", "no reuse",
+                "weights", "memory"):
         table.add_column(col, justify="right" if col not in ("backend", "kind") else "left")
     for m in memory:
-        table.add_row(m.name, m.kind, f"{m.arena_bytes:,}", f"{m.lower_bound_bytes:,}",
+        best = f"{m.arena_bytes:,}" if m.planner == "best" else "-"
+        table.add_row(m.name, m.kind, f"{m.ggml_arena_bytes:,}", best, f"{m.lower_bound_bytes:,}",
                       f"{m.no_reuse_bytes:,}", f"{m.weights_bytes:,}", human_bytes(m.memory))
+    return table
+
+
+def policy_table(sched: Schedule) -> Table:
+    """Modeled time of one compute under both policies, side by side."""
+    outcome = sched.policy
+    table = Table(title=f"modeled time per compute: ggml policy vs cost policy (kept: {outcome.kept})"
+                        + (f"; {outcome.note}" if outcome.note else ""))
+    for col in ("policy", "compute", "copies", "total"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, (compute, copy) in (("ggml", outcome.ggml_time), ("cost", outcome.cost_time)):
+        table.add_row(name, _seconds(compute), _seconds(copy), _seconds(compute + copy))
     return table
 
 

@@ -35,8 +35,23 @@ def resolve_backends(graph: Graph, override: list[BackendSpec] | None) -> list[B
     return override or graph.backends or default_backends()
 
 
-def schedule(graph: Graph, backends: list[BackendSpec]) -> Schedule:
-    return Scheduler(backends).schedule(graph)
+POLICIES = ("ggml", "cost")
+
+
+def schedule(graph: Graph, backends: list[BackendSpec], policy: str = "ggml") -> Schedule:
+    """`ggml`: ggml's passes, faithfully. `cost`: placement by modeled time (policy.py), kept
+    only when it is faster than ggml's and fits in memory."""
+    if policy == "ggml":
+        return Scheduler(backends).schedule(graph)
+    from ggmlrun.core.policy import CostPolicy
+
+    def fits(sched: Schedule) -> bool:
+        _, memory = plan_memory(sched)
+        return all(m.weights_bytes + m.arena_bytes <= m.memory for m in memory)
+
+    outcome = CostPolicy(backends).place(graph, fits)
+    outcome.schedule.policy = outcome
+    return outcome.schedule
 
 
 PLANNERS = ("ggml", "best")

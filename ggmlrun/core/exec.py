@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggmlrun.core.alloc import MemoryPlan, layout_weights
-from ggmlrun.core.backends.runtime import Backend, modeled_copy_s, strided_view
+from ggmlrun.core import costs
+from ggmlrun.core.backends.runtime import Backend, strided_view
 from ggmlrun.core.errors import RunError
 from ggmlrun.core.graph import Tensor
 from ggmlrun.core.ops import get_op
@@ -181,25 +182,19 @@ class Executor:
                          events=trace)
 
     def _model(self, timings: list[BackendTiming]) -> None:
-        """Per-compute counts and modeled seconds, from the schedule alone."""
+        """Per-compute counts and modeled seconds, from the schedule alone (see costs.py)."""
         sched = self.schedule
         for split in sched.splits:
-            dst = self.backends[split.backend]
+            dst = sched.backends[split.backend]
             t = timings[split.backend]
             for original, copy in zip(split.inputs, split.copies):
-                src = self.backends[sched.backend_of[original]]
                 t.copy_count += 1
                 t.copy_bytes += copy.nbytes
-                modeled = modeled_copy_s(src, dst, copy.nbytes)
-                if modeled is not None:
-                    t.copy_modeled_s = (t.copy_modeled_s or 0.0) + modeled
+                src = sched.backends[sched.backend_of[original]]
+                if src.kind != "cpu" or dst.kind != "cpu":
+                    t.copy_modeled_s = (t.copy_modeled_s or 0.0) + costs.copy_s(src, dst, copy.nbytes)
             for node in split.nodes:
-                op = get_op(node.op)
-                if op.view_op:
+                if get_op(node.op).view_op:
                     continue
                 t.compute_count += 1
-                srcs = sched.srcs_of[node]
-                moved = node.nbytes + sum(s.nbytes for s in srcs)
-                modeled = dst.modeled_compute_s(op.count_flops(node, node.src), moved)
-                if modeled is not None:
-                    t.compute_modeled_s = (t.compute_modeled_s or 0.0) + modeled
+                t.compute_modeled_s = (t.compute_modeled_s or 0.0) + costs.compute_s(dst, node)

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 import ggmlrun.core.ops  # noqa: F401  (registers every op: nodes and op lists are checked)
-from ggmlrun.core.backends.spec import BackendSpec, physical_memory
+from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.data import FLOAT_ONLY_INITS, INIT_KEYS, REQUIRED, check_npy
 from ggmlrun.core.errors import InputError, did_you_mean
 from ggmlrun.core.graph import NP_DTYPES, MAX_DIMS, Graph, LeafData, Tensor
@@ -42,8 +42,7 @@ ROLES = ("weight", "input")
 BACKEND_KEYS = ("name", "kind", "memory", "alignment", "threads", "supports", "unsupported",
                 "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency")
 CPU_ONLY_KEYS = ("threads",)
-SIM_ONLY_KEYS = ("supports", "unsupported", "offload_min_batch", "flops", "mem_bw", "link_bw",
-                 "link_latency")
+SIM_ONLY_KEYS = ("supports", "unsupported", "offload_min_batch", "link_bw", "link_latency")
 KINDS = ("cpu", "sim")
 SIZE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*\Z")
@@ -618,9 +617,7 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
     def at(key):
         return path + (key,)
 
-    spec = BackendSpec(name=name, kind=kind,
-                       memory=physical_memory() if kind == "cpu" else 16 * 2**30,
-                       alignment=64 if kind == "cpu" else 128, line=doc.line(path))
+    spec = BackendSpec.of_kind(name, kind, line=doc.line(path))
     if "memory" in item:
         try:
             spec.memory = parse_size(item["memory"])

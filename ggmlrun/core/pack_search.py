@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+EXP = {}
 _BIG = np.iinfo(np.int64).max // 4
 HEURISTICS = ("WAT", "TAW", "TWA")  # W width (lifetime), A area, T largest section total
 
@@ -227,7 +228,7 @@ class Solver:
         if changed.size:
             self._raise_floors(lo, hi)
         ok = False
-        if self._check(part, off):
+        if (not changed.size or not EXP.get('single') or int((self.size[changed]).max()) + raised <= self.capacity) and (not EXP.get('thresh') or self._thresh(lo, hi)) and self._check(part, off):
             ok = self._decompose(part, heuristic, b, off, p)
         self.total[a0:a1] += size
         self.floor[lo:hi] = saved_floor
@@ -244,6 +245,22 @@ class Solver:
         vals = np.where(self.assigned[seg], _BIG, self.min_off[seg])
         mins = np.minimum.reduceat(vals, sw.sec_ptr[lo:hi] - base)
         np.maximum(self.floor[lo:hi], np.where(mins < _BIG, mins, 0), out=self.floor[lo:hi])
+
+    def _thresh(self, lo, hi):
+        sw = self.sweep
+        base = sw.sec_ptr[lo]
+        seg = sw.sec_members[base:sw.sec_ptr[hi]]
+        secid = np.repeat(np.arange(lo, hi), np.diff(sw.sec_ptr[lo:hi+1]))
+        un = ~self.assigned[seg]
+        seg = seg[un]; secid = secid[un]
+        if not seg.size: return True
+        m = self.min_off[seg]
+        o = np.lexsort((-m, secid))
+        m = m[o]; sid = secid[o]; sz = self.size[seg[o]]
+        cs = np.cumsum(sz)
+        starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+        base_cs = np.repeat(cs[starts] - sz[starts], np.diff(np.r_[starts, sid.size]))
+        return not bool(np.any(m + cs - base_cs > self.capacity))
 
     def _check(self, part, off):
         """Every section must still hold its unplaced bytes above its floor."""

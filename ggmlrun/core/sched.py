@@ -44,6 +44,8 @@ class Schedule:
     splits: list[Split]
     srcs_of: dict[Tensor, list[Tensor]]       # each node's sources, copies substituted
     copy_source: dict[Tensor, Tensor]         # copy -> the tensor it copies
+    reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
+    policy: object | None = None              # the PolicyOutcome, under --policy cost
 
     @property
     def copy_count(self) -> int:

@@ -36,21 +36,3 @@ class Backend:
     @property
     def name(self) -> str:
         return self.spec.name
-
-    def modeled_compute_s(self, flops: int, nbytes: int) -> float | None:
-        """Roofline time on a sim device; None for the CPU, whose time is only measured."""
-        if self.spec.kind == "cpu":
-            return None
-        return max(flops / self.spec.flops, nbytes / self.spec.mem_bw)
-
-    def modeled_link_s(self, nbytes: int) -> float | None:
-        """One transfer over this device's host link; None for the CPU (it has no link)."""
-        if self.spec.kind == "cpu":
-            return None
-        return self.spec.link_latency + nbytes / self.spec.link_bw
-
-
-def modeled_copy_s(src: Backend, dst: Backend, nbytes: int) -> float | None:
-    """A copy crosses the link of every sim device it touches (sim to sim goes via the host)."""
-    legs = [t for t in (src.modeled_link_s(nbytes), dst.modeled_link_s(nbytes)) if t is not None]
-    return sum(legs) if legs else None

@@ -31,6 +31,19 @@ class BackendSpec:
     link_latency: float = 10e-6
     line: int | None = None
 
+    @classmethod
+    def of_kind(cls, name: str, kind: str, line: int | None = None) -> "BackendSpec":
+        """A backend with its kind's defaults (SPEC.md section 3).
+
+        The CPU's cost model (100 GFLOP/s, 20 GB/s) is ggmlrun's own estimate for a small
+        machine, used only by `--policy cost` and the modeled columns; override with `flops`
+        and `mem_bw`.
+        """
+        if kind == "cpu":
+            return cls(name=name, kind=kind, memory=physical_memory(), alignment=64,
+                       flops=100e9, mem_bw=20e9, line=line)
+        return cls(name=name, kind=kind, memory=16 * GiB, alignment=128, line=line)
+
     def supports_op(self, op: str) -> bool:
         """View ops compute nothing, so every backend "runs" them: they follow their source."""
         from ggmlrun.core.ops import OPS
@@ -43,11 +56,11 @@ class BackendSpec:
 
 
 def default_cpu(name: str = "CPU") -> BackendSpec:
-    return BackendSpec(name=name, kind="cpu", memory=physical_memory(), alignment=64)
+    return BackendSpec.of_kind(name, "cpu")
 
 
 def default_sim(name: str = "SIM0") -> BackendSpec:
-    return BackendSpec(name=name, kind="sim", memory=16 * GiB, alignment=128)
+    return BackendSpec.of_kind(name, "sim")
 
 
 def default_backends() -> list[BackendSpec]:
