@@ -173,6 +173,47 @@ def ops(backends_file, as_json):
         report.print_tables(stdout, report.ops_table(backends))
 
 
+@cli.command()
+@click.argument("csv_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--capacity", metavar="BYTES", help="Fail (exit 1) when the peak exceeds this "
+              "(an integer or 1MiB-style size); the search stops at the first fit.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the rows back with an `offset` column (atomically).")
+@click.option("--time-limit", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Seconds for the search after the greedy passes (0: greedy only).")
+@JSON
+@DEBUG
+def pack(csv_file, capacity, out_file, time_limit, as_json):
+    """The offset planner alone, on MiniMalloc's CSV format (id,lower,upper,size)."""
+    from ggmlrun.core.errors import RunError
+    from ggmlrun.core.loader import parse_size
+    from ggmlrun.core.pack import plan_offsets, read_csv, verify, write_csv
+
+    if capacity is not None:
+        try:
+            capacity = parse_size(capacity)
+        except ValueError as err:
+            raise InputError(f"--capacity: {err}") from None
+    buffers = read_csv(csv_file)
+    result = plan_offsets(buffers, capacity=capacity, time_limit=time_limit)
+    problems = verify(buffers, result.offsets)
+    if problems:
+        raise RunError(f"internal error: the planner produced overlapping offsets: {problems[0]}")
+    if out_file:
+        write_csv(out_file, buffers, result.offsets)
+    fits = capacity is None or result.peak <= capacity
+    if as_json:
+        emit_json({"peak_bytes": result.peak, "lower_bound_bytes": result.lower_bound,
+                   "offsets": result.offsets, "buffers": len(buffers), "method": result.method,
+                   "greedy_peak_bytes": result.greedy_peak, "seconds": result.seconds,
+                   "optimal": result.optimal, "capacity_bytes": capacity, "fits": fits})
+    else:
+        report.print_tables(stdout, report.pack_table(str(csv_file), len(buffers), result, capacity))
+    if not fits:
+        raise RunError(f"peak {result.peak} bytes exceeds --capacity {capacity} bytes "
+                       f"(lower bound {result.lower_bound}); raise the capacity or the --time-limit")
+
+
 @cli.group()
 def gen():
     """Write a generated graph file (llama-style or MLP) with real model shapes."""

@@ -226,3 +226,14 @@ def ops_dict(backends) -> dict:
 def print_tables(console: Console, *tables) -> None:
     for table in tables:
         console.print(table)
+
+
+def pack_table(name: str, n_buffers: int, result, capacity: int | None) -> Table:
+    table = Table(title=f"pack {name}: {n_buffers} buffers")
+    for col in ("peak", "lower bound", "greedy peak", "capacity", "method", "seconds"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    table.add_row(f"{result.peak:,}", f"{result.lower_bound:,}", f"{result.greedy_peak:,}",
+                  "-" if capacity is None else f"{capacity:,}",
+                  result.method + (" (optimal)" if result.optimal else ""),
+                  f"{result.seconds:.2f}")
+    return table

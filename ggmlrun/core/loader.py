@@ -93,8 +93,9 @@ def _read_yaml(path) -> tuple[object, _Doc]:
         raise InputError("is not UTF-8 text", file=file) from None
     except OSError as err:
         raise InputError(f"cannot read: {err.strerror or err}", file=file) from None
-    loader = _SafeLoader(text)
+    loader = None
     try:
+        loader = _SafeLoader(text)      # the reader rejects control characters right here
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
         lines: dict = {}
@@ -116,7 +117,8 @@ def _read_yaml(path) -> tuple[object, _Doc]:
     except RecursionError:
         raise InputError("YAML nested too deeply", file=file) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if data is None:
         raise InputError("the file is empty", file=file, line=1)
     return data, _Doc(file, lines)

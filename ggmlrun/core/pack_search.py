@@ -197,7 +197,11 @@ class Solver:
         order = np.argsort(offs, kind="stable")
         un, offs, pos = un[order], offs[order], pos[order]
         min_height = int((offs + self.size[un]).min())
+        tot = self.total[part.lo:part.hi]
+        top = int(tot.max())
         for b, off, p in zip(un.tolist(), offs.tolist(), pos.tolist()):
+            if off + top > self.capacity and not self._rises_ok(part, b, off):
+                continue
             if off >= min_height:
                 break  # dominance: this and every later child leaves a fillable gap
             if off < min_offset or (off == min_offset and p < min_pidx):
@@ -205,6 +209,17 @@ class Solver:
             if self._place_and_recurse(part, heuristic, b, off, p):
                 return True
         return False
+
+    def _rises_ok(self, part, b, off):
+        """The monotonic-floor test for placing `b` at `off`, before paying for the placement."""
+        sw = self.sweep
+        a0, a1 = int(sw.s0[b]), int(sw.s1[b])
+        top = int((self.total[a0:a1] - self.size_list[b]).max())
+        if part.lo < a0:
+            top = max(top, int(self.total[part.lo:a0].max()))
+        if a1 < part.hi:
+            top = max(top, int(self.total[a1:part.hi].max()))
+        return off + top <= self.capacity
 
     def _place_and_recurse(self, part, heuristic, b, off, p):
         sw = self.sweep
