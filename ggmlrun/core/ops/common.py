@@ -128,7 +128,22 @@ def quiet(kernel):
     def wrapped(*args, **kwargs):
         with np.errstate(all="ignore"):
             return kernel(*args, **kwargs)
+    wrapped.raw = kernel    # for callers that already ignore errors (the executor's loop)
     return wrapped
+
+
+def fast_path(bind):
+    """Attach `bind(out, *srcs, **params) -> (fn, args) | None` to a kernel.
+
+    The executor binds each node once, before its loop: where `bind` returns a call, each run
+    is just `fn(*args)` (e.g. a ufunc with its output given positionally), skipping the
+    kernel's per-call checks; None means "use the kernel". The call must compute exactly what
+    the kernel computes for these arrays, under `np.errstate(all="ignore")`.
+    """
+    def attach(kernel):
+        kernel.bind = bind
+        return kernel
+    return attach
 
 
 def tile_split(big: np.ndarray, small: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ggmlrun.core.errors import InputError
 from ggmlrun.core.ops.common import (
-    F32, FLOATS, need_float, need_tiles, quiet, store, tile_split, want_number, who)
+    F32, FLOATS, fast_path, need_float, need_tiles, quiet, store, tile_split, want_number, who)
 from ggmlrun.core.ops.registry import REQUIRED, OpResult, OpSpec, register
 
 INT_OK = {"add", "sub", "mul", "neg", "abs", "sqr", "relu"}
@@ -42,7 +42,24 @@ def _binary_infer(op: str):
     return infer
 
 
+# one dtype throughout, computed in that dtype: the ufunc's own loop, as the kernel picks it
+_NATIVE = (np.dtype(np.float32), np.dtype(np.int32))
+
+
+def _tiles_by_broadcast(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
+    """True when NumPy broadcasting of b to a is the same as tiling (each dim equal or 1)."""
+    return len(b_shape) <= len(a_shape) and all(
+        db == da or db == 1 for da, db in zip(a_shape[::-1], b_shape[::-1]))
+
+
 def _binary_kernel(ufunc):
+    def bind(out, a, b):
+        if (a.dtype == b.dtype == out.dtype and out.dtype in _NATIVE
+                and _tiles_by_broadcast(a.shape, b.shape)):
+            return ufunc, (a, b, out)
+        return None
+
+    @fast_path(bind)
     @quiet
     def kernel(out, a, b):
         out_v, b_v = tile_split(out, b)
@@ -117,7 +134,23 @@ def _unary_infer(op: str):
     return infer
 
 
-def _unary_kernel(formula):
+# unary ops that are one ufunc call: (ufunc, extra args before `out`)
+_UFUNC = {"neg": (np.negative, ()), "abs": (np.abs, ()), "sqr": (np.square, ()),
+          "sqrt": (np.sqrt, ()), "log": (np.log, ()), "exp": (np.exp, ()),
+          "tanh": (np.tanh, ()), "relu": (np.maximum, (0,))}
+
+
+def _unary_kernel(formula, name=None):
+    direct = _UFUNC.get(name)
+
+    def bind(out, a):
+        if out.dtype == np.float16:
+            return None
+        if direct is not None:
+            return direct[0], (a, *direct[1], out)
+        return formula, (a, out)
+
+    @fast_path(bind)
     @quiet
     def kernel(out, a):
         if out.dtype == np.float16:
@@ -131,7 +164,7 @@ def _unary_kernel(formula):
 
 for _name, (_formula, _cost, _what) in UNARY.items():
     register(OpSpec(
-        name=_name, n_src=(1, 1), infer=_unary_infer(_name), kernel=_unary_kernel(_formula),
+        name=_name, n_src=(1, 1), infer=_unary_infer(_name), kernel=_unary_kernel(_formula, _name),
         inplace=True, flops=_per_element(_cost), summary=f"{_what}, elementwise"))
 
 
@@ -144,6 +177,13 @@ def _scale_infer(srcs, *, s):
     return OpResult(a.shape, a.dtype)
 
 
+def _scale_bind(out, a, *, s):
+    if a.dtype == out.dtype == F32:
+        return np.multiply, (a, F32(s), out)
+    return None
+
+
+@fast_path(_scale_bind)
 @quiet
 def _scale_kernel(out, a, *, s):
     np.multiply(a, F32(s), out=out, dtype=F32, casting="same_kind")

@@ -1,0 +1,160 @@
+"""Terminal pictures with rich: the profile tables, each arena's occupancy, progress bars.
+
+Rendering only: every number shown was computed in the core (core/profile.py,
+core/occupancy.py); here it is formatted and coloured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Iterator
+
+from rich.console import Console, Group
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from ggmlrun.core.dot import backend_colour
+from ggmlrun.core.engine import human_bytes
+from ggmlrun.core.occupancy import ArenaPicture
+from ggmlrun.core.profile import Profile
+from ggmlrun.report import Table
+
+
+# --- numbers -----------------------------------------------------------------------------------
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def rate(value: float | None, unit: str) -> str:
+    """1.23 GFLOP/s, 4.56 GB/s: decimal prefixes, as rates are usually quoted."""
+    if value is None:
+        return "-"
+    for prefix, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+# --- run --profile -----------------------------------------------------------------------------
+def profile_tables(prof: Profile) -> list[Table]:
+    runs = f"{prof.repeat} run{'s' if prof.repeat > 1 else ''}"
+    ops = Table(title=f"profile: compute by op ({runs}, {seconds(prof.compute_s)} measured)")
+    for col in ("op", "backend", "nodes", "calls", "total", "mean", "% compute", "FLOP/s"):
+        ops.add_column(col, justify="left" if col in ("op", "backend") else "right")
+    for r in prof.ops:
+        ops.add_row(r.op, r.backend, str(r.nodes), str(r.calls), seconds(r.total_s),
+                    seconds(r.mean_s), f"{100 * r.share:.1f}%", rate(r.flops_per_s, "FLOP/s"))
+    tables = [ops]
+    if prof.copies:
+        copies = Table(title=f"profile: copies by route ({runs}, {seconds(prof.copy_s)} measured)")
+        for col in ("from", "to", "copies", "bytes", "total", "mean", "bandwidth"):
+            copies.add_column(col, justify="left" if col in ("from", "to") else "right")
+        for r in prof.copies:
+            mean = r.total_s / r.count if r.total_s is not None and r.count else None
+            copies.add_row(r.src, r.dst, str(r.count), f"{r.bytes:,}", seconds(r.total_s),
+                           seconds(mean), rate(r.bytes_per_s, "B/s"))
+        tables.append(copies)
+    return tables
+
+
+# --- measure: arena occupancy ------------------------------------------------------------------
+SHADES = " ░▒▓█"
+SPARK = " ▁▂▃▄▅▆▇█"
+
+
+def _shade(fraction: float) -> str:
+    if fraction <= 0:
+        return SHADES[0]
+    return SHADES[min(len(SHADES) - 1, 1 + int(fraction * (len(SHADES) - 1) - 1e-9))]
+
+
+def arena_picture(pic: ArenaPicture) -> Group:
+    """Address (up) by step (right): shaded where live slots sit; the arena's top is the peak the
+    plan reserves, the marked row is where the lower bound falls; below, bytes live per column."""
+    colour = backend_colour(pic.buffer)
+    share = pic.lower_bound / pic.arena_bytes if pic.arena_bytes else 1.0
+    title = Text.assemble(
+        (f"{pic.name}", f"bold {colour}"),
+        f" arena {human_bytes(pic.arena_bytes)} ({pic.arena_bytes:,} B)  ·  lower bound "
+        f"{human_bytes(pic.lower_bound)} ({100 * share:.0f}% of the arena)  ·  "
+        f"{pic.n_steps} steps")
+    if pic.peak_step >= 0:
+        title.append(f"  ·  most live at step {pic.peak_step} ({pic.peak_tensor})")
+    labels = {pic.rows - 1: human_bytes(pic.arena_bytes), 0: "0"}
+    if pic.lower_bound_row >= 0:
+        labels[pic.lower_bound_row] = human_bytes(pic.lower_bound)
+    pad = max(len(s) for s in labels.values()) + 1
+    lines = [title]
+    for row in range(pic.rows - 1, -1, -1):
+        line = Text(labels.get(row, "").rjust(pad) + " ┤", style="dim")
+        line.append("".join(_shade(f) for f in pic.cells[row]), style=colour)
+        marks = []
+        if row == pic.rows - 1:
+            marks.append("arena (peak)")
+        if row == pic.lower_bound_row:
+            marks.append("lower bound")
+        if marks:
+            line.append(" ◀ " + ", ".join(marks), style="bold")
+        lines.append(line)
+    width = len(pic.columns)
+    lines.append(Text(" " * pad + " └" + "─" * width, style="dim"))
+    if pic.n_steps:
+        first, last = "step 0", f"step {pic.n_steps - 1}"
+        lines.append(Text(" " * (pad + 2) + first + last.rjust(max(width - len(first), 0)),
+                          style="dim"))
+    spark = "".join(SPARK[min(len(SPARK) - 1, round(v / pic.arena_bytes * (len(SPARK) - 1)))]
+                    if pic.arena_bytes else " " for v in pic.live)
+    live = Text("live".rjust(pad) + "  ", style="dim")
+    live.append(spark, style=colour)
+    live.append(f" ◀ bytes live per step (top = arena)", style="dim")
+    lines.append(live)
+    return Group(*lines, Text(""))
+
+
+def print_occupancy(console: Console, pictures: list[ArenaPicture]) -> None:
+    if not pictures:
+        return
+    console.print(Text("arena occupancy over the schedule (shade = share of a cell's bytes in "
+                       "use: ░ ▒ ▓ █)", style="italic"))
+    for pic in pictures:
+        console.print(arena_picture(pic))
+
+
+# --- progress ----------------------------------------------------------------------------------
+def is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def run_progress(console: Console, total: int, what: str = "computing"
+                 ) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar over `total` runs on stderr, only when stderr is a terminal and there is
+    more than one run; yields the `progress(done)` callback the executor calls, or None."""
+    if total <= 1 or not is_terminal(sys.stderr):
+        yield None
+        return
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), console=console, transient=True)
+    with bar:
+        task = bar.add_task(what, total=total)
+        yield lambda done: bar.update(task, completed=done)
+
+
+@contextlib.contextmanager
+def busy(console: Console, message: str) -> Iterator[None]:
+    """A spinner on stderr while planning, only when stderr is a terminal."""
+    if not is_terminal(sys.stderr):
+        yield
+        return
+    with console.status(message):
+        yield
