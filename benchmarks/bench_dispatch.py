@@ -55,7 +55,7 @@ def build(n_nodes: int, n_inputs: int = 8):
             node = make_node(f"n{i}", "scale", [values[prev]], {"s": 0.5})
             recipe.append((np.multiply, [prev], (np.float32(0.5),)))
         elif i % 3 == 2:
-            op, fn, extra = UNARY[i % len(UNARY)]
+            op, fn, extra = UNARY[(i // 3) % len(UNARY)]
             node = make_node(f"n{i}", op, [values[prev]])
             recipe.append((fn, [prev], extra))
         else:

@@ -62,11 +62,12 @@ def cli():
 
 @cli.command()
 @GRAPH
+@BACKENDS
 @JSON
 @DEBUG
-def validate(graph, as_json):
-    """Load and check a graph file only."""
-    g = load_graph(graph)
+def validate(graph, backends_file, as_json):
+    """Load and check a graph file only (backend names and pins included)."""
+    g, _ = _prepare(graph, backends_file)
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
@@ -109,12 +110,17 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
 @DEBUG
 def measure(graph, backends_file, as_json, policy, planner):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
-    g, sched = _prepare(graph, backends_file, policy)
-    _, memory = engine.plan_memory(sched, planner)
+    from ggmlrun import visual
+    from ggmlrun.core.occupancy import occupancy
+
+    with visual.busy(stderr, "planning"):
+        g, sched = _prepare(graph, backends_file, policy)
+        plan_, memory = engine.plan_memory(sched, planner)
     if as_json:
         emit_json(report.measure_dict(memory))
     else:
         report.print_tables(stdout, report.measure_table(memory, f"memory of {g.name}"))
+        visual.print_occupancy(stdout, occupancy(sched, plan_))
 
 
 @cli.command()
@@ -127,19 +133,41 @@ def measure(graph, backends_file, as_json, policy, planner):
               help="Write every output, by name, to this .npz (atomically).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, help="Compute N times after one plan.")
 @click.option("--check", is_flag=True, help="Compare outputs with the plain NumPy reference evaluator.")
+@click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path),
+              metavar="FILE.json", help="Write a Chrome/Perfetto trace of every run (atomically); "
+              "open it in ui.perfetto.dev or chrome://tracing.")
+@click.option("--profile", "show_profile", is_flag=True,
+              help="Time per op and per copy route (with --json: a `profile` key).")
 @POLICY
 @PLANNER
 @DEBUG
-def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner):
+def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
+        trace_file, show_profile):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
     from ggmlrun.core import data, results
 
-    g, sched = _prepare(graph, backends_file, policy)
-    inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
-    plan_, memory = engine.plan_memory(sched, planner)
+    from ggmlrun import visual
+
+    with visual.busy(stderr, "planning"):
+        g, sched = _prepare(graph, backends_file, policy)
+        inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
+        plan_, memory = engine.plan_memory(sched, planner)
     engine.check_capacity(sched, memory)
     leaf_values = engine.leaf_values(g)
-    result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat)
+    with visual.run_progress(stderr, repeat) as progress:
+        result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat,
+                                progress=progress, record_events=bool(trace_file or show_profile))
+    prof = None
+    if show_profile:
+        from ggmlrun.core.profile import profile
+
+        prof = profile(sched, result)
+    if trace_file:
+        from ggmlrun.core.trace import build_trace
+
+        results.write_text(trace_file, json.dumps(build_trace(sched, plan_, result),
+                                                  default=_json_default))
+        click.echo(f"wrote {trace_file}", err=True)
     summaries = {name: results.summarize(arr) for name, arr in result.outputs.items()}
     errors = results.compare_with_reference(g, leaf_values, inputs, result.outputs) if check else None
     if out_file:
@@ -148,14 +176,55 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
         payload = report.run_dict(sched, memory, result, summaries)
         if errors is not None:
             payload["check"] = {"max_rel_err": errors, "passed": results.check_passed(g, errors)}
+        if prof is not None:
+            payload["profile"] = prof.as_dict()
         emit_json(payload)
     else:
         report.print_tables(stdout, report.split_table(sched), report.timing_table(result),
                             report.outputs_table(summaries, errors))
+        if prof is not None:
+            report.print_tables(stdout, *visual.profile_tables(prof))
     if errors is not None and not results.check_passed(g, errors):
         worst = max(errors, key=errors.get)
         raise CheckError(f"output '{worst}' differs from the reference evaluator by "
                                  f"{errors[worst]:.3e} (relative)")
+
+
+@cli.command("dot")
+@GRAPH
+@BACKENDS
+@POLICY
+@click.option("-o", "--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="FILE.svg/.png/.pdf: rendered by Graphviz's `dot` when it is on PATH (else "
+                   "FILE.dot is written); any other name: DOT text. Default: DOT on stdout.")
+@DEBUG
+def dot_command(graph, backends_file, policy, out_file):
+    """The schedule as a Graphviz graph: nodes by backend, splits as clusters, copies dashed."""
+    import shutil
+
+    from ggmlrun.core.dot import RENDERED, render, to_dot
+    from ggmlrun.core.results import write_atomic, write_text
+
+    _, sched = _prepare(graph, backends_file, policy)
+    text = to_dot(sched)
+    if out_file is None:
+        click.echo(text, nl=False)
+        return
+    fmt = out_file.suffix.lower().lstrip(".")
+    if fmt in RENDERED:
+        exe = shutil.which("dot")
+        if exe:
+            picture = render(text, fmt, exe)
+            write_atomic(out_file, lambda handle: handle.write(picture))
+            click.echo(f"wrote {out_file}", err=True)
+            return
+        dot_file = out_file.with_suffix(".dot")
+        click.echo(f"ggmlrun: warning: Graphviz `dot` is not on PATH, so no {fmt.upper()}; "
+                   f"writing DOT to {dot_file} (render it with: dot -T{fmt} {dot_file} "
+                   f"-o {out_file})", err=True)
+        out_file = dot_file
+    write_text(out_file, text)
+    click.echo(f"wrote {out_file}", err=True)
 
 
 @cli.command()

@@ -75,6 +75,12 @@ def _shade(fraction: float) -> str:
     return SHADES[min(len(SHADES) - 1, 1 + int(fraction * (len(SHADES) - 1) - 1e-9))]
 
 
+def _spark(value: int, top: int) -> str:
+    if value <= 0 or top <= 0:
+        return SPARK[0]
+    return SPARK[max(1, min(len(SPARK) - 1, round(value / top * (len(SPARK) - 1))))]
+
+
 def arena_picture(pic: ArenaPicture) -> Group:
     """Address (up) by step (right): shaded where live slots sit; the arena's top is the peak the
     plan reserves, the marked row is where the lower bound falls; below, bytes live per column."""
@@ -109,11 +115,10 @@ def arena_picture(pic: ArenaPicture) -> Group:
         first, last = "step 0", f"step {pic.n_steps - 1}"
         lines.append(Text(" " * (pad + 2) + first + last.rjust(max(width - len(first), 0)),
                           style="dim"))
-    spark = "".join(SPARK[min(len(SPARK) - 1, round(v / pic.arena_bytes * (len(SPARK) - 1)))]
-                    if pic.arena_bytes else " " for v in pic.live)
+    spark = "".join(_spark(v, pic.arena_bytes) for v in pic.live)
     live = Text("live".rjust(pad) + "  ", style="dim")
     live.append(spark, style=colour)
-    live.append(f" ◀ bytes live per step (top = arena)", style="dim")
+    live.append(" ◀ bytes live per step (top = arena)", style="dim")
     lines.append(live)
     return Group(*lines, Text(""))
 

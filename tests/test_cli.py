@@ -167,3 +167,17 @@ def test_gen_writes_loadable_graphs(tmp_path):
     assert data["check"]["passed"]
     code, _, err = invoke("gen", "llama", "--dim", "60", "--heads", "8")
     assert code == 2 and "multiple" in err
+
+
+def test_cpu_threads_cap_blas_during_the_run(tmp_path):
+    from threadpoolctl import threadpool_info
+
+    from ggmlrun.core.engine import blas_threads
+
+    with blas_threads(1):
+        assert all(pool["num_threads"] == 1 for pool in threadpool_info()
+                   if pool["user_api"] == "blas")
+    (tmp_path / "b.yaml").write_text("backends:\n  - {name: SIM0, kind: sim}\n"
+                                     "  - {name: CPU, kind: cpu, threads: 1}\n")
+    data = run_json("run", ROOT / "graphs/mlp.yaml", "--backends", tmp_path / "b.yaml", "--check")
+    assert data["check"]["passed"]

@@ -84,7 +84,7 @@ def to_dot(sched: Schedule) -> str:
     for k, split in enumerate(sched.splits):
         backend = sched.backends[split.backend].name
         lines.append(f"  subgraph cluster_{k} {{")
-        lines.append(f"    graph {_attrs(label=f'split {k}: {backend}', style='rounded', color=backend_colour(split.backend))};")
+        lines.append(f"    graph {_attrs(label=f'split {k}: {backend}', style='rounded', penwidth='2', color=backend_colour(split.backend))};")
         for copy in split.copies:
             lines.append(_node_line(sched, copy, "    "))
         for node in split.nodes:
@@ -101,3 +101,23 @@ def to_dot(sched: Schedule) -> str:
             lines.append(f"  {quote(src.name)} -> {quote(node.name)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+RENDERED = ("svg", "png", "pdf")     # output suffixes rendered with Graphviz's `dot`
+
+
+def render(text: str, fmt: str, exe: str) -> bytes:
+    """Run Graphviz (`exe -Tfmt`) on DOT text; its output bytes."""
+    import subprocess
+
+    from ggmlrun.core.errors import RunError
+
+    try:
+        proc = subprocess.run([exe, f"-T{fmt}"], input=text.encode(), capture_output=True,
+                              timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise RunError(f"cannot run {exe} -T{fmt}: {err}") from None
+    if proc.returncode != 0:
+        why = (proc.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[0]
+        raise RunError(f"{exe} -T{fmt} failed (exit {proc.returncode}): {why}")
+    return proc.stdout

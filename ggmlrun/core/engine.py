@@ -95,7 +95,8 @@ def check_capacity(sched: Schedule, memory: list[BackendMemory]) -> None:
             f"backend {mem.name} needs {need} bytes ({human_bytes(need)}: weights "
             f"{human_bytes(mem.weights_bytes)} + arena {human_bytes(mem.arena_bytes)}) but its "
             f"memory is {mem.memory} bytes ({human_bytes(mem.memory)}); largest tensors: {names}; "
-            f"raise its `memory` or move weights to another backend")
+            f"raise its `memory` or move weights to another backend",
+            file=str(sched.graph.path) if sched.graph.path else None)
 
 
 def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
@@ -107,11 +108,24 @@ def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
 
 def execute(sched: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndarray],
             inputs: dict[Tensor, np.ndarray] | None = None, repeat: int = 1,
-            progress=None) -> RunResult:
+            progress=None, record_events: bool = False) -> RunResult:
     executor = Executor(sched, plan, leaf_values)
     feed = {t: leaf_values[t] for t in sched.graph.inputs}
     feed.update(inputs or {})
-    return executor.run(feed, repeat=repeat, progress=progress)
+    with blas_threads(sched.backends[-1].threads):
+        return executor.run(feed, repeat=repeat, progress=progress, record_events=record_events)
+
+
+def blas_threads(threads: int | None):
+    """The CPU backend's `threads` caps BLAS threads for the run (one BLAS serves every
+    backend here, since sim devices compute with the same kernels)."""
+    import contextlib
+
+    if threads is None:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=threads, user_api="blas")
 
 
 def human_bytes(n: int) -> str:

@@ -8,7 +8,8 @@ into another's arena, once per compute, exactly the copies the schedule lists.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -81,6 +82,8 @@ class Executor:
         self.leaf_values = leaf_values
         self.views: dict[Tensor, np.ndarray] = {}
         self._bind()
+        self._steps: list[tuple] | None = None             # compiled on the first run
+        self._modeled: list[BackendTiming] | None = None   # the schedule's counts, once
 
     # --- binding: every tensor an ndarray at its planned bytes -------------------------------
     def _root_location(self, root: Tensor) -> tuple[np.ndarray, int]:
@@ -106,25 +109,39 @@ class Executor:
 
     # --- running ---------------------------------------------------------------------------
     def _compile(self) -> list[tuple]:
-        """The run as a flat list of steps, resolved once: per-node work in the loop is a call."""
+        """The run as a flat list of steps, resolved once: per-node work in the loop is a call.
+
+        Each step is (kind, backend, tensor, fn, args): running it is `fn(*args)`. A kernel
+        with a fast path binds its arrays here (ops/common.py `fast_path`); any other is
+        called unwrapped (the loop already ignores float errors) with its params bound.
+        """
         steps = []
         for split in self.schedule.splits:
             for original, copy in zip(split.inputs, split.copies):
                 steps.append((COPY, split.backend, copy, np.copyto,
-                              (self.views[copy], self.views[original]), {}))
+                              (self.views[copy], self.views[original])))
             for node in split.nodes:
                 spec = get_op(node.op)
                 if spec.view_op:
                     continue
-                srcs = tuple(self.views[s] for s in self.schedule.srcs_of[node])
-                steps.append((COMPUTE, self.schedule.backend_of[node], node, spec.kernel,
-                              (self.views[node], *srcs), node.params))
+                args = (self.views[node], *(self.views[s] for s in self.schedule.srcs_of[node]))
+                kernel = spec.kernel
+                bind = getattr(kernel, "bind", None)
+                call = bind(*args, **node.params) if bind is not None else None
+                if call is None:
+                    raw = getattr(kernel, "raw", kernel)
+                    call = (partial(raw, **node.params) if node.params else raw), args
+                steps.append((COMPUTE, self.schedule.backend_of[node], node, *call))
         return steps
 
     def run(self, inputs: dict[Tensor, np.ndarray], repeat: int = 1, progress=None,
             record_events: bool = False) -> RunResult:
-        steps = self._compile()
-        seconds = [0.0] * len(steps)
+        if self._steps is None:          # views are fixed at bind, so steps are too
+            self._steps = self._compile()
+            self._calls = [(fn, args) for *_, fn, args in self._steps]
+        steps, calls = self._steps, self._calls
+        n = len(steps)
+        seconds = np.zeros(n)
         events: list[tuple[int, int, float, float]] = []   # (run, step, start, end)
         clock = time.perf_counter
         input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
@@ -132,21 +149,26 @@ class Executor:
         for run_index in range(repeat):
             for view, value in input_views:
                 np.copyto(view, value)
+            # one clock read per step: a step's time runs from the previous step's end to its own
+            stamps = [clock()]
+            stamp = stamps.append
             with np.errstate(all="ignore"):
-                for i, (_, _, tensor, fn, args, params) in enumerate(steps):
-                    start = clock()
-                    try:
-                        fn(*args, **params)
-                    except Exception as err:  # noqa: BLE001 - reported with the node that raised
-                        raise self._failure(steps[i], err) from err
-                    end = clock()
-                    seconds[i] += end - start
-                    if record_events:
-                        events.append((run_index, i, start - origin, end - origin))
+                try:
+                    for fn, args in calls:
+                        fn(*args)
+                        stamp(clock())
+                except Exception as err:  # noqa: BLE001 - reported with the node that raised
+                    raise self._failure(steps[len(stamps) - 1], err) from err
+            if n:
+                ends = np.array(stamps)
+                seconds += np.diff(ends)
+                if record_events:
+                    ends = (ends - origin).tolist()
+                    events += [(run_index, i, ends[i], ends[i + 1]) for i in range(n)]
             if progress:
                 progress(run_index + 1)
         outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
-        return self._result(steps, seconds, events, outputs, repeat)
+        return self._result(steps, seconds.tolist(), events, outputs, repeat)
 
     def _failure(self, step, err: Exception) -> RunError:
         kind, b, tensor, *_ = step
@@ -162,8 +184,10 @@ class Executor:
 
     def _result(self, steps, seconds, events, outputs, repeat) -> RunResult:
         specs = self.schedule.backends
-        timings = [BackendTiming(name=s.name, kind=s.kind) for s in specs]
-        self._model(timings)
+        if self._modeled is None:
+            self._modeled = [BackendTiming(name=s.name, kind=s.kind) for s in specs]
+            self._model(self._modeled)
+        timings = [replace(t) for t in self._modeled]
         node_timings = []
         copied_count = copied_bytes = 0
         for (kind, b, tensor, *_), spent in zip(steps, seconds):

@@ -33,9 +33,12 @@ def contiguous_strides(shape: tuple[int, ...], item: int) -> tuple[int, ...]:
 
 def span_bytes(shape: tuple[int, ...], strides: tuple[int, ...], item: int) -> int:
     """Bytes from a tensor's first element to the end of its last (ggml_nbytes)."""
-    if any(d == 0 for d in shape):
-        return 0
-    return item + sum((d - 1) * s for d, s in zip(shape, strides))
+    end = item
+    for d, s in zip(shape, strides):
+        if d == 0:
+            return 0
+        end += (d - 1) * s
+    return end
 
 
 @dataclass

@@ -194,18 +194,16 @@ class Solver:
             return True
         un = bufs[pos]
         offs = self.min_off[un]
-        order = np.argsort(offs, kind="stable")
-        un, offs, pos = un[order], offs[order], pos[order]
         min_height = int((offs + self.size[un]).min())
-        tot = self.total[part.lo:part.hi]
-        top = int(tot.max())
-        for b, off, p in zip(un.tolist(), offs.tolist(), pos.tolist()):
+        keep = (offs < min_height) & ((offs > min_offset) | ((offs == min_offset) & (pos >= min_pidx)))
+        if not keep.any():
+            return False
+        un, offs, pos = un[keep], offs[keep], pos[keep]
+        order = np.argsort(offs, kind="stable")
+        top = int(self.total[part.lo:part.hi].max())
+        for b, off, p in zip(un[order].tolist(), offs[order].tolist(), pos[order].tolist()):
             if off + top > self.capacity and not self._rises_ok(part, b, off):
                 continue
-            if off >= min_height:
-                break  # dominance: this and every later child leaves a fillable gap
-            if off < min_offset or (off == min_offset and p < min_pidx):
-                continue  # not canonical: this packing is reached in another order
             if self._place_and_recurse(part, heuristic, b, off, p):
                 return True
         return False

@@ -48,7 +48,7 @@ _NATIVE = (np.dtype(np.float32), np.dtype(np.int32))
 
 def _tiles_by_broadcast(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
     """True when NumPy broadcasting of b to a is the same as tiling (each dim equal or 1)."""
-    return len(b_shape) <= len(a_shape) and all(
+    return a_shape == b_shape or len(b_shape) <= len(a_shape) and all(
         db == da or db == 1 for da, db in zip(a_shape[::-1], b_shape[::-1]))
 
 
@@ -134,10 +134,10 @@ def _unary_infer(op: str):
     return infer
 
 
-# unary ops that are one ufunc call: (ufunc, extra args before `out`)
-_UFUNC = {"neg": (np.negative, ()), "abs": (np.abs, ()), "sqr": (np.square, ()),
-          "sqrt": (np.sqrt, ()), "log": (np.log, ()), "exp": (np.exp, ()),
-          "tanh": (np.tanh, ()), "relu": (np.maximum, (0,))}
+# unary ops that are one ufunc call, `out` given positionally (relu stays a formula: NumPy
+# deprecates a positional `out` for np.maximum)
+_UFUNC = {"neg": np.negative, "abs": np.abs, "sqr": np.square, "sqrt": np.sqrt, "log": np.log,
+          "exp": np.exp, "tanh": np.tanh}
 
 
 def _unary_kernel(formula, name=None):
@@ -147,7 +147,7 @@ def _unary_kernel(formula, name=None):
         if out.dtype == np.float16:
             return None
         if direct is not None:
-            return direct[0], (a, *direct[1], out)
+            return direct, (a, out)
         return formula, (a, out)
 
     @fast_path(bind)
