@@ -120,7 +120,7 @@ def measure(graph, backends_file, as_json, policy, planner):
         emit_json(report.measure_dict(memory))
     else:
         report.print_tables(stdout, report.measure_table(memory, f"memory of {g.name}"))
-        visual.print_occupancy(stdout, occupancy(sched, plan_))
+        visual.print_occupancy(stdout, occupancy(sched, plan_), planner)
 
 
 @cli.command()

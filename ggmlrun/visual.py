@@ -123,11 +123,13 @@ def arena_picture(pic: ArenaPicture) -> Group:
     return Group(*lines, Text(""))
 
 
-def print_occupancy(console: Console, pictures: list[ArenaPicture]) -> None:
+def print_occupancy(console: Console, pictures: list[ArenaPicture], planner: str | None = None
+                    ) -> None:
     if not pictures:
         return
-    console.print(Text("arena occupancy over the schedule (shade = share of a cell's bytes in "
-                       "use: ░ ▒ ▓ █)", style="italic"))
+    which = f" of the {planner} plan" if planner else ""
+    console.print(Text(f"arena occupancy over the schedule{which} (shade = share of a cell's "
+                       "bytes in use: ░ ▒ ▓ █)", style="italic"))
     for pic in pictures:
         console.print(arena_picture(pic))
 

@@ -67,15 +67,19 @@ def _node_line(sched: Schedule, t: Tensor, indent: str) -> str:
 
 def to_dot(sched: Schedule) -> str:
     g = sched.graph
+    title = (f"{g.name}: {len(sched.splits)} splits, {sched.copy_count} copies, "
+             f"{_bytes(sched.copy_bytes)} per compute")
     lines = [f"digraph {quote(g.name)} {{",
-             f"  graph {_attrs(label=f'{g.name}: {len(sched.splits)} splits, {sched.copy_count} copies, {_bytes(sched.copy_bytes)} per compute', labelloc='t', rankdir='TB', fontname='Helvetica')};",
+             f"  graph {_attrs(label=title, labelloc='t', rankdir='TB', fontname='Helvetica')};",
              f"  node {_attrs(fontname='Helvetica', fontsize='10')};",
              f"  edge {_attrs(fontname='Helvetica', fontsize='9')};"]
     # legend: one swatch per backend
     lines.append("  subgraph cluster_legend {")
     lines.append(f"    graph {_attrs(label='backends', style='rounded')};")
     for i, b in enumerate(sched.backends):
-        lines.append(f"    {quote('backend ' + b.name)} {_attrs(label=f'{b.name} ({b.kind})', shape='box', style='filled', fillcolor=backend_colour(i))};")
+        swatch = _attrs(label=f"{b.name} ({b.kind})", shape="box", style="filled",
+                        fillcolor=backend_colour(i))
+        lines.append(f"    {quote('backend ' + b.name)} {swatch};")
     lines.append("  }")
     # leafs, outside every split
     for leaf in g.leafs:
@@ -84,7 +88,9 @@ def to_dot(sched: Schedule) -> str:
     for k, split in enumerate(sched.splits):
         backend = sched.backends[split.backend].name
         lines.append(f"  subgraph cluster_{k} {{")
-        lines.append(f"    graph {_attrs(label=f'split {k}: {backend}', style='rounded', penwidth='2', color=backend_colour(split.backend))};")
+        box = _attrs(label=f"split {k}: {backend}", style="rounded", penwidth="2",
+                     color=backend_colour(split.backend))
+        lines.append(f"    graph {box};")
         for copy in split.copies:
             lines.append(_node_line(sched, copy, "    "))
         for node in split.nodes:

@@ -199,8 +199,12 @@ class Solver:
         if not keep.any():
             return False
         un, offs, pos = un[keep], offs[keep], pos[keep]
-        order = np.argsort(offs, kind="stable")
         top = int(self.total[part.lo:part.hi].max())
+        sizes = self.size[un]
+        viable = offs + top - sizes <= self.capacity  # placing b lowers the tallest total by <= its size
+        if not viable.all():
+            un, offs, pos, sizes = un[viable], offs[viable], pos[viable], sizes[viable]
+        order = np.argsort(offs, kind="stable")
         for b, off, p in zip(un[order].tolist(), offs[order].tolist(), pos[order].tolist()):
             if off + top > self.capacity and not self._rises_ok(part, b, off):
                 continue

@@ -27,7 +27,7 @@ class OpRow:
     mean_s: float
     share: float                   # of all compute seconds, 0..1
     flops: int                     # all calls
-    flops_per_s: float | None
+    flops_per_s: float | None      # None for ops that count no FLOPs (copies, cont)
 
 
 @dataclass
@@ -65,7 +65,7 @@ def profile(sched: Schedule, result: RunResult) -> Profile:
     for row in ops.values():
         row.mean_s = row.total_s / row.calls if row.calls else 0.0
         row.share = row.total_s / compute_s if compute_s > 0 else 0.0
-        row.flops_per_s = row.flops / row.total_s if row.total_s > 0 else None
+        row.flops_per_s = row.flops / row.total_s if row.total_s > 0 and row.flops else None
 
     copies: dict[tuple[str, str], CopyRow] = {}
     for split in sched.splits:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ggmlrun.core.errors import RunError
+from ggmlrun.core.atomic import write_atomic
 from ggmlrun.core.graph import DTYPE_NAMES, Graph, Tensor
 from ggmlrun.core.reference import evaluate
 
@@ -58,22 +56,3 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_atomic(path, lambda handle: handle.write(text.encode()))
-
-
-def write_atomic(path: Path, write) -> None:
-    """Write to a temporary file beside `path`, then rename: never a half-written file."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    except OSError as err:
-        raise RunError(f"cannot write {path}: {err.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise RunError(f"cannot write {path}: {err.strerror}") from None
-        raise

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ggmlrun.core.alloc import PlanEntry
+from ggmlrun.core.alloc import PlanEntry, gc_paused
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.errors import InputError, did_you_mean
 from ggmlrun.core.graph import Graph, Tensor
@@ -61,6 +61,10 @@ class Schedule:
     def alloc_sequence(self) -> tuple[list[tuple[Tensor, int]], list[PlanEntry]]:
         """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then
         the split's nodes; and the leafs, which the allocator places first."""
+        with gc_paused():
+            return self._alloc_sequence()
+
+    def _alloc_sequence(self) -> tuple[list[tuple[Tensor, int]], list[PlanEntry]]:
         entries: list[PlanEntry] = []
         for split in self.splits:
             for original, copy in zip(split.inputs, split.copies):
@@ -95,6 +99,10 @@ class Scheduler:
     def schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None = None) -> Schedule:
         """Run the passes. `decided` holds assignments made elsewhere (a placement policy):
         like user pins, the passes never overwrite them, and the rest follows ggml's rules."""
+        with gc_paused():
+            return self._schedule(graph, decided)
+
+    def _schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
         self.graph = graph
         self.backend_of: dict[Tensor, int] = {}
         self.cause: dict[Tensor, str] = {}
