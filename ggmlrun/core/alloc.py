@@ -129,16 +129,20 @@ class MemoryPlan:
 
     def lower_bound(self, buffer: int) -> int:
         """Most aligned bytes live at once in this arena over the same schedule."""
-        events = []
+        times: list[int] = []      # two flat int lists, not (time, delta) tuples: on a big
+        deltas: list[int] = []     # graph those tuples alone set off full GC collections
         for slot in self.slots:
             if slot.buffer == buffer:
-                events.append((slot.born, slot.size))
+                times.append(slot.born)
+                deltas.append(slot.size)
                 if slot.died is not None:
-                    events.append((slot.died, -slot.size))
+                    times.append(slot.died)
+                    deltas.append(-slot.size)
         live = peak = 0
-        for _, delta in sorted(events, key=lambda e: e[0]):
-            live += delta
-            peak = max(peak, live)
+        for i in sorted(range(len(times)), key=times.__getitem__):   # stable, as before
+            live += deltas[i]
+            if live > peak:
+                peak = live
         return peak
 
     def no_reuse_bytes(self, buffer: int) -> int:

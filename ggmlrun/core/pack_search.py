@@ -119,6 +119,10 @@ class Solver:
         self.alignment = alignment
         self.sweep = Sweep(list(lower), list(upper), self.size_list)
         self.n = len(self.size)
+        groups = {}
+        for i, key in enumerate(zip(np.asarray(lower).tolist(), np.asarray(upper).tolist())):
+            groups.setdefault(key, []).append(i)
+        self.twins = [[j for j in groups[k] if j != i] for i, k in enumerate(zip(np.asarray(lower).tolist(), np.asarray(upper).tolist()))]
         self.nodes_visited = 0
 
     # ---- state
@@ -208,7 +212,15 @@ class Solver:
         for b, off, p in zip(un[order].tolist(), offs[order].tolist(), pos[order].tolist()):
             if off + top > self.capacity and not self._rises_ok(part, b, off):
                 continue
+            if EXP.get('twin') and self._twin_below(b, off):
+                continue
             if self._place_and_recurse(part, heuristic, b, off, p):
+                return True
+        return False
+
+    def _twin_below(self, b, off):
+        for x in self.twins[b]:
+            if x > b and self.assigned[x] and self.offset[x] + self.size_list[x] == off:
                 return True
         return False
 

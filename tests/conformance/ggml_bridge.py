@@ -4,6 +4,7 @@ It rebuilds the same graph with ggml's own ops through the ctypes bindings (`imp
 asks ggml what it would do, so ggmlrun's planner, scheduler and kernels can be compared with it:
 
 - `gallocr_buffer_size(graph)`: ggml's graph allocator (one CPU buffer, alignment 32): bytes.
+- `gallocr_offsets(graph)`: the same, allocated for real: every tensor's offset in the buffer.
 - `compute_outputs(graph, leaf_values)`: run it on ggml's CPU backend; outputs as NumPy arrays.
 - `sched_stats(graph, device_weights)`: ggml's scheduler over [device, CPU]: split count, the
   compute buffer size per backend, where every node went and each split's inputs. The device is
@@ -11,7 +12,9 @@ asks ggml what it would do, so ggmlrun's planner, scheduler and kernels can be c
   process (its buffers are not host memory, like our `sim`). ggml-python builds ggml-rpc only when
   asked: `CMAKE_ARGS="-DGGML_RPC=ON" pip install --no-cache-dir ggml-python==0.0.45`. Without it
   (`HAS_RPC` False) only the CPU-only scheduler is available, and asking for a device raises
-  `NoDeviceBackend`.
+  `NoDeviceBackend`. What the RPC device cannot mirror of a `sim` backend: it claims every op
+  (no `unsupported` list), has no offload_op (ggml never offloads an op to it) and its buffers
+  have the server CPU's alignment, 32 (compare with a sim of alignment 32).
 - `isolated(fn, *args)`: run any of the above in a fresh process. ggml reports a violated
   precondition with abort(), which would take pytest down; in a child it becomes `GgmlAborted`.
 
@@ -29,9 +32,13 @@ How a graph is translated (facts about ggml 0.15.3, verified on this build):
     the `cont` node owns the memory (named `NAME#cont`).
   * argmax of a 1-D/2-D f32 tensor is ggml_argmax; of 3-D/4-D: reshape to 2-D (cont first if
     not contiguous), argmax, reshape back (views, no memory). f16 argmax: `Unsupported`.
-  * views keep ggml's rule that nb[0] is the element size; a `view` whose innermost stride is
-    not is built as a view and its nb[0] patched (fine for layouts and sizes; ggml kernels other
-    than cont/cpy refuse such sources, so compute raises `Unsupported` there).
+  * ggml's view functions always set nb[0] to the element size; a `view` whose innermost
+    stride is not gets its nb[0] patched after ggml_view_Nd.
+  * ggml kernels other than cont/cpy (and the view ops) need a source whose nb[0] is the
+    element size (some assert it while building the graph, some while computing): a node
+    reading such a source (a permuted/transposed tensor, an odd view) raises `Unsupported`,
+    for sizes and compute alike. ggml's CPU kernels also lack some dtype combinations that
+    ggmlrun accepts (scale of f16 aborts, for one): run such graphs through `isolated`.
   * permute: ggml takes where each source axis goes: p[n-1-axes[j]] = n-1-j.
   * concat: ggml dim = ndim-1-axis. repeat: ggml_repeat_4d. soft_max: ggml_soft_max_ext.
   * rope: ggml_rope_ext (ext_factor 0, attn_factor 1, beta_fast 32, beta_slow 1, n_ctx_orig 0).
@@ -65,9 +72,13 @@ import ggml
 
 __all__ = [
     "HAS_RPC", "Unsupported", "NoDeviceBackend", "GgmlAborted",
-    "gallocr_buffer_size", "compute_outputs", "sched_stats", "isolated", "rpc_endpoint",
+    "gallocr_buffer_size", "gallocr_offsets", "compute_outputs", "sched_stats", "isolated", "rpc_endpoint",
     "stop_rpc_server",
 ]
+
+# a failed GGML_ASSERT prints a backtrace by forking and attaching gdb; in a test run that can
+# leave stuck forks behind. Without it the message is still printed before abort().
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 for _name in ("ggml_backend_cpu_buffer_type", "ggml_backend_sched_get_tensor_backend",
               "ggml_backend_alloc_buffer", "ggml_backend_cpu_buffer_from_ptr"):
@@ -135,15 +146,25 @@ BINARY = {op: getattr(ggml, f"ggml_{op}") for op in
           ("add", "sub", "mul", "div", "mul_mat", "get_rows", "cpy")}
 
 
+# ops whose ggml kernels take any source strides (the rest assert nb[0] == element size,
+# at graph build time (unary ops, scale, ...) or in the CPU kernel (binary ops, mul_mat, norm))
+STRIDED_OK = {"cont", "cpy", "view", "permute", "transpose"}
+
+
 class _Translator:
     """Turns our nodes into ggml tensors inside one no_alloc context."""
 
     def __init__(self, ctx):
         self.ctx = ctx
         self.owner: dict[str, object] = {}     # our node -> ggml tensor holding its memory
-        self.odd_views: set[str] = set()       # views with nb[0] != element size
 
     def node(self, node, srcs):
+        if node.op not in STRIDED_OK:
+            for src, gsrc in zip(node.src, srcs):
+                if int(gsrc.contents.nb[0]) != src.itemsize:
+                    raise Unsupported(
+                        f"'{node.name}': ggml's {node.op} needs source '{src.name}' to have "
+                        "its innermost stride equal to the element size (insert a cont)")
         ctx, op, p = self.ctx, node.op, node.params
         name = node.name
         if op in UNARY:
@@ -227,7 +248,6 @@ class _Translator:
             t = ggml.ggml_view_4d(self.ctx, a, *ne, nb[1], nb[2], nb[3], offset)
         if nb[0] != item:
             t.contents.nb[0] = nb[0]
-            self.odd_views.add(node.name)
         return t
 
 
@@ -449,13 +469,8 @@ def compute_outputs(graph, leaf_values: dict, *, all_nodes: bool = False,
     with _cpu_backend(n_threads) as cpu:
         homes = {t.name: cpu for t in graph.leafs}
         with _session(graph, homes, leaf_values) as s:
-            cgraph, tensors, tr = s.build(keep_view_sources=keep_view_sources,
-                                          all_nodes_output=all_nodes)
-            for node in graph.nodes:
-                if any(src.name in tr.odd_views for src in node.src) and \
-                        node.op not in ("cont", "cpy", "view", "reshape", "permute", "transpose"):
-                    raise Unsupported(f"'{node.name}': ggml's {node.op} kernel needs a source "
-                                      "whose innermost stride is the element size")
+            cgraph, tensors, _ = s.build(keep_view_sources=keep_view_sources,
+                                         all_nodes_output=all_nodes)
             galloc = ggml.ggml_gallocr_new(ggml.ggml_backend_cpu_buffer_type())
             try:
                 if not ggml.ggml_gallocr_alloc_graph(galloc, cgraph):
@@ -693,7 +708,27 @@ def _serve_rpc(endpoint: str, n_threads: int = 4) -> None:
     ggml.ggml_backend_rpc_start_server(endpoint.encode(), None, n_threads, 1, devs)
 
 
+_abort_hook = None  # keeps the ctypes callback alive in an isolated child
+
+
 def _isolated_child(conn, fn, args, kwargs):
+    """Runs in the spawned child: reports fn's result, its exception, or ggml's abort message."""
+    global _abort_hook
+    import threading
+
+    os.environ["GGML_NO_BACKTRACE"] = "1"
+    first = threading.Lock()
+
+    @ggml.ggml_abort_callback_t
+    def on_abort(message):
+        first.acquire()   # the first aborting thread reports; others wait here for the end
+        try:
+            conn.send(("abort", (message or b"").decode(errors="replace")))
+        except Exception:  # noqa: BLE001 - the process is about to abort anyway
+            pass
+
+    _abort_hook = on_abort
+    ggml.ggml_set_abort_callback(on_abort)
     try:
         conn.send(("ok", fn(*args, **kwargs)))
     except BaseException as err:  # noqa: BLE001 - sent back to the parent
@@ -730,6 +765,8 @@ def isolated(fn, *args, timeout: float = 300.0, **kwargs):
         parent.close()
     if kind == "err":
         raise value
+    if kind == "abort":
+        raise GgmlAborted(f"ggml aborted in {getattr(fn, '__name__', fn)}: {value}")
     return value
 
 

@@ -113,13 +113,87 @@ def test_sched_two_backends_over_rpc():
 
 
 def test_isolated_turns_an_abort_into_an_error():
-    # reshape of a non-contiguous tensor: ggml_reshape's GGML_ASSERT aborts the process
+    # ggml's CPU scale kernel takes only f32: GGML_ABORT in a compute thread
+    x = Tensor("x", (4, 4), dtype="f16", role="input")
+    y = make_node("y", "scale", [x], {"s": 2.0})
+    y.is_output = True
+    g = Graph(name="bad", leafs=[x], nodes=[y], outputs=[y])
+    with pytest.raises(gb.GgmlAborted, match="fatal error"):
+        gb.isolated(gb.compute_outputs, g, {"x": np.ones((4, 4))})
+    assert gb.isolated(gb.gallocr_buffer_size, mlp_graph()) == 393216
+
+
+def test_strided_sources_are_refused_before_ggml_aborts():
     x = Tensor("x", (4, 6), role="input")
     t = make_node("t", "transpose", [x])
-    t.strides = (4, 24)
-    bad = Tensor("r", (24,), op="reshape", src=[t], params={"shape": [24]}, view_src=x)
-    bad.is_output = True
-    g = Graph(name="bad", leafs=[x], nodes=[t, bad], outputs=[bad])
-    with pytest.raises(gb.GgmlAborted):
-        gb.isolated(gb.gallocr_buffer_size, g)
-    assert gb.isolated(gb.gallocr_buffer_size, mlp_graph()) == 393216
+    y = make_node("y", "add", [t, t])
+    y.is_output = True
+    g = Graph(name="bad", leafs=[x], nodes=[t, y], outputs=[y])
+    with pytest.raises(gb.Unsupported, match="innermost stride"):
+        gb.gallocr_buffer_size(g)
+
+
+# --- facts about ggml 0.15.3's graph allocator, read from real offsets -----------------------
+
+def _graph(leafs, nodes, outputs) -> Graph:
+    for t in outputs:
+        t.is_output = True
+    return Graph(name="g", leafs=leafs, nodes=nodes, outputs=outputs)
+
+
+def test_ggml_fact_no_inplace_over_a_view_parent():
+    # x (4 KiB) stays alive to the end, so no free hole hides the answer
+    x = Tensor("x", (1024,), role="input")
+    h = make_node("h", "mul", [x, x])
+    r = make_node("r", "reshape", [h], {"shape": [32, 32]})
+    s = make_node("s", "scale", [r], {"s": 2.0})                 # in-place op, same layout as r
+    s2 = make_node("s2", "reshape", [s], {"shape": [1024]})
+    t = make_node("t", "add", [s2, x])
+    got = gb.gallocr_offsets(_graph([x], [h, r, s, s2, t], [t]))
+    off = got["offsets"]
+    assert off["r"] == off["h"]
+    assert off["s"] not in (off["h"], off["x"])     # a fresh slot: never in place over a view
+    assert got["buffer_size"] == 3 * 4096
+    # the same without the reshape: scale takes h's slot
+    s = make_node("s", "scale", [h], {"s": 2.0})
+    t = make_node("t", "add", [s, x])
+    got = gb.gallocr_offsets(_graph([x], [h, s, t], [t]))
+    assert got["offsets"]["s"] == got["offsets"]["h"] and got["buffer_size"] == 2 * 4096
+
+
+def _view_output_graph():
+    x = Tensor("x", (64,), role="input")
+    h = make_node("h", "mul", [x, x])
+    y = make_node("y", "reshape", [h], {"shape": [8, 8]})        # an output that is a view
+    z = make_node("z", "cont", [y])
+    w = make_node("w", "scale", [z], {"s": 100.0})
+    w2 = make_node("w2", "mul", [w, w])
+    return _graph([x], [h, y, z, w, w2], [y, w2])
+
+
+def test_ggml_fact_a_view_output_loses_its_source():
+    g = _view_output_graph()
+    off = gb.gallocr_offsets(g)["offsets"]
+    assert off["w2"] == off["h"] == off["y"]        # h freed after z read y; w2 took its slot
+    xv = np.arange(64, dtype=np.float32)
+    raw = gb.compute_outputs(g, {"x": xv}, keep_view_sources=False)
+    assert not np.array_equal(raw["y"].ravel(), xv * xv)     # ggml returns w2's values as y
+    np.testing.assert_array_equal(raw["y"].ravel(), (100 * xv * xv) ** 2)
+    kept = gb.compute_outputs(g, {"x": xv})                   # SPEC.md's rule: h kept alive
+    np.testing.assert_array_equal(kept["y"].ravel(), xv * xv)
+    off = gb.gallocr_offsets(g, keep_view_sources=True)["offsets"]
+    assert off["w2"] != off["h"]
+
+
+def test_ggml_fact_inputs_are_placed_first_in_first_use_order():
+    a = Tensor("a", (64,), role="input")
+    b = Tensor("b", (128,), role="input")
+    c = Tensor("c", (32,), role="input")
+    unused = Tensor("u", (16,), role="input")
+    t1 = make_node("t1", "mul", [c, c])
+    t2 = make_node("t2", "add", [b, a])
+    got = gb.gallocr_offsets(_graph([a, b, c, unused], [t1, t2], [t1, t2]))
+    off = got["offsets"]
+    # discovery order c, b, a, then the unused input; packed before any node
+    assert (off["c"], off["b"], off["a"], off["u"]) == (0, 128, 640, 896)
+    assert off["t1"] >= 960 and off["t2"] == off["b"]     # add takes b's slot in place

@@ -150,7 +150,9 @@ def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float,
     angle is multiplied by freq_scale as it is used.
     """
     half = n_dims // 2
-    step = np.power(F32(freq_base), F32(-2.0) / F32(n_dims))
+    # C's powf is correctly rounded here and NumPy's f32 power can be one ulp off, which the
+    # running product magnifies at large positions: take the power in f64, round to f32
+    step = F32(np.float64(F32(freq_base)) ** np.float64(F32(-2.0) / F32(n_dims)))
     theta = np.empty((pos.shape[0], half), F32)
     theta[:, 0] = pos.astype(F32)
     theta[:, 1:] = step
