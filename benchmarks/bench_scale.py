@@ -126,10 +126,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1k and 10k nodes only (CI smoke)")
-    ap.add_argument("--no-yaml", action="store_true", help="skip the YAML load figure")
+    ap.add_argument("--yaml-nodes", type=int, default=None,
+                    help="size of the YAML load figure (default: the largest size; 1,000 with "
+                         "--quick; 0 skips it)")
     args = ap.parse_args()
     per_layer = nodes_per_layer()
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    yaml_nodes = args.yaml_nodes if args.yaml_nodes is not None else (
+        sizes[0] if args.quick else sizes[-1])
 
     print(f"bench_scale: llama-style stack, dim {DIM}, {per_layer} nodes a layer, SIM0 + CPU, "
           f"last half of the layers' weights on SIM0 ({machine()})")
@@ -140,14 +144,14 @@ def main() -> None:
         graph = build(layers)
         t_build = time.perf_counter() - t0
         n = len(graph.nodes)
-        trials = 3 if n <= 20_000 else 1
+        trials = 3 if n <= 20_000 else 2
         t_plan, (sched, memory) = timed_plan(graph, trials)
         per_node[target] = t_plan / n
         arenas = ", ".join(f"{m.name} {m.arena_bytes / 2**20:.2f}" for m in memory)
         rows.append([f"{n:,}", f"{layers:,}", f"{len(sched.splits):,}", f"{sched.copy_count:,}",
-                     f"{t_build:.2f}", f"{t_plan:.3f}", f"{t_plan / n * 1e6:.1f}",
+                     f"{t_build:.2f}", f"{t_plan:.3f}", f"{t_plan / n * 1e6:.2f}",
                      f"{per_node[target] / per_node[sizes[0]]:.2f}x", arenas])
-        if not args.no_yaml and target == sizes[-1]:
+        if yaml_nodes and target == yaml_nodes:
             text = llama(LlamaShape(layers=layers, dim=DIM, heads=HEADS, ffn=FFN, batch=BATCH,
                                     offload=layers // 2))
             with tempfile.TemporaryDirectory() as tmp:

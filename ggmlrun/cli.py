@@ -305,6 +305,9 @@ def _write_text(text: str, out: Path | None) -> None:
 @click.option("--ffn", type=click.IntRange(min=1), default=688, show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
               help="Tokens per compute (rows of every activation).")
+@click.option("--context", type=click.IntRange(min=0), default=0, show_default=True,
+              help="KV-cache length: > batch keeps a cache per layer, written through cpy; "
+                   "0 attends over the batch alone.")
 @click.option("--dtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True)
 @click.option("--offload", type=click.IntRange(min=0), default=0, show_default=True,
               help="How many of the last layers keep their weights on the device.")
@@ -312,7 +315,7 @@ def _write_text(text: str, out: Path | None) -> None:
 @click.option("--name", default="llama", show_default=True)
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path))
 @DEBUG
-def gen_llama(layers, dim, heads, ffn, batch, dtype, offload, device, name, out):
+def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, name, out):
     """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN."""
     from ggmlrun.core.gen import LlamaShape, llama
 
@@ -320,8 +323,10 @@ def gen_llama(layers, dim, heads, ffn, batch, dtype, offload, device, name, out)
         raise InputError(f"--dim {dim} must be a multiple of --heads {heads} with an even head size")
     if offload > layers:
         raise InputError(f"--offload {offload} is more than --layers {layers}")
-    shape = LlamaShape(layers=layers, dim=dim, heads=heads, ffn=ffn, batch=batch, dtype=dtype,
-                       offload=offload, device=device)
+    if 0 < context < batch:
+        raise InputError(f"--context {context} is shorter than --batch {batch}")
+    shape = LlamaShape(layers=layers, dim=dim, heads=heads, ffn=ffn, batch=batch, context=context,
+                       dtype=dtype, offload=offload, device=device)
     _write_text(llama(shape, name=name), out)
 
 

@@ -169,6 +169,24 @@ def test_gen_writes_loadable_graphs(tmp_path):
     assert code == 2 and "multiple" in err
 
 
+def test_gen_llama_with_a_kv_cache(tmp_path):
+    out = tmp_path / "ctx.yaml"
+    code, _, err = invoke("gen", "llama", "--layers", "2", "--dim", "64", "--heads", "4", "--ffn",
+                          "96", "--batch", "4", "--context", "16", "--offload", "1", "-o", out)
+    assert code == 0, err
+    text = out.read_text()
+    assert "l1.cache_k: {shape: [16, 64], init: randn, backend: SIM0}" in text
+    assert "start: 12" in text and "n_past: 12" in text
+    data = run_json("run", out, "--check")
+    assert data["check"]["passed"]
+    stores = [n for n in data["nodes"] if n["name"].endswith("_store")]
+    assert {(n["name"], n["backend"], n["cause"]) for n in stores} == {
+        ("l0.k_store", "CPU", "1.dst"), ("l0.v_store", "CPU", "1.dst"),
+        ("l1.k_store", "SIM0", "1.dst"), ("l1.v_store", "SIM0", "1.dst")}
+    code, _, err = invoke("gen", "llama", "--batch", "8", "--context", "4")
+    assert code == 2 and "shorter" in err
+
+
 def test_cpu_threads_cap_blas_during_the_run(tmp_path):
     from threadpoolctl import threadpool_info
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ggmlrun.core.graph import Tensor
-from ggmlrun.core.ops import get_op
+from ggmlrun.core.ops import OPS
 
 _HUGE = 2**62  # ggml's SIZE_MAX/2: a measure arena's tail block never runs out
 
@@ -192,25 +192,30 @@ class GraphAllocator:
         self.event = 0
         self._owner: dict[Slot, Tensor | None] = {}   # ggml's `allocated` flag, per slot
         self.pinned = self._never_freed(entries, leafs)
+        self._inplace_ops = frozenset(name for name, spec in OPS.items() if spec.inplace)
 
         # 1. leafs first, so graph inputs never overlap one another or anything else
         for leaf, buffer in leafs:
             self._allocate(leaf, buffer)
         # 2. count each tensor's consumers and views (ggml's n_children / n_views)
+        views, children = self.views, self.children
         for entry in entries:
             node = entry.tensor
-            if node.is_view and not entry.dependency:
-                self.views[node.view_src] = self.views.get(node.view_src, 0) + 1
+            if node.view_src is not None and not entry.dependency:
+                views[node.view_src] = views.get(node.view_src, 0) + 1
             for src in entry.srcs:
-                self.children[src] = self.children.get(src, 0) + 1
+                children[src] = children.get(src, 0) + 1
         # 3. per node: sources, the node (maybe in a parent's slot), then free finished sources
+        slot_of, allocate, release = self.slot_of, self._allocate, self._release
         for entry in entries:
-            for src in entry.srcs:
-                self._allocate(src, entry.buffer)
+            srcs = entry.srcs
+            for src in srcs:
+                if src not in slot_of:            # (most are placed already)
+                    allocate(src, entry.buffer)
             if not entry.dependency:
-                self._allocate(entry.tensor, entry.buffer, entry.srcs)
-            for src in entry.srcs:
-                self._release(src)
+                allocate(entry.tensor, entry.buffer, srcs)
+            for src in srcs:
+                release(src)
         return MemoryPlan(arena_bytes=[a.high_water for a in self.arenas],
                           alignments=list(self.alignments), slots=self.slots,
                           slot_of=self.slot_of, inplace=self.inplace, n_events=self.event)
@@ -231,9 +236,9 @@ class GraphAllocator:
         return not tensor.is_view and tensor.role != "weight"
 
     def _allocate(self, node: Tensor, buffer: int, srcs: list[Tensor] = ()) -> None:
-        if node in self.slot_of or not self._owns_memory(node):
-            return
-        if node.op is not None and get_op(node.op).inplace:
+        if node in self.slot_of or node.view_src is not None or node.role == "weight":
+            return                                # placed already, or owns no memory
+        if node.op in self._inplace_ops:
             for parent in srcs:
                 if self._can_take_slot_of(node, parent):
                     slot = self.slot_of[parent]
@@ -242,8 +247,9 @@ class GraphAllocator:
                     self._owner[slot] = node
                     self.inplace.append((node, parent))
                     return
-        offset = self.arenas[buffer].alloc(node.nbytes)
-        slot = Slot(buffer=buffer, offset=offset, size=align_up(node.nbytes, self.alignments[buffer]),
+        nbytes = node.nbytes
+        offset = self.arenas[buffer].alloc(nbytes)
+        slot = Slot(buffer=buffer, offset=offset, size=align_up(nbytes, self.alignments[buffer]),
                     born=self._tick(), tensors=[node])
         self.slots.append(slot)
         self.slot_of[node] = slot
@@ -266,10 +272,11 @@ class GraphAllocator:
         return self.children.get(parent, 0) == 1 and self.views.get(parent, 0) == 0
 
     def _release(self, parent: Tensor) -> None:
-        self.children[parent] -= 1
-        if self.children[parent] != 0 or self.views.get(parent, 0) != 0:
+        left = self.children[parent] - 1
+        self.children[parent] = left
+        if left != 0 or self.views.get(parent, 0) != 0:
             return
-        if parent.is_view:
+        if parent.view_src is not None:
             root = parent.view_src
             self.views[root] -= 1
             if self.views[root] == 0 and self.children.get(root, 0) == 0:
@@ -281,7 +288,9 @@ class GraphAllocator:
         slot = self.slot_of.get(tensor)
         if slot is None or self._owner.get(slot) is not tensor or tensor in self.pinned:
             return
-        self.arenas[slot.buffer].free(slot.offset, tensor.nbytes)
+        # slot.size is tensor.nbytes aligned: the owner is the slot's first tensor or an
+        # in-place node of the very same layout
+        self.arenas[slot.buffer].free(slot.offset, slot.size)
         slot.died = self._tick()
         self._owner[slot] = None
 

@@ -66,7 +66,7 @@ class LlamaShape:
     dim: int = 256
     heads: int = 8
     ffn: int = 688
-    context: int = 32        # tokens already in the KV cache are not modeled; this is the batch length
+    context: int = 0         # KV-cache length; 0 (or = batch): attention over the batch alone
     batch: int = 32          # tokens processed at once (rows of every activation)
     dtype: str = "f32"       # weights' dtype
     offload: int = 0         # how many of the last layers keep their weights on SIM0
@@ -85,11 +85,13 @@ def llama(shape: LlamaShape, name: str = "llama") -> str:
     hd = s.dim // s.heads
     if hd % 2:
         raise ValueError("head dim (dim / heads) must be even for rope")
+    cached = s.context > s.batch
+    past = s.context - s.batch if cached else 0
     g = GraphText(name, f"generated: ggmlrun gen llama --layers {s.layers} --dim {s.dim} "
-                        f"--heads {s.heads} --ffn {s.ffn} --batch {s.batch} --dtype {s.dtype} "
-                        f"--offload {s.offload}")
+                        f"--heads {s.heads} --ffn {s.ffn} --batch {s.batch} --context "
+                        f"{s.context} --dtype {s.dtype} --offload {s.offload}")
     x = g.tensor("x", [s.batch, s.dim], role="input", init="randn")
-    pos = g.tensor("pos", [s.batch], dtype="i32", role="input", init="arange")
+    pos = g.tensor("pos", [s.batch], dtype="i32", role="input", init="arange", start=past)
     wscale = 1.0 / math.sqrt(s.dim)
     for layer in range(s.layers):
         p = f"l{layer}."
@@ -115,13 +117,18 @@ def llama(shape: LlamaShape, name: str = "llama") -> str:
             heads[key] = g.node(p + key + "3", "reshape", m, shape=[s.batch, s.heads, hd])
         q = g.node(p + "q_rope", "rope", heads["q"], pos)
         k = g.node(p + "k_rope", "rope", heads["k"], pos)
+        v = heads["v"]
+        if cached:
+            # write the batch's keys and values as cache rows past..context, then attend over all
+            k, v = (_through_cache(g, p, kind, rows, s, hd, past, where)
+                    for kind, rows in (("k", k), ("v", v)))
         qp = g.node(p + "q_heads", "permute", q, axes=[1, 0, 2])
         kp = g.node(p + "k_heads", "permute", k, axes=[1, 0, 2])
         kq = g.node(p + "kq", "mul_mat", kp, qp)
         kq = g.node(p + "kq_scaled", "scale", kq, s=1.0 / math.sqrt(hd))
-        kq = g.node(p + "kq_masked", "diag_mask_inf", kq)
+        kq = g.node(p + "kq_masked", "diag_mask_inf", kq, **({"n_past": past} if past else {}))
         kq = g.node(p + "kq_soft", "soft_max", kq)
-        vt = g.node(p + "v_heads_t", "permute", heads["v"], axes=[1, 2, 0])
+        vt = g.node(p + "v_heads_t", "permute", v, axes=[1, 2, 0])
         vt = g.node(p + "v_cont", "cont", vt)
         kqv = g.node(p + "kqv", "mul_mat", vt, kq)
         kqv = g.node(p + "kqv_tokens", "permute", kqv, axes=[1, 0, 2])
@@ -139,6 +146,16 @@ def llama(shape: LlamaShape, name: str = "llama") -> str:
         x = g.node(p + "out", "add", down, h)
     g.outputs = [x]
     return g.render()
+
+
+def _through_cache(g: GraphText, p: str, kind: str, rows: str, s: LlamaShape, hd: int,
+                   past: int, where: dict) -> str:
+    """Store `rows` [batch, heads, hd] as cache rows past.. and return a view of the whole cache."""
+    cache = g.tensor(f"{p}cache_{kind}", [s.context, s.dim], init="randn", **where)
+    flat = g.node(f"{p}{kind}_rows", "reshape", rows, shape=[s.batch, s.dim])
+    slot = g.node(f"{p}{kind}_slot", "view", cache, shape=[s.batch, s.dim], offset=past * s.dim * 4)
+    g.node(f"{p}{kind}_store", "cpy", flat, slot)
+    return g.node(f"{p}{kind}_all", "view", cache, shape=[s.context, s.heads, hd])
 
 
 def mlp(layers: int = 2, dim: int = 512, hidden: int = 2048, batch: int = 32,

@@ -150,10 +150,9 @@ class Graph:
         order a file lists them; the planner follows ggml here so sizes can be compared.
         Leafs no node uses come last, in file order.
         """
-        seen: dict[int, Tensor] = {}
+        seen: dict[Tensor, None] = {}          # Tensors hash by identity (eq=False)
         for node in self.nodes:
             for src in node.src:
-                if src.is_leaf and id(src) not in seen:
-                    seen[id(src)] = src
-        rest = [t for t in self.leafs if id(t) not in seen]
-        return list(seen.values()) + rest
+                if src.op is None and src.role != "copy" and src not in seen:   # a leaf
+                    seen[src] = None
+        return list(seen) + [t for t in self.leafs if t not in seen]

@@ -116,6 +116,9 @@ class Solver:
         self.size_list = self.size.tolist()
         self.width = np.asarray(upper, dtype=np.int64) - np.asarray(lower, dtype=np.int64)
         self.nbrs = [np.asarray(x, dtype=np.int64) for x in nbrs]
+        self.degree = np.array([len(x) for x in nbrs], dtype=np.int64)
+        self.lower = np.asarray(lower, dtype=np.int64)
+        self.upper = np.asarray(upper, dtype=np.int64)
         self.alignment = alignment
         self.sweep = Sweep(list(lower), list(upper), self.size_list)
         self.n = len(self.size)
@@ -174,7 +177,9 @@ class Solver:
         pairs[0::2], pairs[1::2] = sw.s0[buffers], sw.s1[buffers]
         totals = np.maximum.reduceat(np.append(self.total, 0), pairs)[0::2]
         keys = {"W": -self.width[buffers], "A": -self.width[buffers] * self.size[buffers],
-                "T": -totals, "Z": -self.size[buffers]}
+                "T": -totals, "Z": -self.size[buffers],
+                "C": -(sw.s1[buffers] - sw.s0[buffers]), "O": -self.degree[buffers],
+                "L": -self.lower[buffers], "U": -self.upper[buffers]}
         order = np.lexsort([buffers] + [keys[c] for c in reversed(heuristic)])
         return buffers[order]
 
@@ -211,8 +216,6 @@ class Solver:
         order = np.argsort(offs, kind="stable")
         for b, off, p in zip(un[order].tolist(), offs[order].tolist(), pos[order].tolist()):
             if off + top > self.capacity and not self._rises_ok(part, b, off):
-                continue
-            if EXP.get('twin') and self._twin_below(b, off):
                 continue
             if self._place_and_recurse(part, heuristic, b, off, p):
                 return True

@@ -22,7 +22,7 @@ from ggmlrun.core.alloc import PlanEntry, gc_paused
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.errors import InputError, did_you_mean
 from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.ops import get_op
+from ggmlrun.core.ops import OPS, get_op
 
 MAX_SPLIT_INPUTS = 30  # GGML_SCHED_MAX_SPLIT_INPUTS
 
@@ -104,6 +104,8 @@ class Scheduler:
 
     def _schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
         self.graph = graph
+        self._supported: list[dict[str, bool]] = [{} for _ in self.backends]   # per op name
+        self._view_ops = frozenset(name for name, spec in OPS.items() if spec.view_op)
         self.backend_of: dict[Tensor, int] = {}
         self.cause: dict[Tensor, str] = {}
         self.location = self._weight_locations(graph)
@@ -139,7 +141,16 @@ class Scheduler:
         return self.location.get(tensor.view_src or tensor)
 
     def _supports(self, b: int, node: Tensor) -> bool:
-        return node.op is None or self.backends[b].supports_op(node.op)
+        return self._supports_op(b, node.op)
+
+    def _supports_op(self, b: int, op: str | None) -> bool:
+        if op is None:
+            return True
+        known = self._supported[b]           # the answer depends on the op's name alone
+        answer = known.get(op)
+        if answer is None:
+            answer = known[op] = self.backends[b].supports_op(op)
+        return answer
 
     def _supports_buffer(self, b: int, buffer_backend: int) -> bool:
         # every backend has its own buffer type; none can use another's memory directly
@@ -191,22 +202,23 @@ class Scheduler:
 
     # --- pass 1: from pre-allocated tensors, inputs and weights ------------------------------
     def _pass1_preallocated(self, graph: Graph) -> None:
+        get = self.backend_of.get
         for tensor in graph.leafs_by_first_use() + graph.nodes:
-            if self._get(tensor) == -1:
+            if get(tensor, -1) == -1:
                 b, cause = self._from_current(tensor)
                 if b != -1:
                     self._set(tensor, b, cause)
 
     def _from_current(self, node: Tensor) -> tuple[int, str]:
-        b = self._from_buffer(node, node)
-        if b != -1:
-            return b, "1.dst"
-        if node.view_src is not None:
-            b = self._from_buffer(node.view_src, node)
-            if b != -1:
-                return b, "1.vsrc"
         where = self._buffer(node)
-        if where is not None:
+        if where is not None:     # (with no buffer, neither check below can find a backend)
+            b = self._from_buffer(node, node)
+            if b != -1:
+                return b, "1.dst"
+            if node.view_src is not None:
+                b = self._from_buffer(node.view_src, node)
+                if b != -1:
+                    return b, "1.vsrc"
             raise InputError(
                 f"writes into '{(node.view_src or node).name}', which lives on "
                 f"{self.backends[where].name}, and {self.backends[where].name} does not support "
@@ -226,23 +238,32 @@ class Scheduler:
 
     # --- pass 2: spread device assignments to neighbours, then any assignment ----------------
     def _pass2_expand(self, nodes: list[Tensor]) -> None:
-        compute = [n for n in nodes if not get_op(n.op).view_op]
-        for order, skip_cpu in ((compute, True), (compute[::-1], True),
-                                (compute, False), (compute[::-1], False)):
+        view_ops = self._view_ops
+        compute = [n for n in nodes if n.op not in view_ops]
+        # the four sweeps read and write a flat list of assignments (a big graph's tensors and
+        # dict entries stay out of the cache); every change also goes to backend_of at once
+        get, supports, cpu = self.backend_of.get, self._supports_op, self.cpu
+        assigned = [get(n, -1) for n in compute]
+        ops = [n.op for n in compute]
+        forward, backward = range(len(compute)), range(len(compute) - 1, -1, -1)
+        for order, skip_cpu in ((forward, True), (backward, True),
+                                (forward, False), (backward, False)):
             current = -1
-            for node in order:
-                b = self._get(node)
+            for i in order:
+                b = assigned[i]
                 if b != -1:
-                    current = -1 if (skip_cpu and b == self.cpu) else b
-                elif current != -1 and self._supports(current, node):
-                    self._set(node, current, "2.sup")
+                    current = -1 if (skip_cpu and b == cpu) else b
+                elif current != -1 and supports(current, ops[i]):
+                    assigned[i] = current
+                    self._set(compute[i], current, "2.sup")
 
     # --- pass 3: unassigned nodes to the backend holding most sources; upgrades -------------
     def _pass3_best_and_upgrade(self, nodes: list[Tensor]) -> None:
+        view_ops, get, cause = self._view_ops, self.backend_of.get, self.cause
         for node in nodes:
-            if get_op(node.op).view_op:
+            if node.op in view_ops:
                 continue
-            current = self._get(node)
+            current = get(node, -1)
             if current == -1:
                 best = -1
                 for b in range(self.n):
@@ -254,7 +275,7 @@ class Scheduler:
                     if held > best:
                         best = held
                         self._set(node, b, "3.best")
-            elif self.cause.get(node, "").startswith("1.") or self.cause.get(node, "").startswith("2."):
+            elif cause.get(node, "").startswith(("1.", "2.")):
                 for b in range(current):
                     if (self._supports_buffer(b, current) and self._supports(b, node)
                             and all(self._buffer_supported(s, b) for s in node.src)):
@@ -263,21 +284,24 @@ class Scheduler:
 
     # --- pass 4: views with their source, sources with their consumer, then a fallback ------
     def _pass4_remaining(self, nodes: list[Tensor]) -> None:
+        get = self.backend_of.get
         for node in nodes:
-            if node.view_src is not None and self._get(node) == -1:
+            if node.view_src is not None and get(node, -1) == -1:
                 self._set(node, self._get(node.view_src), "4.vsrc")
             for src in node.src:
-                if self._get(src) == -1:
+                if get(src, -1) == -1:
                     if src.view_src is not None:
                         self._set(src, self._get(src.view_src), "4.vsrc")
                     else:
-                        self._set(src, self._get(node), "4.cur")
+                        self._set(src, get(node, -1), "4.cur")
+            if get(node, -1) != -1:
+                continue
             for b in range(self.n):
-                if self._get(node) != -1:
+                if get(node, -1) != -1:
                     break
                 if self._supports(b, node):
                     self._set(node, b, "4.fb")
-            if self._get(node) == -1:
+            if get(node, -1) == -1:
                 raise InputError(f"no backend supports op '{node.op}' (the last backend must be "
                                  f"a CPU)", file=_file(self.graph), line=node.line,
                                  culprit=node.describe())
@@ -287,15 +311,16 @@ class Scheduler:
         srcs_of = {node: list(node.src) for node in nodes}
         copy_of: dict[tuple[Tensor, int], Tensor] = {}
         copy_source: dict[Tensor, Tensor] = {}
-        compute = [n for n in nodes if not get_op(n.op).view_op]
+        view_ops, get = self._view_ops, self.backend_of.get
+        compute = [n for n in nodes if n.op not in view_ops]
         first = self._get(compute[0]) if compute else self._get(nodes[0])
         splits = [Split(backend=first, nodes=[])]
         current = first
         for node in nodes:
-            if get_op(node.op).view_op:
+            if node.op in view_ops:
                 splits[-1].nodes.append(node)
                 continue
-            b = self._get(node)
+            b = get(node, -1)
             split = splits[-1]
             if b != current or (split.inputs and self._needs_new_split(node, split, current, copy_of)):
                 split = Split(backend=b, nodes=[])
@@ -303,7 +328,7 @@ class Scheduler:
                 current = b
             split.nodes.append(node)
             for j, src in enumerate(node.src):
-                if self._get(src) != current and not self._buffer_supported(src, current):
+                if get(src, -1) != current and not self._buffer_supported(src, current):
                     key = (src, current)
                     if key not in copy_of:
                         copy = Tensor(name=f"{self.backends[current].name}#{src.name}",
