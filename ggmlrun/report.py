@@ -81,6 +81,7 @@ class Table(RichTable):
 
 # --- tables ------------------------------------------------------------------------------------
 def _seconds(s: float | None) -> str:
+    """Seconds, in the unit that reads best."""
     if s is None:
         return "-"
     if s >= 1:

@@ -18,18 +18,11 @@ from ggmlrun.core.dot import backend_colour
 from ggmlrun.core.engine import human_bytes
 from ggmlrun.core.occupancy import ArenaPicture
 from ggmlrun.core.profile import Profile
-from ggmlrun.report import Table
+from ggmlrun.report import Table, _seconds
 
 
 # --- numbers -----------------------------------------------------------------------------------
-def seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} us"
+seconds = _seconds
 
 
 def rate(value: float | None, unit: str) -> str:

@@ -4,8 +4,6 @@ Each must exit 2 (1 for failures while running) with exactly one line on stderr 
 culprit, nothing on stdout, no traceback, and no output file left behind, whole or half.
 """
 
-import contextlib
-import io
 import shutil
 from pathlib import Path
 
@@ -15,10 +13,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ggmlrun.cli import main
 from ggmlrun.core.errors import InputError
 from ggmlrun.core.loader import load_graph
 from tests.test_loader import expectations, npy_fixtures
+from tests.clikit import invoke
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -26,16 +24,6 @@ BAD_GRAPHS = sorted((HERE / "bad_graphs").glob("*.yaml"))
 BAD_BACKENDS = sorted((HERE / "bad_backends").glob("*.yaml"))
 BAD_PLANS = sorted((HERE / "bad_plans").glob("*.yaml"))
 
-
-def invoke(*args):
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as done:
-            code = done.code
-    return code, out.getvalue(), err.getvalue()
 
 
 def assert_one_line_failure(code, out, err, expected_code, tmp_path, must_contain=()):

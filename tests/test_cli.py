@@ -1,7 +1,5 @@
 """The command line against SPEC.md section 4: JSON keys, exit codes, files written."""
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -9,22 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ggmlrun.cli import main
+from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 
-
-def invoke(*args):
-    """Run main() in-process as the console script would: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
 
 
 def invoke_process(*args):

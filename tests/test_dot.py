@@ -1,7 +1,5 @@
 """`ggmlrun dot`: Graphviz DOT of the schedule; clusters per split, copies as dashed edges."""
 
-import contextlib
-import io
 import os
 import re
 import shutil
@@ -10,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ggmlrun.cli import main
 from ggmlrun.core import engine
 from ggmlrun.core.dot import quote
 from ggmlrun.core.loader import load_graph
+from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
@@ -23,16 +21,6 @@ NODE = re.compile(rf"^\s*{QUOTED} \[(.*)\];$")
 EDGE = re.compile(rf"^\s*{QUOTED} -> {QUOTED}(?: \[(.*)\])?;$")
 CLUSTER = re.compile(r"^\s*subgraph (cluster_\w+) \{$")
 
-
-def invoke(*args):
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
 
 
 def parse(text):

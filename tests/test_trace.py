@@ -1,30 +1,18 @@
 """`run --trace`: a Chrome/Perfetto trace JSON with tracks, slices, counters and flows."""
 
-import contextlib
-import io
 import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from ggmlrun.cli import main
 from ggmlrun.core import engine
 from ggmlrun.core.loader import load_graph
 from ggmlrun.core.occupancy import execution_steps
 from ggmlrun.core.trace import build_trace
+from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-def invoke(*args):
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
 
 
 def traced(tmp_path, graph, *extra):

@@ -1,6 +1,5 @@
 """The arena occupancy grid (core), its picture under `measure`, `run --profile`, progress."""
 
-import contextlib
 import io
 import json
 from pathlib import Path
@@ -10,27 +9,17 @@ import pytest
 from rich.console import Console
 
 from ggmlrun import visual
-from ggmlrun.cli import main
 from ggmlrun.core import engine
 from ggmlrun.core.loader import load_graph
 from ggmlrun.core.ops import get_op
 from ggmlrun.core.occupancy import execution_steps, live_bytes, occupancy, step_columns
 from ggmlrun.core.sched import Scheduler
 from tests.randgraph import random_backends, random_graph
+from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 
-
-def invoke(*args):
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
 
 
 def planned(graph, planner="ggml"):

@@ -22,7 +22,7 @@ from ggmlrun.core.alloc import PlanEntry, gc_paused
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.errors import InputError, did_you_mean
 from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.ops import OPS, get_op
+from ggmlrun.core.ops import OPS
 
 MAX_SPLIT_INPUTS = 30  # GGML_SCHED_MAX_SPLIT_INPUTS
 
