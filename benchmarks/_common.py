@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:          # run from a checkout without installing
 
 def machine() -> str:
     return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"NumPy {np.__version__}")
+            f"NumPy {np.__version__}, load average {os.getloadavg()[0]:.2f}")
 
 
 def best_of(fn, trials: int) -> float:
