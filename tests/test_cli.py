@@ -186,3 +186,35 @@ def test_cpu_threads_cap_blas_during_the_run(tmp_path):
                                      "  - {name: CPU, kind: cpu, threads: 1}\n")
     data = run_json("run", ROOT / "graphs/mlp.yaml", "--backends", tmp_path / "b.yaml", "--check")
     assert data["check"]["passed"]
+
+
+def test_pack_json_out_and_capacity(tmp_path):
+    rows = "id,lower,upper,size\na,0,2,4\nb,1,3,4\nc,2,4,4\nd,0,4,2\n"
+    (tmp_path / "p.csv").write_text(rows)
+    data = run_json("pack", tmp_path / "p.csv", "--out", tmp_path / "o.csv")
+    assert data["peak_bytes"] == data["lower_bound_bytes"] == 10
+    assert set(data["offsets"]) == {"a", "b", "c", "d"}
+    lines = (tmp_path / "o.csv").read_text().splitlines()
+    assert lines[0] == "id,lower,upper,size,offset" and len(lines) == 5
+    assert {line.split(",")[0]: int(line.split(",")[4]) for line in lines[1:]} == data["offsets"]
+    code, out, err = invoke("pack", tmp_path / "p.csv", "--capacity", "9")
+    assert code == 1 and "exceeds --capacity 9" in err and "10" in out
+    code, _, err = invoke("pack", tmp_path / "p.csv", "--capacity", "lots")
+    assert code == 2 and "--capacity" in err
+
+
+def test_pack_malformed_csv_is_exit_2_with_the_line(tmp_path):
+    (tmp_path / "bad.csv").write_text("id,lower,upper,size\na,0,2,4\nb,1,x,4\n")
+    code, out, err = invoke("pack", tmp_path / "bad.csv")
+    assert code == 2 and out == "" and f"{tmp_path / 'bad.csv'}:3:" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_pack_minimalloc_instance_a_fits():
+    instance = ROOT.parent / "shared/data/minimalloc/A.1048576.csv"
+    if not instance.exists():
+        pytest.skip(f"{instance} is not here")
+    data = run_json("pack", instance,
+                    "--capacity", "1048576", "--time-limit", "30")
+    assert data["peak_bytes"] <= 1048576 and data["fits"]
