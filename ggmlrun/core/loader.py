@@ -54,10 +54,37 @@ class _SafeLoader(yaml.SafeLoader):
     """SafeLoader, plus YAML 1.2 floats without a dot or an exponent sign (1e-5, 50e12)."""
 
 
-_SafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+class _FastSafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The same on libyaml's C parser (several times faster on big graphs). Its composer
+    recurses in C and crashes on absurdly deep nesting, so it is used only where `_shallow`
+    bounds the depth; everything else goes through the Python parser, which fails cleanly."""
+
+
+for _loader in (_SafeLoader, _FastSafeLoader):
+    _loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"))
+
+_QUOTED_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'|(?:^|(?<=\s))#[^\n]*',
+                                re.MULTILINE)
+MAX_C_PARSER_DEPTH = 500
+
+
+def _shallow(text: str) -> bool:
+    """An upper bound on YAML nesting: deepest flow brackets plus deepest indentation."""
+    indent = max((len(line) - len(line.lstrip(" ")) for line in text.splitlines()), default=0)
+    if indent > MAX_C_PARSER_DEPTH:
+        return False
+    brackets = _NOT_BRACKET.sub("", _QUOTED_OR_COMMENT.sub("", text))
+    depth = peak = 0
+    for ch in brackets:
+        depth += 1 if ch in "[{" else -1
+        peak = max(peak, depth)
+    return indent + peak <= MAX_C_PARSER_DEPTH
+
+
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class _Doc:
@@ -95,7 +122,8 @@ def _read_yaml(path) -> tuple[object, _Doc]:
         raise InputError(f"cannot read: {err.strerror or err}", file=file) from None
     loader = None
     try:
-        loader = _SafeLoader(text)      # the reader rejects control characters right here
+        parser = _FastSafeLoader if _shallow(text) else _SafeLoader
+        loader = parser(text)           # the reader rejects control characters right here
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
         lines: dict = {}
