@@ -294,11 +294,11 @@ def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
     _unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
 
     dtype = spec.get("dtype", "f32")
-    if dtype not in NP_DTYPES:
+    if not isinstance(dtype, str) or dtype not in NP_DTYPES:
         raise fail(f"unknown dtype {_shown(dtype)}; known: {', '.join(NP_DTYPES)}", "dtype")
     shape = _parse_shape(doc, spec, dtype, path, culprit)
     role = spec.get("role", "weight")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise fail(f"unknown role {_shown(role)}; known: {', '.join(ROLES)}", "role")
     backend = spec.get("backend")
     if backend is not None and (not isinstance(backend, str) or not backend):
@@ -361,7 +361,7 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
 def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
     """Check an init's keys and fill in their defaults (the data depends on the full set)."""
     where = path + ("init",)
-    if init not in INIT_KEYS:
+    if not isinstance(init, str) or init not in INIT_KEYS:
         raise doc.error(f"unknown init {_shown(init)}; {did_you_mean(str(init), INIT_KEYS)}",
                         where, culprit)
     if dtype == "i32" and init in FLOAT_ONLY_INITS:
@@ -481,17 +481,23 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
     return nodes
 
 
+def _named_entry(doc, item, path: tuple, what: str, form: str, allowed) -> tuple[str, str]:
+    """A list item that must be a mapping with a valid `name` and known keys: (name, culprit)."""
+    where = f"{path[0]}[{path[-1]}]"
+    if not isinstance(item, dict):
+        raise doc.error(f"a {what} is a mapping {form}, got {_what(item)}", path, where)
+    if "name" not in item:
+        raise doc.error("missing 'name'", path, where)
+    name = item["name"]
+    _check_name(doc, name, path + ("name",), where, f"{what} name")
+    culprit = f"{what} '{name}'"
+    _unknown_keys(doc, item, allowed, path, culprit)
+    return name, culprit
+
+
 def _parse_node(doc, item, i, defined, later) -> Tensor:
     path = ("nodes", i)
-    if not isinstance(item, dict):
-        raise doc.error(f"a node is a mapping {{name, op, src}}, got {_what(item)}", path,
-                        f"nodes[{i}]")
-    if "name" not in item:
-        raise doc.error("missing 'name'", path, f"nodes[{i}]")
-    name = item["name"]
-    _check_name(doc, name, path + ("name",), f"nodes[{i}]", "node name")
-    culprit = f"node '{name}'"
-    _unknown_keys(doc, item, NODE_KEYS, path, culprit)
+    name, culprit = _named_entry(doc, item, path, "node", "{name, op, src}", NODE_KEYS)
     if name in defined:
         other = defined[name]
         kind = "tensor" if other.is_leaf else "node"
@@ -622,19 +628,11 @@ def parse_backends(data, file: str, lines: dict | None = None,
 
 
 def _parse_backend(doc, item, path, i) -> BackendSpec:
-    if not isinstance(item, dict):
-        raise doc.error(f"a backend is a mapping {{name, kind}}, got {_what(item)}", path,
-                        f"backends[{i}]")
-    if "name" not in item:
-        raise doc.error("missing 'name'", path, f"backends[{i}]")
-    name = item["name"]
-    _check_name(doc, name, path + ("name",), f"backends[{i}]", "backend name")
-    culprit = f"backend '{name}'"
-    _unknown_keys(doc, item, BACKEND_KEYS, path, culprit)
+    name, culprit = _named_entry(doc, item, path, "backend", "{name, kind}", BACKEND_KEYS)
     kind = item.get("kind")
     if kind is None:
         raise doc.error(f"missing 'kind'; known: {', '.join(KINDS)}", path, culprit)
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise doc.error(f"unknown kind {_shown(kind)}; known: {', '.join(KINDS)}",
                         path + ("kind",), culprit)
     wrong = SIM_ONLY_KEYS if kind == "cpu" else CPU_ONLY_KEYS

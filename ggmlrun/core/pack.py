@@ -14,14 +14,19 @@ input, so it can be tested and benchmarked on its own.
 from __future__ import annotations
 
 import csv
+import io
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ggmlrun.core.atomic import write_atomic
 from ggmlrun.core.errors import InputError
+
+# The exact search keeps per-section state in memory and costs O(n) numpy work per node; past
+# this many buffers it is not worth starting (the arena planner's graphs only use greedy).
+SEARCH_MAX_BUFFERS = 20_000
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class PackResult:
 # --------------------------------------------------------------------------- basic arrays
 
 
-def _arrays(buffers):
+def columns(buffers):
     """Columns as int64 arrays; buffers that can never conflict get `active == False`."""
     lower = np.fromiter((b.lower for b in buffers), dtype=np.int64, count=len(buffers))
     upper = np.fromiter((b.upper for b in buffers), dtype=np.int64, count=len(buffers))
@@ -77,7 +82,7 @@ def lower_bound(buffers) -> int:
     """
     if not buffers:
         return 0
-    lower, upper, size, active = _arrays(buffers)
+    lower, upper, size, active = columns(buffers)
     lower, upper, size = lower[active], upper[active], size[active]
     if size.size == 0:
         return 0
@@ -138,7 +143,7 @@ def verify(buffers, offsets, *, capacity=None, alignment=1, chunk_pairs=4_000_00
         problems.append(f"no offset for {len(missing)} buffer(s): {', '.join(missing[:5])}")
         return problems
     off = np.fromiter((offsets[b.id] for b in buffers), dtype=np.int64, count=len(buffers))
-    lower, upper, size, active = _arrays(buffers)
+    lower, upper, size, active = columns(buffers)
     for i in np.flatnonzero(off < 0)[:20]:
         problems.append(f"buffer {buffers[i].id!r}: negative offset {int(off[i])}")
     if alignment > 1:
@@ -204,8 +209,7 @@ def greedy_pass(order, size, nbrs, alignment=1, best_fit=False):
             o = _first_fit(spans, s, alignment) if not best_fit else _best_fit(spans, s, alignment)
         off[i] = o
         top[i] = o + s
-        if o + s > peak:
-            peak = o + s
+        peak = max(peak, o + s)
     return off, peak
 
 
@@ -285,7 +289,7 @@ def plan_greedy(buffers, alignment=1, max_passes=None):
     `max_passes` caps the work for huge graphs; the first passes are the ones that most often
     win (size-first first-fit is the classic; start order first-fit is the online one).
     """
-    lower, upper, size, active = _arrays(buffers)
+    lower, upper, size, active = columns(buffers)
     nbrs = neighbours(lower, upper, active)
     sizes = size.tolist()
     best = None
@@ -302,7 +306,7 @@ def plan_greedy(buffers, alignment=1, max_passes=None):
                 best = (off, peak, f"greedy:{name}/{'best' if best_fit else 'first'}-fit")
     if best is None:
         return [0] * len(buffers), 0, "trivial"
-    return [o if o >= 0 else 0 for o in best[0]], best[1], best[2]
+    return [max(o, 0) for o in best[0]], best[1], best[2]
 
 
 # --------------------------------------------------------------------------- the planner
@@ -329,6 +333,9 @@ def plan_offsets(buffers, capacity=None, time_limit=5.0, *, search=True, alignme
     greedy_peak = peak
     notes = []
     target = lb if capacity is None else capacity
+    if search and len(buffers) > SEARCH_MAX_BUFFERS:
+        notes.append(f"search skipped: {len(buffers)} buffers > {SEARCH_MAX_BUFFERS}")
+        search = False
     if search and time_limit and time_limit > 0 and peak > max(target, lb):
         from ggmlrun.core.pack_search import minimise_peak
 
@@ -412,19 +419,9 @@ def _parse_row(row, cols, path, line):
 
 def write_csv(path, buffers, offsets) -> None:
     """The rows back with an `offset` column; atomic, so a crash never leaves half a file."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".pack-", suffix=".csv", dir=directory)
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow([*_COLUMNS, "offset"])
-            for b in buffers:
-                writer.writerow([b.id, b.lower, b.upper, b.size, offsets[b.id]])
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    rows = io.StringIO(newline="")
+    writer = csv.writer(rows)
+    writer.writerow([*_COLUMNS, "offset"])
+    for b in buffers:
+        writer.writerow([b.id, b.lower, b.upper, b.size, offsets[b.id]])
+    write_atomic(path, lambda handle: handle.write(rows.getvalue().encode()))
