@@ -1,31 +1,30 @@
-"""Graph and backends files (SPEC.md sections 1 and 3): the only module that reads YAML.
+"""Graph files (SPEC.md section 1): YAML -> Graph, every error with its file and line.
 
-A file is parsed once into both its plain data and PyYAML's node tree; the node tree gives a
-1-based line for every mapping key and list item, so each error points at its line:
-``FILE:LINE: tensor 'w1': what is wrong; the fix or the alternatives``.
-
-Nothing in a file is evaluated. The parser is a `SafeLoader` with one change: `1e-5` and
-`50e12` read as floats (YAML 1.2 and every user expect that; PyYAML's YAML 1.1 rules read them
-as strings, which would turn `eps: 1e-5` into a confusing type error). Duplicate mapping keys
-are an error, where PyYAML would silently keep the last: two tensors called `w1` are a mistake.
+Reading the YAML itself is `yamlfile.py`'s; the backends list is `backends/parse.py`'s.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
-import yaml
-
-import ggmlrun.core.ops  # noqa: F401  (registers every op: nodes and op lists are checked)
-from ggmlrun.core.backends.spec import BackendSpec
+import ggmlrun.core.ops  # noqa: F401  (registers every op: nodes are checked)
+from ggmlrun.core.backends.parse import load_backends, parse_backends, parse_size  # noqa: F401
 from ggmlrun.core.data import FLOAT_ONLY_INITS, INIT_KEYS, REQUIRED, check_npy
 from ggmlrun.core.errors import InputError, did_you_mean
-from ggmlrun.core.graph import NP_DTYPES, MAX_DIMS, Graph, LeafData, Tensor
+from ggmlrun.core.graph import MAX_DIMS, NP_DTYPES, Graph, LeafData, Tensor
 from ggmlrun.core.ops import OPS, make_node
+from ggmlrun.core.yamlfile import (
+    check_name,
+    describe_value,
+    is_int,
+    is_number,
+    named_entry,
+    read_yaml,
+    shown,  # noqa: F401
+    unknown_keys,
+)
 
-NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 MAX_TENSOR_BYTES = 2**40          # 1 TiB per tensor: far past any real weight, guards typos
 MAX_VALUES = 2**20                # inline values: bigger data belongs in a .npy (and YAML
                                   # aliases could otherwise make a tiny file expand to billions)
@@ -39,197 +38,6 @@ ALL_INIT_KEYS = tuple(dict.fromkeys(k for keys in INIT_KEYS.values() for k in ke
 NODE_KEYS = ("name", "op", "src", "params", "backend")
 ROLES = ("weight", "input")
 
-BACKEND_KEYS = ("name", "kind", "memory", "alignment", "threads", "supports", "unsupported",
-                "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency")
-CPU_ONLY_KEYS = ("threads",)
-SIM_ONLY_KEYS = ("supports", "unsupported", "offload_min_batch", "link_bw", "link_latency")
-KINDS = ("cpu", "sim")
-SIZE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*\Z")
-MAX_ALIGNMENT = 2**30
-
-
-# --- parsing --------------------------------------------------------------------------------
-class _SafeLoader(yaml.SafeLoader):
-    """SafeLoader, plus YAML 1.2 floats without a dot or an exponent sign (1e-5, 50e12)."""
-
-
-class _FastSafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """The same on libyaml's C parser (several times faster on big graphs). Its composer
-    recurses in C and crashes on absurdly deep nesting, so it is used only where `_shallow`
-    bounds the depth; everything else goes through the Python parser, which fails cleanly."""
-
-
-for _loader in (_SafeLoader, _FastSafeLoader):
-    _loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-        list("-+0123456789"))
-
-_QUOTED_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'|(?:^|(?<=\s))#[^\n]*',
-                                re.MULTILINE)
-MAX_C_PARSER_DEPTH = 500
-
-
-def _shallow(text: str) -> bool:
-    """An upper bound on YAML nesting: deepest flow brackets plus deepest indentation."""
-    indent = max((len(line) - len(line.lstrip(" ")) for line in text.splitlines()), default=0)
-    if indent > MAX_C_PARSER_DEPTH:
-        return False
-    brackets = _NOT_BRACKET.sub("", _QUOTED_OR_COMMENT.sub("", text))
-    depth = peak = 0
-    for ch in brackets:
-        depth += 1 if ch in "[{" else -1
-        peak = max(peak, depth)
-    return indent + peak <= MAX_C_PARSER_DEPTH
-
-
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-
-
-class _Doc:
-    """One parsed file: where each key and item sits, and how to blame a part of it."""
-
-    def __init__(self, file: str, lines: dict | None):
-        self.file = file
-        self.lines = lines or {}
-
-    def line(self, path: tuple) -> int | None:
-        """The line of `path`, or of its nearest ancestor the file has a line for."""
-        while True:
-            if path in self.lines:
-                return self.lines[path]
-            if not path:
-                return None
-            path = path[:-1]
-
-    def error(self, message: str, path: tuple = (), culprit: str | None = None) -> InputError:
-        return InputError(" ".join(message.split()), file=self.file, line=self.line(path),
-                          culprit=culprit)
-
-
-def _read_yaml(path) -> tuple[object, _Doc]:
-    file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file", file=file) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a YAML file", file=file) from None
-    except UnicodeDecodeError:
-        raise InputError("is not UTF-8 text", file=file) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror or err}", file=file) from None
-    loader = None
-    try:
-        parser = _FastSafeLoader if _shallow(text) else _SafeLoader
-        loader = parser(text)           # the reader rejects control characters right here
-        root = loader.get_single_node()
-        data = loader.construct_document(root) if root is not None else None
-        lines: dict = {}
-        if root is not None:
-            _map_lines(loader, root, (), lines, set(), file)
-    except yaml.MarkedYAMLError as err:
-        syntax = isinstance(err, (yaml.scanner.ScannerError, yaml.parser.ParserError,
-                                  yaml.composer.ComposerError))
-        mark = err.problem_mark or err.context_mark
-        what = " ".join(f"{err.problem or 'malformed YAML'}".split())
-        if err.context:   # PyYAML's own order: "while parsing X (at line N), expected Y"
-            start = err.context_mark
-            at = f" at line {start.line + 1}" if start and start is not mark else ""
-            what = f"{' '.join(err.context.split())}{at}, {what}"
-        raise InputError(f"YAML {'syntax ' if syntax else ''}error: {what}", file=file,
-                         line=mark.line + 1 if mark else None) from None
-    except yaml.YAMLError as err:
-        raise InputError(f"YAML error: {' '.join(str(err).split())}", file=file) from None
-    except RecursionError:
-        raise InputError("YAML nested too deeply", file=file) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-    if data is None:
-        raise InputError("the file is empty", file=file, line=1)
-    return data, _Doc(file, lines)
-
-
-def _map_lines(loader, node, path, lines, seen, file):
-    """Record the line of every mapping key and list item; refuse duplicate keys."""
-    if id(node) in seen:         # an alias: already mapped where its anchor is
-        return
-    seen.add(id(node))
-    lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
-                continue
-            key = loader.construct_object(key_node)
-            sub = path + (key,)
-            line = key_node.start_mark.line + 1
-            if sub in lines:
-                raise InputError(f"duplicate key '{key}' (first at line {lines[sub]}); "
-                                 "each key, and each tensor name, may appear once",
-                                 file=file, line=line)
-            lines[sub] = line
-            _map_lines(loader, value_node, sub, lines, seen, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[path + (i,)] = item.start_mark.line + 1
-            _map_lines(loader, item, path + (i,), lines, seen, file)
-
-
-# --- small checks ---------------------------------------------------------------------------
-def _what(value) -> str:
-    """How a wrong value reads in a message."""
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, int):
-        return f"the integer {value}"
-    if isinstance(value, float):
-        return f"the number {value}"
-    if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f"the string '{shown}'"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
-
-
-def _shown(value) -> str:
-    """A value named in 'unknown X' messages: strings as written, anything else described."""
-    return f"'{value}'" if isinstance(value, str) else _what(value)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _unknown_keys(doc, mapping, allowed, path, culprit, what="key"):
-    for key in mapping:
-        if key not in allowed:
-            raise doc.error(f"unknown {what} '{key}'; {did_you_mean(str(key), allowed)}",
-                            path + (key,), culprit)
-
-
-def _check_name(doc, name, path, culprit, what="name"):
-    if not isinstance(name, str):
-        hint = ("; YAML reads yes/no/on/off/true/false as booleans: quote the name"
-                if isinstance(name, bool) else "")
-        raise doc.error(f"{what} must be a string, got {_what(name)}{hint}", path, culprit)
-    if "#" in name:
-        raise doc.error(f"{what} '{name}' contains '#', which is reserved for the scheduler's "
-                        "copies; rename it", path, culprit)
-    if not NAME_RE.match(name):
-        raise doc.error(f"{what} '{name}' is not a valid name; use letters, digits, '_', '.' "
-                        "and '-', starting with a letter or '_'", path, culprit)
-
 
 def _shape_text(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
@@ -238,17 +46,17 @@ def _shape_text(shape) -> str:
 # --- graph files ----------------------------------------------------------------------------
 def load_graph(path) -> Graph:
     """Read and check a graph file; every node is built (shapes inferred) on the way."""
-    data, doc = _read_yaml(path)
+    data, doc = read_yaml(path)
     if not isinstance(data, dict):
-        raise doc.error(f"a graph file is a mapping with tensors: and nodes:, got {_what(data)}")
-    _unknown_keys(doc, data, TOP_KEYS, (), None, "top-level key")
+        raise doc.error(f"a graph file is a mapping with tensors: and nodes:, got {describe_value(data)}")
+    unknown_keys(doc, data, TOP_KEYS, (), None, "top-level key")
 
     name = data.get("name", Path(path).stem)
     if not isinstance(name, str) or not name.strip() or "\n" in name:
-        raise doc.error(f"name must be a one-line string, got {_what(name)}", ("name",))
+        raise doc.error(f"name must be a one-line string, got {describe_value(name)}", ("name",))
     seed = data.get("seed", 0)
-    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
-        raise doc.error(f"seed must be an integer from 0 to 2**64-1, got {_what(seed)}",
+    if not is_int(seed) or not 0 <= seed <= MAX_SEED:
+        raise doc.error(f"seed must be an integer from 0 to 2**64-1, got {describe_value(seed)}",
                         ("seed",))
 
     backends = None
@@ -272,12 +80,12 @@ def _parse_tensors(doc, data, yaml_dir: Path) -> list[Tensor]:
     tensors = data["tensors"]
     if not isinstance(tensors, dict):
         raise doc.error(f"tensors must be a mapping of name -> {{shape: ...}}, got "
-                        f"{_what(tensors)}", ("tensors",))
+                        f"{describe_value(tensors)}", ("tensors",))
     if not tensors:
         raise doc.error("tensors is empty; a graph needs at least one leaf", ("tensors",))
     leafs = []
     for name, spec in tensors.items():
-        _check_name(doc, name, ("tensors", name), None, "tensor name")
+        check_name(doc, name, ("tensors", name), None, "tensor name")
         leafs.append(_parse_tensor(doc, name, spec, yaml_dir))
     return leafs
 
@@ -290,19 +98,19 @@ def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
         return doc.error(message, path + key, culprit)
 
     if not isinstance(spec, dict):
-        raise fail(f"expected a mapping like {{shape: [4, 8]}}, got {_what(spec)}")
-    _unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
+        raise fail(f"expected a mapping like {{shape: [4, 8]}}, got {describe_value(spec)}")
+    unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
 
     dtype = spec.get("dtype", "f32")
     if not isinstance(dtype, str) or dtype not in NP_DTYPES:
-        raise fail(f"unknown dtype {_shown(dtype)}; known: {', '.join(NP_DTYPES)}", "dtype")
+        raise fail(f"unknown dtype {shown(dtype)}; known: {', '.join(NP_DTYPES)}", "dtype")
     shape = _parse_shape(doc, spec, dtype, path, culprit)
     role = spec.get("role", "weight")
     if not isinstance(role, str) or role not in ROLES:
-        raise fail(f"unknown role {_shown(role)}; known: {', '.join(ROLES)}", "role")
+        raise fail(f"unknown role {shown(role)}; known: {', '.join(ROLES)}", "role")
     backend = spec.get("backend")
     if backend is not None and (not isinstance(backend, str) or not backend):
-        raise fail(f"backend must be a backend's name, got {_what(backend)}", "backend")
+        raise fail(f"backend must be a backend's name, got {describe_value(backend)}", "backend")
 
     given = [k for k in ("init", "values", "file") if k in spec]
     if len(given) > 1:
@@ -318,7 +126,7 @@ def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
     elif "file" in spec:
         file = spec["file"]
         if not isinstance(file, str) or not file:
-            raise fail(f"file must be a path to a .npy file, got {_what(file)}", "file")
+            raise fail(f"file must be a path to a .npy file, got {describe_value(file)}", "file")
         full = yaml_dir / file
         try:
             check_npy(full, shape, dtype)
@@ -340,13 +148,13 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
     where = path + ("shape",)
     if not isinstance(shape, list):
         raise doc.error(f"shape must be a list of 1 to {MAX_DIMS} integers like [32, 512], "
-                        f"got {_what(shape)}", where, culprit)
+                        f"got {describe_value(shape)}", where, culprit)
     if not 1 <= len(shape) <= MAX_DIMS:
         raise doc.error(f"shape has {len(shape)} dimensions; ggml tensors have 1 to "
                         f"{MAX_DIMS}", where, culprit)
     for i, dim in enumerate(shape):
-        if not _is_int(dim):
-            raise doc.error(f"shape[{i}] must be an integer, got {_what(dim)}",
+        if not is_int(dim):
+            raise doc.error(f"shape[{i}] must be an integer, got {describe_value(dim)}",
                             where + (i,), culprit)
         if dim < 1:
             raise doc.error(f"shape[{i}] is {dim}; every dimension must be >= 1",
@@ -362,7 +170,7 @@ def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
     """Check an init's keys and fill in their defaults (the data depends on the full set)."""
     where = path + ("init",)
     if not isinstance(init, str) or init not in INIT_KEYS:
-        raise doc.error(f"unknown init {_shown(init)}; {did_you_mean(str(init), INIT_KEYS)}",
+        raise doc.error(f"unknown init {shown(init)}; {did_you_mean(str(init), INIT_KEYS)}",
                         where, culprit)
     if dtype == "i32" and init in FLOAT_ONLY_INITS:
         raise doc.error(f"init '{init}' makes fractions but the tensor is i32; use zeros, "
@@ -386,10 +194,10 @@ def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
         value = spec[key]
         at = path + (key,)
         want_int = init == "randint" or (dtype == "i32" and init in ("full", "arange"))
-        if want_int and not _is_int(value):
-            raise doc.error(f"'{key}' must be an integer here, got {_what(value)}", at, culprit)
-        if not _is_number(value):
-            raise doc.error(f"'{key}' must be a number, got {_what(value)}", at, culprit)
+        if want_int and not is_int(value):
+            raise doc.error(f"'{key}' must be an integer here, got {describe_value(value)}", at, culprit)
+        if not is_number(value):
+            raise doc.error(f"'{key}' must be a number, got {describe_value(value)}", at, culprit)
         if not math.isfinite(value) and not (init == "full" and dtype != "i32"):
             raise doc.error(f"'{key}' must be finite, got {value}", at, culprit)
         keys[key] = value
@@ -437,17 +245,17 @@ def _parse_values(doc, values, shape, dtype, path, culprit) -> list:
         at = where + tuple(index)
         if depth == len(shape):
             if dtype == "i32":
-                if not _is_int(item):
+                if not is_int(item):
                     raise doc.error(f"{label} must be an integer (the tensor is i32), got "
-                                    f"{_what(item)}", at, culprit)
+                                    f"{describe_value(item)}", at, culprit)
                 if not I32_MIN <= item <= I32_MAX:
                     raise doc.error(f"{label} = {item} does not fit i32", at, culprit)
-            elif not _is_number(item):
-                raise doc.error(f"{label} must be a number, got {_what(item)}", at, culprit)
+            elif not is_number(item):
+                raise doc.error(f"{label} must be a number, got {describe_value(item)}", at, culprit)
             return
         if not isinstance(item, list):
             raise doc.error(f"values do not match shape {_shape_text(shape)}: {label} should "
-                            f"be a list of {shape[depth]}, got {_what(item)}", at, culprit)
+                            f"be a list of {shape[depth]}, got {describe_value(item)}", at, culprit)
         if len(item) != shape[depth]:
             raise doc.error(f"values do not match shape {_shape_text(shape)}: {label} has "
                             f"{len(item)} items, expected {shape[depth]}", at, culprit)
@@ -465,7 +273,7 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
                         ("nodes",))
     if not isinstance(nodes_data, list):
         raise doc.error(f"nodes must be a list of {{name, op, src}}, in execution order; got "
-                        f"{_what(nodes_data)}", ("nodes",))
+                        f"{describe_value(nodes_data)}", ("nodes",))
     # where each node name is defined, to tell "defined later" from "undefined"
     later = {}
     for i, item in enumerate(nodes_data):
@@ -481,23 +289,9 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
     return nodes
 
 
-def _named_entry(doc, item, path: tuple, what: str, form: str, allowed) -> tuple[str, str]:
-    """A list item that must be a mapping with a valid `name` and known keys: (name, culprit)."""
-    where = f"{path[0]}[{path[-1]}]"
-    if not isinstance(item, dict):
-        raise doc.error(f"a {what} is a mapping {form}, got {_what(item)}", path, where)
-    if "name" not in item:
-        raise doc.error("missing 'name'", path, where)
-    name = item["name"]
-    _check_name(doc, name, path + ("name",), where, f"{what} name")
-    culprit = f"{what} '{name}'"
-    _unknown_keys(doc, item, allowed, path, culprit)
-    return name, culprit
-
-
 def _parse_node(doc, item, i, defined, later) -> Tensor:
     path = ("nodes", i)
-    name, culprit = _named_entry(doc, item, path, "node", "{name, op, src}", NODE_KEYS)
+    name, culprit = named_entry(doc, item, path, "node", "{name, op, src}", NODE_KEYS)
     if name in defined:
         other = defined[name]
         kind = "tensor" if other.is_leaf else "node"
@@ -508,18 +302,18 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
     if op is None:
         raise doc.error(f"missing 'op'; {did_you_mean('', OPS)}", path, culprit)
     if not isinstance(op, str):
-        raise doc.error(f"op must be an op's name, got {_what(op)}", path + ("op",), culprit)
+        raise doc.error(f"op must be an op's name, got {describe_value(op)}", path + ("op",), culprit)
 
     src_names = item.get("src", [])
     if not isinstance(src_names, list):
         hint = f"; write src: [{src_names}]" if isinstance(src_names, str) else ""
-        raise doc.error(f"src must be a list of names, got {_what(src_names)}{hint}",
+        raise doc.error(f"src must be a list of names, got {describe_value(src_names)}{hint}",
                         path + ("src",), culprit)
     srcs = []
     for j, src in enumerate(src_names):
         at = path + ("src", j)
         if not isinstance(src, str):
-            raise doc.error(f"src[{j}] must be a name, got {_what(src)}", at, culprit)
+            raise doc.error(f"src[{j}] must be a name, got {describe_value(src)}", at, culprit)
         if src in defined:
             srcs.append(defined[src])
         elif src == name:
@@ -535,16 +329,16 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
     if params is None:
         params = {}
     if not isinstance(params, dict):
-        raise doc.error(f"params must be a mapping like {{eps: 1e-5}}, got {_what(params)}",
+        raise doc.error(f"params must be a mapping like {{eps: 1e-5}}, got {describe_value(params)}",
                         path + ("params",), culprit)
     for key in params:
         if not isinstance(key, str):
-            raise doc.error(f"param names are strings, got {_what(key)}", path + ("params",),
+            raise doc.error(f"param names are strings, got {describe_value(key)}", path + ("params",),
                             culprit)
 
     backend = item.get("backend")
     if backend is not None and (not isinstance(backend, str) or not backend):
-        raise doc.error(f"backend must be a backend's name, got {_what(backend)}",
+        raise doc.error(f"backend must be a backend's name, got {describe_value(backend)}",
                         path + ("backend",), culprit)
 
     line = doc.line(path)
@@ -564,14 +358,14 @@ def _parse_outputs(doc, data, leafs, nodes) -> list[Tensor]:
     if isinstance(names, str):
         raise doc.error(f"outputs must be a list of names; write outputs: [{names}]", where)
     if not isinstance(names, list) or not names:
-        raise doc.error(f"outputs must be a non-empty list of names, got {_what(names)}; "
+        raise doc.error(f"outputs must be a non-empty list of names, got {describe_value(names)}; "
                         "leave it out to output the last node", where)
     by_name = {t.name: t for t in leafs + nodes}
     outputs = []
     for i, name in enumerate(names):
         at = where + (i,)
         if not isinstance(name, str):
-            raise doc.error(f"outputs[{i}] must be a name, got {_what(name)}", at)
+            raise doc.error(f"outputs[{i}] must be a name, got {describe_value(name)}", at)
         if name not in by_name:
             raise doc.error(f"output '{name}' is not a tensor or node; "
                             f"{did_you_mean(name, by_name)}", at)
@@ -579,153 +373,3 @@ def _parse_outputs(doc, data, leafs, nodes) -> list[Tensor]:
             raise doc.error(f"output '{name}' is listed twice", at)
         outputs.append(by_name[name])
     return outputs
-
-
-# --- backends -------------------------------------------------------------------------------
-def load_backends(path) -> list[BackendSpec]:
-    """Read a `--backends` file: a mapping whose one key, `backends`, holds the list."""
-    data, doc = _read_yaml(path)
-    if isinstance(data, list):
-        raise doc.error("a backends file is a mapping; put the list under 'backends:'")
-    if not isinstance(data, dict):
-        raise doc.error(f"a backends file holds 'backends:' and a list, got {_what(data)}")
-    _unknown_keys(doc, data, ("backends",), (), None, "top-level key")
-    if "backends" not in data:
-        raise doc.error("missing 'backends:'")
-    return parse_backends(data["backends"], doc.file, doc.lines, ("backends",))
-
-
-def parse_backends(data, file: str, lines: dict | None = None,
-                   path: tuple = ("backends",)) -> list[BackendSpec]:
-    """Check a backends list; `lines` maps key paths (as tuples from the file's root) to lines.
-
-    One `cpu` backend, and it is last: the scheduler's fallback for every op (ggml's rule
-    that the last backend is the CPU).
-    """
-    doc = _Doc(file, lines)
-    if not isinstance(data, list):
-        raise doc.error(f"backends must be a list of {{name, kind}}, got {_what(data)}", path)
-    if not data:
-        raise doc.error("backends is empty; the list must end with a cpu backend, e.g. "
-                        "[{name: CPU, kind: cpu}]", path)
-    specs: list[BackendSpec] = []
-    for i, item in enumerate(data):
-        spec = _parse_backend(doc, item, path + (i,), i)
-        if any(s.name == spec.name for s in specs):
-            raise doc.error(f"backend name '{spec.name}' is used twice", path + (i, "name"),
-                            f"backend '{spec.name}'")
-        specs.append(spec)
-    last = specs[-1]
-    if last.kind != "cpu":
-        raise doc.error(f"the last backend must be of kind cpu (the fallback that runs every "
-                        f"op), got {last.kind}; end the list with {{name: CPU, kind: cpu}}",
-                        path + (len(specs) - 1,), f"backend '{last.name}'")
-    for i, spec in enumerate(specs[:-1]):
-        if spec.kind == "cpu":
-            raise doc.error("only the last backend may be of kind cpu; remove this one or "
-                            "move it last", path + (i,), f"backend '{spec.name}'")
-    return specs
-
-
-def _parse_backend(doc, item, path, i) -> BackendSpec:
-    name, culprit = _named_entry(doc, item, path, "backend", "{name, kind}", BACKEND_KEYS)
-    kind = item.get("kind")
-    if kind is None:
-        raise doc.error(f"missing 'kind'; known: {', '.join(KINDS)}", path, culprit)
-    if not isinstance(kind, str) or kind not in KINDS:
-        raise doc.error(f"unknown kind {_shown(kind)}; known: {', '.join(KINDS)}",
-                        path + ("kind",), culprit)
-    wrong = SIM_ONLY_KEYS if kind == "cpu" else CPU_ONLY_KEYS
-    for key in item:
-        if key in wrong:
-            other = "sim" if kind == "cpu" else "cpu"
-            raise doc.error(f"'{key}' applies to {other} backends only", path + (key,),
-                            culprit)
-
-    def at(key):
-        return path + (key,)
-
-    spec = BackendSpec.of_kind(name, kind, line=doc.line(path))
-    if "memory" in item:
-        try:
-            spec.memory = parse_size(item["memory"])
-        except ValueError as err:
-            raise doc.error(f"memory: {err}", at("memory"), culprit) from None
-    if "alignment" in item:
-        value = item["alignment"]
-        if not _is_int(value) or value < 1 or value & (value - 1) or value > MAX_ALIGNMENT:
-            raise doc.error(f"alignment must be a power of two from 1 to 2**30, got "
-                            f"{_what(value)}", at("alignment"), culprit)
-        spec.alignment = value
-    for key in ("threads", "offload_min_batch"):
-        if key in item:
-            value = item[key]
-            if not _is_int(value) or value < 1:
-                raise doc.error(f"{key} must be an integer >= 1, got {_what(value)}", at(key),
-                                culprit)
-            setattr(spec, key, value)
-    if "supports" in item and "unsupported" in item:
-        raise doc.error("give supports or unsupported, not both", at("unsupported"), culprit)
-    for key in ("supports", "unsupported"):
-        if key in item:
-            setattr(spec, key, frozenset(_parse_op_list(doc, item[key], at(key), culprit, key)))
-    for key in ("flops", "mem_bw", "link_bw", "link_latency"):
-        if key in item:
-            value = _number(item[key])
-            ok = value is not None and math.isfinite(value) and (
-                value >= 0 if key == "link_latency" else value > 0)
-            bound = ">= 0" if key == "link_latency" else "> 0"
-            if not ok:
-                raise doc.error(f"{key} must be a number {bound} (like 50e12), got "
-                                f"{_what(item[key])}", at(key), culprit)
-            setattr(spec, key, float(value))
-    return spec
-
-
-def _parse_op_list(doc, ops, where, culprit, key) -> list[str]:
-    if not isinstance(ops, list):
-        raise doc.error(f"{key} must be a list of op names like [argmax, get_rows], got "
-                        f"{_what(ops)}", where, culprit)
-    for j, op in enumerate(ops):
-        if not isinstance(op, str) or op not in OPS:
-            raise doc.error(f"{key}: unknown op {_shown(op)}; {did_you_mean(str(op), OPS)}",
-                            where + (j,), culprit)
-    return ops
-
-
-def _number(value) -> float | None:
-    """A positive-number field: a YAML number, or a string a float() reads ('50e12')."""
-    if _is_number(value):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value.replace("_", ""))
-        except ValueError:
-            return None
-    return None
-
-
-def parse_size(value) -> int:
-    """Bytes from a number or a string: '8GiB', '512 MiB', '64KiB', '100B', '1.5GiB', '4096'.
-
-    Binary units only (B, KiB, MiB, GiB, TiB; case-insensitive); 'GB' and friends are refused
-    rather than guessed at, since users mean GiB as often as 10**9. Fractions round down.
-    """
-    if _is_number(value) and math.isfinite(value):
-        if value < 1:
-            raise ValueError(f"must be at least 1 byte, got {value}")
-        return int(value)
-    if not isinstance(value, str):
-        raise ValueError(f"expected bytes as an integer or a string like '8GiB', got "
-                         f"{_what(value)}")
-    match = SIZE_RE.match(value)
-    unit = match.group(2).lower() if match else ""
-    if unit in ("k", "kb", "m", "mb", "g", "gb", "t", "tb"):
-        raise ValueError(f"'{value}': use binary units KiB, MiB, GiB or TiB")
-    if match is None or (unit and unit not in SIZE_UNITS):
-        raise ValueError(f"cannot read '{value}' as a size; write bytes or e.g. '8GiB', "
-                         "'512MiB', '64KiB'")
-    size = int(float(match.group(1)) * SIZE_UNITS.get(unit, 1))
-    if size < 1:
-        raise ValueError(f"'{value}' is less than 1 byte")
-    return size
