@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from ggmlrun.core import engine
 from ggmlrun.core.loader import load_graph
-from ggmlrun.core.occupancy import execution_steps
 from ggmlrun.core.trace import build_trace
 from tests.clikit import invoke
 
@@ -46,7 +45,7 @@ def test_trace_has_every_step_once_per_run_flows_paired_and_counters_bounded(tmp
 
     # one X per op and copy of the schedule, per run, on its backend's track
     slices = [e for e in events if e["ph"] == "X"]
-    steps = execution_steps(sched)
+    steps = sched.execution_steps()
     want = Counter((run, s.tensor.name) for run in range(repeat) for s in steps)
     got = Counter((e["args"]["run"], e["name"]) for e in slices)
     assert got == want

@@ -12,7 +12,7 @@ from ggmlrun import visual
 from ggmlrun.core import engine
 from ggmlrun.core.loader import load_graph
 from ggmlrun.core.ops import get_op
-from ggmlrun.core.occupancy import execution_steps, live_bytes, occupancy, step_columns
+from ggmlrun.core.occupancy import live_bytes, occupancy, step_columns
 from ggmlrun.core.sched import Scheduler
 from tests.randgraph import random_backends, random_graph
 from tests.clikit import invoke
@@ -35,7 +35,7 @@ def planned(graph, planner="ggml"):
 def test_grid_never_exceeds_the_arena_and_marks_the_lower_bound(graph, planner):
     sched, plan = planned(graph, planner)
     live = live_bytes(sched, plan)
-    n_steps = len(execution_steps(sched))
+    n_steps = len(sched.execution_steps())
     for pic in occupancy(sched, plan, width=64, height=10):
         b = pic.buffer
         assert pic.arena_bytes == plan.arena_bytes[b] > 0
@@ -45,7 +45,7 @@ def test_grid_never_exceeds_the_arena_and_marks_the_lower_bound(graph, planner):
         # the most bytes live at any step is the plan's lower bound, reached at the peak step
         assert pic.lower_bound == plan.lower_bound(b) == int(live[:, b].max()) == int(pic.live.max())
         assert int(live[pic.peak_step, b]) == pic.lower_bound
-        assert pic.peak_tensor == execution_steps(sched)[pic.peak_step].tensor.name
+        assert pic.peak_tensor == sched.execution_steps()[pic.peak_step].tensor.name
         # the lower-bound row is the row holding the lower bound's last byte
         low, high = pic.row_range(pic.lower_bound_row)
         assert low < pic.lower_bound <= high + 1e-6
@@ -56,7 +56,7 @@ def test_grid_never_exceeds_the_arena_and_marks_the_lower_bound(graph, planner):
 def test_grid_columns_of_single_steps_add_up_to_the_bytes_live(graph):
     sched, plan = planned(graph)
     live = live_bytes(sched, plan)
-    n = len(execution_steps(sched))
+    n = len(sched.execution_steps())
     for pic in occupancy(sched, plan, width=n, height=7):
         row_bytes = pic.arena_bytes / 7
         assert pic.columns == [(i, i) for i in range(n)]

@@ -232,9 +232,6 @@ class GraphAllocator:
                     pinned.add(tensor.view_src)
         return pinned
 
-    def _owns_memory(self, tensor: Tensor) -> bool:
-        return not tensor.is_view and tensor.role != "weight"
-
     def _allocate(self, node: Tensor, buffer: int, srcs: list[Tensor] = ()) -> None:
         if node in self.slot_of or node.view_src is not None or node.role == "weight":
             return                                # placed already, or owns no memory

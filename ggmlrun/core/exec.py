@@ -19,7 +19,7 @@ from ggmlrun.core.backends.runtime import Backend, strided_view
 from ggmlrun.core.errors import RunError
 from ggmlrun.core.graph import Tensor
 from ggmlrun.core.ops import get_op
-from ggmlrun.core.sched import Schedule
+from ggmlrun.core.sched import COMPUTE, COPY, Schedule
 
 
 @dataclass
@@ -41,9 +41,6 @@ class NodeTiming:
     backend: str
     seconds: float = 0.0         # all runs
     calls: int = 0
-
-
-COPY, COMPUTE = "copy", "compute"
 
 
 @dataclass
@@ -116,22 +113,22 @@ class Executor:
         called unwrapped (the loop already ignores float errors) with its params bound.
         """
         steps = []
-        for split in self.schedule.splits:
-            for original, copy in zip(split.inputs, split.copies):
-                steps.append((COPY, split.backend, copy, np.copyto,
-                              (self.views[copy], self.views[original])))
-            for node in split.nodes:
-                spec = get_op(node.op)
-                if spec.view_op:
-                    continue
-                args = (self.views[node], *(self.views[s] for s in self.schedule.srcs_of[node]))
-                kernel = spec.kernel
-                bind = getattr(kernel, "bind", None)
-                call = bind(*args, **node.params) if bind is not None else None
-                if call is None:
-                    raw = getattr(kernel, "raw", kernel)
-                    call = (partial(raw, **node.params) if node.params else raw), args
-                steps.append((COMPUTE, self.schedule.backend_of[node], node, *call))
+        sched = self.schedule
+        for step in sched.execution_steps():
+            tensor = step.tensor
+            if step.kind == COPY:
+                steps.append((COPY, step.backend, tensor, np.copyto,
+                              (self.views[tensor], self.views[sched.copy_source[tensor]])))
+                continue
+            spec = get_op(tensor.op)
+            args = (self.views[tensor], *(self.views[s] for s in sched.srcs_of[tensor]))
+            kernel = spec.kernel
+            bind = getattr(kernel, "bind", None)
+            call = bind(*args, **tensor.params) if bind is not None else None
+            if call is None:
+                raw = getattr(kernel, "raw", kernel)
+                call = (partial(raw, **tensor.params) if tensor.params else raw), args
+            steps.append((COMPUTE, step.backend, tensor, *call))
         return steps
 
     def run(self, inputs: dict[Tensor, np.ndarray], repeat: int = 1, progress=None,

@@ -23,34 +23,7 @@ import numpy as np
 
 from ggmlrun.core.alloc import MemoryPlan, Slot
 from ggmlrun.core.graph import Tensor
-from ggmlrun.core.ops import get_op
-from ggmlrun.core.sched import Schedule
-
-COPY, COMPUTE = "copy", "compute"
-
-
-@dataclass(frozen=True, eq=False)
-class Step:
-    """One copy or compute, in the order the executor runs them."""
-
-    index: int
-    kind: str                      # "copy" | "compute"
-    tensor: Tensor                 # the node, or the copy tensor (`BACKEND#name`)
-    backend: int                   # where it runs: the split's backend
-    split: int
-
-
-def execution_steps(sched: Schedule) -> list[Step]:
-    """Per split: its input copies, then its nodes minus the view ops (as `Executor` runs them)."""
-    steps: list[Step] = []
-    for k, split in enumerate(sched.splits):
-        for copy in split.copies:
-            steps.append(Step(len(steps), COPY, copy, split.backend, k))
-        for node in split.nodes:
-            if not get_op(node.op).view_op:
-                steps.append(Step(len(steps), COMPUTE, node, sched.backend_of[node], k))
-    return steps
-
+from ggmlrun.core.sched import COPY, Schedule, Step
 
 def reads_of(sched: Schedule, step: Step) -> list[Tensor]:
     """The tensors a step reads: a copy its source, a compute its sources (copies substituted)."""
@@ -69,7 +42,7 @@ class Lifetime:
 def slot_lifetimes(sched: Schedule, plan: MemoryPlan, steps: list[Step] | None = None
                    ) -> list[Lifetime]:
     """Every slot of the plan with the steps it is live over (see the module docstring)."""
-    steps = execution_steps(sched) if steps is None else steps
+    steps = sched.execution_steps() if steps is None else steps
     step_of = {s.tensor: s.index for s in steps}
     last_read: dict[Slot, int] = {}
     for step in steps:
@@ -88,7 +61,7 @@ def slot_lifetimes(sched: Schedule, plan: MemoryPlan, steps: list[Step] | None =
 
 def live_bytes(sched: Schedule, plan: MemoryPlan, steps: list[Step] | None = None) -> np.ndarray:
     """[step, buffer]: aligned bytes live in each arena while each step runs."""
-    steps = execution_steps(sched) if steps is None else steps
+    steps = sched.execution_steps() if steps is None else steps
     n_buffers = len(plan.arena_bytes)
     delta = np.zeros((len(steps) + 1, n_buffers), dtype=np.int64)
     for life in slot_lifetimes(sched, plan, steps):
@@ -138,7 +111,7 @@ def step_columns(n_steps: int, width: int) -> list[tuple[int, int]]:
 def occupancy(sched: Schedule, plan: MemoryPlan, width: int = 64, height: int = 10
               ) -> list[ArenaPicture]:
     """A picture per arena with bytes in it (arenas of 0 bytes are left out)."""
-    steps = execution_steps(sched)
+    steps = sched.execution_steps()
     lives = slot_lifetimes(sched, plan, steps)
     live = live_bytes(sched, plan, steps)
     columns = step_columns(len(steps), width)

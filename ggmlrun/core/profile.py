@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ggmlrun.core.exec import COPY, RunResult
+from ggmlrun.core.exec import RunResult
+from ggmlrun.core.sched import COPY
 from ggmlrun.core.ops import get_op
 from ggmlrun.core.sched import Schedule
 

@@ -25,6 +25,18 @@ from ggmlrun.core.graph import Graph, Tensor
 from ggmlrun.core.ops import OPS
 
 MAX_SPLIT_INPUTS = 30  # GGML_SCHED_MAX_SPLIT_INPUTS
+COPY, COMPUTE = "copy", "compute"
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One copy or compute, in the order the executor runs them."""
+
+    index: int
+    kind: str                      # COPY | COMPUTE
+    tensor: Tensor                 # the node, or the copy tensor (`BACKEND#name`)
+    backend: int                   # where it runs: the split's backend
+    split: int
 
 
 @dataclass
@@ -54,6 +66,19 @@ class Schedule:
     @property
     def copy_bytes(self) -> int:
         return sum(c.nbytes for s in self.splits for c in s.copies)
+
+    def execution_steps(self) -> list[Step]:
+        """Per split: its input copies, then its nodes minus the view ops (they compute nothing).
+        The executor runs exactly these, in this order; traces and pictures index them."""
+        steps: list[Step] = []
+        for k, split in enumerate(self.splits):
+            for copy in split.copies:
+                steps.append(Step(len(steps), COPY, copy, split.backend, k))
+            for node in split.nodes:
+                if OPS[node.op].view_op:
+                    continue
+                steps.append(Step(len(steps), COMPUTE, node, self.backend_of[node], k))
+        return steps
 
     def backend_name(self, tensor: Tensor) -> str:
         return self.backends[self.backend_of[tensor]].name

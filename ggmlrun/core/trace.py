@@ -23,9 +23,9 @@ from __future__ import annotations
 from ggmlrun.core.alloc import MemoryPlan
 from ggmlrun.core.exec import RunResult
 from ggmlrun.core.graph import Tensor
-from ggmlrun.core.occupancy import COPY, Step, execution_steps, live_bytes
+from ggmlrun.core.occupancy import live_bytes
 from ggmlrun.core.ops import get_op
-from ggmlrun.core.sched import Schedule
+from ggmlrun.core.sched import COPY, Schedule, Step
 
 PID = 1
 CATEGORY = "ggmlrun"       # one category: flow events must share it with the slices they bind
@@ -81,7 +81,7 @@ def _producer(tensor: Tensor) -> Tensor | None:
 
 def build_trace(sched: Schedule, plan: MemoryPlan, result: RunResult) -> dict:
     """The trace of a run made with `record_events=True` (no events: tracks and counters only)."""
-    steps = execution_steps(sched)
+    steps = sched.execution_steps()
     step_of = {s.tensor: s for s in steps}
     live = live_bytes(sched, plan, steps)
     tid = {b.name: i + 1 for i, b in enumerate(sched.backends)}

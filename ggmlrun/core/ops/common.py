@@ -171,12 +171,6 @@ def tile_split(big: np.ndarray, small: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return big_v, small_v
 
 
-def same_memory(x: np.ndarray, y: np.ndarray) -> bool:
-    """True when two arrays are the very same elements (an in-place node on its parent)."""
-    return (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
-            and x.shape == y.shape and x.strides == y.strides)
-
-
 def store(out: np.ndarray, value: np.ndarray) -> None:
     """Write a computed value into `out`, rounding to out's dtype (f32 -> f16 on store)."""
     np.copyto(out, value, casting="unsafe")
