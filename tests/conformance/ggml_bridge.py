@@ -399,6 +399,20 @@ def _get_values(gt, t) -> np.ndarray:
 # public API
 # ------------------------------------------------------------------------------------------
 
+@contextmanager
+def _cpu_gallocr(graph, keep_view_sources: bool):
+    """(cgraph, tensors by name, galloc): the graph built for one CPU-buffer graph allocator."""
+    with _cpu_backend() as cpu:
+        homes = {t.name: cpu for t in graph.leafs}
+        with _session(graph, homes) as s:
+            cgraph, tensors, _ = s.build(keep_view_sources=keep_view_sources)
+            galloc = ggml.ggml_gallocr_new(ggml.ggml_backend_cpu_buffer_type())
+            try:
+                yield cgraph, tensors, galloc
+            finally:
+                ggml.ggml_gallocr_free(galloc)
+
+
 def gallocr_buffer_size(graph, *, keep_view_sources: bool = False) -> int:
     """Bytes ggml's graph allocator reserves for `graph` in one CPU buffer (alignment 32).
 
@@ -407,17 +421,10 @@ def gallocr_buffer_size(graph, *, keep_view_sources: bool = False) -> int:
     not counted; inputs are (they are placed first, in leaf order). keep_view_sources: see
     `_Session.build` (off: exactly what ggml 0.15.3 does).
     """
-    with _cpu_backend() as cpu:
-        homes = {t.name: cpu for t in graph.leafs}
-        with _session(graph, homes) as s:
-            cgraph, _, _ = s.build(keep_view_sources=keep_view_sources)
-            galloc = ggml.ggml_gallocr_new(ggml.ggml_backend_cpu_buffer_type())
-            try:
-                if not ggml.ggml_gallocr_reserve(galloc, cgraph):
-                    raise RuntimeError("ggml_gallocr_reserve failed")
-                return int(ggml.ggml_gallocr_get_buffer_size(galloc, 0))
-            finally:
-                ggml.ggml_gallocr_free(galloc)
+    with _cpu_gallocr(graph, keep_view_sources) as (cgraph, _, galloc):
+        if not ggml.ggml_gallocr_reserve(galloc, cgraph):
+            raise RuntimeError("ggml_gallocr_reserve failed")
+        return int(ggml.ggml_gallocr_get_buffer_size(galloc, 0))
 
 
 def gallocr_offsets(graph, *, keep_view_sources: bool = False) -> dict:
@@ -426,30 +433,22 @@ def gallocr_offsets(graph, *, keep_view_sources: bool = False) -> dict:
     Allocates for real (ggml_gallocr_alloc_graph) and reads each tensor's data pointer relative
     to the buffer base; views report the offset of their first byte. Weights are left out.
     """
-    with _cpu_backend() as cpu:
-        homes = {t.name: cpu for t in graph.leafs}
-        with _session(graph, homes) as s:
-            cgraph, tensors, _ = s.build(keep_view_sources=keep_view_sources)
-            galloc = ggml.ggml_gallocr_new(ggml.ggml_backend_cpu_buffer_type())
-            try:
-                if not ggml.ggml_gallocr_alloc_graph(galloc, cgraph):
-                    raise RuntimeError("ggml_gallocr_alloc_graph failed")
-                size = int(ggml.ggml_gallocr_get_buffer_size(galloc, 0))
-                base = None
-                offsets = {}
-                names = [t.name for t in graph.leafs if t.role == "input"] + \
-                        [n.name for n in graph.nodes]
-                for name in names:
-                    c = tensors[name].contents
-                    if not c.data:
-                        continue
-                    if base is None:
-                        buf = c.buffer or c.view_src.contents.buffer
-                        base = ggml.ggml_backend_buffer_get_base(buf)
-                    offsets[name] = int(c.data - base)
-                return {"buffer_size": size, "offsets": offsets}
-            finally:
-                ggml.ggml_gallocr_free(galloc)
+    with _cpu_gallocr(graph, keep_view_sources) as (cgraph, tensors, galloc):
+        if not ggml.ggml_gallocr_alloc_graph(galloc, cgraph):
+            raise RuntimeError("ggml_gallocr_alloc_graph failed")
+        size = int(ggml.ggml_gallocr_get_buffer_size(galloc, 0))
+        base = None
+        offsets = {}
+        names = [t.name for t in graph.leafs if t.role == "input"] + [n.name for n in graph.nodes]
+        for name in names:
+            c = tensors[name].contents
+            if not c.data:
+                continue
+            if base is None:
+                buf = c.buffer or c.view_src.contents.buffer
+                base = ggml.ggml_backend_buffer_get_base(buf)
+            offsets[name] = int(c.data - base)
+        return {"buffer_size": size, "offsets": offsets}
 
 
 def compute_outputs(graph, leaf_values: dict, *, all_nodes: bool = False,
