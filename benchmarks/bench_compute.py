@@ -29,9 +29,9 @@ from _common import machine, ms, table, verdict
 
 from ggmlrun.core import engine
 from ggmlrun.core.backends.spec import default_cpu
-from ggmlrun.core.exec import Executor
-from ggmlrun.core.gen import LlamaShape, llama, mlp
-from ggmlrun.core.loader import load_graph
+from ggmlrun.core.run.exec import Executor
+from ggmlrun.core.frontend.gen import LlamaShape, llama, mlp
+from ggmlrun.core.frontend.loader import load_graph
 
 TARGET = 1.10
 

@@ -23,9 +23,9 @@ from _common import best_of, machine, table, us, verdict
 
 from ggmlrun.core import engine
 from ggmlrun.core.backends.spec import default_cpu
-from ggmlrun.core.exec import Executor
-from ggmlrun.core.graph import Graph, LeafData, Tensor
-from ggmlrun.core.ops import make_node
+from ggmlrun.core.run.exec import Executor
+from ggmlrun.core.ir.graph import Graph, LeafData, Tensor
+from ggmlrun.core.ir.ops import make_node
 
 TARGET = 1.5
 SHAPE = (4, 4)

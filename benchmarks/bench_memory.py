@@ -22,8 +22,8 @@ import _common
 from _common import machine, table
 
 from ggmlrun.core import engine
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.loader import load_backends, load_graph
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.frontend.loader import load_backends, load_graph
 
 GRAPHS = _common.ROOT / "graphs"
 CPU_ONLY = GRAPHS / "backends" / "cpu.yaml"

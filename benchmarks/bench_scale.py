@@ -24,10 +24,10 @@ from _common import machine, table, verdict
 
 from ggmlrun.core import engine
 from ggmlrun.core.backends.spec import default_backends
-from ggmlrun.core.gen import LlamaShape, llama
-from ggmlrun.core.graph import Graph, LeafData, Tensor
-from ggmlrun.core.loader import load_graph
-from ggmlrun.core.ops import make_node
+from ggmlrun.core.frontend.gen import LlamaShape, llama
+from ggmlrun.core.ir.graph import Graph, LeafData, Tensor
+from ggmlrun.core.frontend.loader import load_graph
+from ggmlrun.core.ir.ops import make_node
 
 PER_NODE_TARGET = 1.5      # per-node time at 100k <= 1.5x that at 1k
 TOTAL_TARGET_S = 5.0       # 100k nodes planned in <= 5 s

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ggmlrun.core.pack import lower_bound, plan_greedy, plan_offsets, read_csv, verify
+from ggmlrun.core.memory.pack import lower_bound, plan_greedy, plan_offsets, read_csv, verify
 
 CAPACITY = 1_048_576
 DEFAULT_DATA = Path("/work/shared/data/minimalloc")

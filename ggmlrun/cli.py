@@ -15,8 +15,8 @@ from rich.console import Console
 
 from ggmlrun import report
 from ggmlrun.core import engine
-from ggmlrun.core.errors import CheckError, GgmlrunError, InputError
-from ggmlrun.core.loader import load_backends, load_graph
+from ggmlrun.core.util.errors import CheckError, GgmlrunError, InputError
+from ggmlrun.core.frontend.loader import load_backends, load_graph
 
 # piped output gets a wide fixed width so tables are not squeezed into 80 columns
 stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
@@ -111,7 +111,7 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
 def measure(graph, backends_file, as_json, policy, planner):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
     from ggmlrun import visual
-    from ggmlrun.core.occupancy import occupancy
+    from ggmlrun.core.observe.occupancy import occupancy
 
     with visual.busy(stderr, "planning"):
         g, sched = _prepare(graph, backends_file, policy)
@@ -144,7 +144,8 @@ def measure(graph, backends_file, as_json, policy, planner):
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
         trace_file, show_profile):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
-    from ggmlrun.core import data, results
+    from ggmlrun.core.frontend import data
+    from ggmlrun.core.run import results
 
     from ggmlrun import visual
 
@@ -159,11 +160,11 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
                                 progress=progress, record_events=bool(trace_file or show_profile))
     prof = None
     if show_profile:
-        from ggmlrun.core.profile import profile
+        from ggmlrun.core.observe.profile import profile
 
         prof = profile(sched, result)
     if trace_file:
-        from ggmlrun.core.trace import build_trace
+        from ggmlrun.core.observe.trace import build_trace
 
         results.write_text(trace_file, json.dumps(build_trace(sched, plan_, result),
                                                   default=_json_default))
@@ -202,8 +203,8 @@ def dot_command(graph, backends_file, policy, out_file):
     """The schedule as a Graphviz graph: nodes by backend, splits as clusters, copies dashed."""
     import shutil
 
-    from ggmlrun.core.dot import RENDERED, render, to_dot
-    from ggmlrun.core.results import write_atomic, write_text
+    from ggmlrun.core.observe.dot import RENDERED, render, to_dot
+    from ggmlrun.core.run.results import write_atomic, write_text
 
     _, sched = _prepare(graph, backends_file, policy)
     text = to_dot(sched)
@@ -254,9 +255,9 @@ def ops(backends_file, as_json):
 @DEBUG
 def pack(csv_file, capacity, out_file, time_limit, as_json):
     """The offset planner alone, on MiniMalloc's CSV format (id,lower,upper,size)."""
-    from ggmlrun.core.errors import RunError
-    from ggmlrun.core.loader import parse_size
-    from ggmlrun.core.pack import plan_offsets, read_csv, verify, write_csv
+    from ggmlrun.core.util.errors import RunError
+    from ggmlrun.core.frontend.loader import parse_size
+    from ggmlrun.core.memory.pack import plan_offsets, read_csv, verify, write_csv
 
     if capacity is not None:
         try:
@@ -289,7 +290,7 @@ def gen():
 
 
 def _write_text(text: str, out: Path | None) -> None:
-    from ggmlrun.core.results import write_text
+    from ggmlrun.core.run.results import write_text
 
     if out is None:
         click.echo(text, nl=False)
@@ -317,7 +318,7 @@ def _write_text(text: str, out: Path | None) -> None:
 @DEBUG
 def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, name, out):
     """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN."""
-    from ggmlrun.core.gen import LlamaShape, llama
+    from ggmlrun.core.frontend.gen import LlamaShape, llama
 
     if dim % heads or (dim // heads) % 2:
         raise InputError(f"--dim {dim} must be a multiple of --heads {heads} with an even head size")
@@ -343,7 +344,7 @@ def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, n
 @DEBUG
 def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
     """A stack of gelu MLP blocks with residuals."""
-    from ggmlrun.core.gen import mlp
+    from ggmlrun.core.frontend.gen import mlp
 
     if offload > layers:
         raise InputError(f"--offload {offload} is more than --layers {layers}")

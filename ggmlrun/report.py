@@ -6,10 +6,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
 
-from ggmlrun.core.engine import BackendMemory, human_bytes
-from ggmlrun.core.exec import RunResult
-from ggmlrun.core.ops import OPS, get_op
-from ggmlrun.core.sched import Schedule
+from ggmlrun.core.engine import BackendMemory
+from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.core.run.exec import RunResult
+from ggmlrun.core.ir.ops import OPS, get_op
+from ggmlrun.core.sched.scheduler import Schedule
 
 
 # --- JSON --------------------------------------------------------------------------------------

@@ -14,10 +14,10 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ggmlrun.core.dot import backend_colour
-from ggmlrun.core.engine import human_bytes
-from ggmlrun.core.occupancy import ArenaPicture
-from ggmlrun.core.profile import Profile
+from ggmlrun.core.observe.dot import backend_colour
+from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.core.observe.occupancy import ArenaPicture
+from ggmlrun.core.observe.profile import Profile
 from ggmlrun.report import Table, _seconds
 
 

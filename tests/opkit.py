@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ggmlrun.core.graph import DTYPE_NAMES, Tensor
-from ggmlrun.core.ops import get_op, make_node
+from ggmlrun.core.ir.graph import DTYPE_NAMES, Tensor
+from ggmlrun.core.ir.ops import get_op, make_node
 
 RNG = np.random.default_rng(1234)
 

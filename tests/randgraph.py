@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.ops import make_node
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.ops import make_node
 
 R, C = 4, 8
 UNARY = ["neg", "abs", "sqr", "relu", "silu", "sigmoid", "tanh", "gelu", "exp"]

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from ggmlrun.core import engine
-from ggmlrun.core.alloc import FreeBlocks, GraphAllocator, PlanEntry
+from ggmlrun.core.memory.alloc import FreeBlocks, GraphAllocator, PlanEntry
 from ggmlrun.core.backends.spec import default_cpu
-from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.ops import get_op, make_node
-from ggmlrun.core.reference import evaluate
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.ops import get_op, make_node
+from ggmlrun.core.run.reference import evaluate
 from tests.randgraph import leaf_values, random_graph
 
 

@@ -13,8 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.loader import load_graph
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.frontend.loader import load_graph
 from tests.test_loader import expectations, npy_fixtures
 from tests.clikit import invoke
 

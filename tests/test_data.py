@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggmlrun.core.data import data_seed, leaf_array, load_input_override, load_npy
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.loader import load_graph
+from ggmlrun.core.frontend.data import data_seed, leaf_array, load_input_override, load_npy
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.frontend.loader import load_graph
 
 NODES = "nodes: [{name: out, op: relu, src: [%s]}]\n"
 

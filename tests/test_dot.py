@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from ggmlrun.core import engine
-from ggmlrun.core.dot import quote
-from ggmlrun.core.loader import load_graph
+from ggmlrun.core.observe.dot import quote
+from ggmlrun.core.frontend.loader import load_graph
 from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]

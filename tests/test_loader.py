@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from ggmlrun.core.backends.spec import GiB, physical_memory
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.loader import load_backends, load_graph, parse_backends, parse_size
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.frontend.loader import load_backends, load_graph, parse_backends, parse_size
 
 HERE = Path(__file__).parent
 BAD_GRAPHS = sorted((HERE / "bad_graphs").glob("*.yaml"))
@@ -330,7 +330,7 @@ def test_nothing_in_a_file_is_run(tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", sorted((ROOT / "graphs").glob("*.yaml")), ids=lambda p: p.stem)
 def test_c_and_python_parsers_agree(path, monkeypatch):
     """libyaml's parser is used for speed where the nesting is shallow; it must see the same."""
-    import ggmlrun.core.yamlfile as yamlfile
+    import ggmlrun.core.frontend.yamlfile as yamlfile
 
     fast = yamlfile.read_yaml(path)
     monkeypatch.setattr(yamlfile, "shallow", lambda text: False)

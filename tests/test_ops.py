@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.ops import OPS, get_op
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.ops import OPS, get_op
 from opkit import leaf_for, node_for, randn, run, scattered
 
 F16, F32, I32 = np.float16, np.float32, np.int32

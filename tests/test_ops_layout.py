@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.ops import make_node
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.ops import make_node
 from opkit import leaf_for, node_for, randn, run, scattered
 
 F16, F32, I32 = np.float16, np.float32, np.int32
@@ -98,7 +98,7 @@ def test_cpy_writes_into_b_in_logical_order_converting_dtype():
     assert node.strides == b_view.strides and node.view_src is b_leaf
     assert node.view_offset == 0
     out = read_view(root, node)
-    from ggmlrun.core.ops import get_op
+    from ggmlrun.core.ir.ops import get_op
     get_op("cpy").kernel(out, scattered(a), out, **node.params)
     np.testing.assert_array_equal(root.T.reshape(-1), a.reshape(-1).astype(F16))
 

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from ggmlrun.core.errors import InputError, RunError
+from ggmlrun.core.util.errors import InputError, RunError
 from opkit import node_for, randn, run, scattered
 
 F16, F32, I32, F64 = np.float16, np.float32, np.int32, np.float64

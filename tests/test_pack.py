@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.pack import (
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.memory.pack import (
     Buffer,
     lower_bound,
     plan_greedy,

@@ -6,14 +6,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggmlrun.core import costs, engine
+from ggmlrun.core.backends import costs
+from ggmlrun.core import engine
 from ggmlrun.core.backends.spec import default_cpu, default_sim
-from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.loader import load_graph
-from ggmlrun.core.ops import get_op, make_node
-from ggmlrun.core.policy import CostPolicy, owner
-from ggmlrun.core.reference import evaluate
-from ggmlrun.core.sched import Scheduler
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.frontend.loader import load_graph
+from ggmlrun.core.ir.ops import get_op, make_node
+from ggmlrun.core.sched.policy import CostPolicy, owner
+from ggmlrun.core.run.reference import evaluate
+from ggmlrun.core.sched.scheduler import Scheduler
 from tests.randgraph import leaf_values, random_graph
 
 GRAPHS = sorted((Path(__file__).resolve().parents[1] / "graphs").glob("*.yaml"))

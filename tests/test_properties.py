@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from ggmlrun.core import engine
 from ggmlrun.core.backends.spec import default_cpu, default_sim
-from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.ops import make_node
-from ggmlrun.core.reference import evaluate
-from ggmlrun.core.results import relative_error
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.ops import make_node
+from ggmlrun.core.run.reference import evaluate
+from ggmlrun.core.run.results import relative_error
 
 R, C = 4, 8
 UNARY = ["neg", "abs", "sqr", "relu", "silu", "sigmoid", "tanh", "gelu", "exp"]

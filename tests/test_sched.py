@@ -5,10 +5,10 @@ import pytest
 
 from ggmlrun.core import engine
 from ggmlrun.core.backends.spec import default_cpu, default_sim
-from ggmlrun.core.errors import InputError
-from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.reference import evaluate
-from ggmlrun.core.ops import make_node
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.run.reference import evaluate
+from ggmlrun.core.ir.ops import make_node
 from tests.randgraph import leaf_values, random_backends, random_graph
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 from ggmlrun.core import engine
-from ggmlrun.core.loader import load_graph
-from ggmlrun.core.trace import build_trace
+from ggmlrun.core.frontend.loader import load_graph
+from ggmlrun.core.observe.trace import build_trace
 from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]

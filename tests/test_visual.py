@@ -10,10 +10,10 @@ from rich.console import Console
 
 from ggmlrun import visual
 from ggmlrun.core import engine
-from ggmlrun.core.loader import load_graph
-from ggmlrun.core.ops import get_op
-from ggmlrun.core.occupancy import live_bytes, occupancy, step_columns
-from ggmlrun.core.sched import Scheduler
+from ggmlrun.core.frontend.loader import load_graph
+from ggmlrun.core.ir.ops import get_op
+from ggmlrun.core.observe.occupancy import live_bytes, occupancy, step_columns
+from ggmlrun.core.sched.scheduler import Scheduler
 from tests.randgraph import random_backends, random_graph
 from tests.clikit import invoke
 

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggmlrun.core.alloc import GraphAllocator, MemoryPlan, layout_weights
+from ggmlrun.core.memory.alloc import GraphAllocator, MemoryPlan, allocation_sequence, layout_weights
 from ggmlrun.core.backends.spec import BackendSpec, default_backends
-from ggmlrun.core.errors import CapacityError
-from ggmlrun.core.exec import Executor, RunResult
-from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.sched import Schedule, Scheduler
+from ggmlrun.core.util.errors import CapacityError
+from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.core.run.exec import Executor, RunResult
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 
 
 @dataclass
@@ -43,7 +44,7 @@ def schedule(graph: Graph, backends: list[BackendSpec], policy: str = "ggml") ->
     only when it is faster than ggml's and fits in memory."""
     if policy == "ggml":
         return Scheduler(backends).schedule(graph)
-    from ggmlrun.core.policy import CostPolicy
+    from ggmlrun.core.sched.policy import CostPolicy
 
     def fits(sched: Schedule) -> bool:
         _, memory = plan_memory(sched)
@@ -64,11 +65,11 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
     per arena, whichever plan is smaller.
     """
     alignments = [b.alignment for b in sched.backends]
-    leafs, entries = sched.alloc_sequence()
+    leafs, entries = allocation_sequence(sched)
     ggml_plan = GraphAllocator(alignments).plan(leafs, entries)
     plan = ggml_plan
     if planner == "best":
-        from ggmlrun.core.planner import best_plan
+        from ggmlrun.core.memory.planner import best_plan
 
         plan = best_plan(ggml_plan)
     location = {w: sched.backend_of[w] for w in sched.graph.weights}
@@ -101,7 +102,7 @@ def check_capacity(sched: Schedule, memory: list[BackendMemory]) -> None:
 
 def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
     """Every leaf's data: generated, given inline, or read from its .npy."""
-    from ggmlrun.core.data import leaf_array
+    from ggmlrun.core.frontend.data import leaf_array
 
     return {t: leaf_array(t, graph.seed) for t in graph.leafs}
 
@@ -126,10 +127,3 @@ def blas_threads(threads: int | None):
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=threads, user_api="blas")
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"

@@ -6,7 +6,7 @@
 from pathlib import Path
 
 from ggmlrun.core import engine
-from ggmlrun.core.loader import load_graph
+from ggmlrun.core.frontend.loader import load_graph
 from tests.conformance import ggml_bridge as gb
 from tests.conformance.test_conformance import cpu_only, device_backends, ggml_bytes, our_cpu_bytes
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ggmlrun.core.ops  # noqa: F401  (registers the ops)
-from ggmlrun.core.graph import Graph, Tensor
-from ggmlrun.core.ops import make_node
+import ggmlrun.core.ir.ops  # noqa: F401  (registers the ops)
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.ops import make_node
 
 from . import ggml_bridge as gb
 

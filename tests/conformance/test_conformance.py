@@ -20,9 +20,9 @@ import pytest
 
 from ggmlrun.core import engine
 from ggmlrun.core.backends.spec import default_cpu, default_sim
-from ggmlrun.core.graph import Graph
-from ggmlrun.core.loader import load_graph
-from ggmlrun.core.reference import evaluate
+from ggmlrun.core.ir.graph import Graph
+from ggmlrun.core.frontend.loader import load_graph
+from ggmlrun.core.run.reference import evaluate
 from tests.randgraph import random_graph
 
 from . import ggml_bridge as gb

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.core.graph import Tensor
+from ggmlrun.core.ir.graph import Tensor
 
 
 def aligned_bytes(size: int, alignment: int) -> np.ndarray:

@@ -46,7 +46,7 @@ class BackendSpec:
 
     def supports_op(self, op: str) -> bool:
         """View ops compute nothing, so every backend "runs" them: they follow their source."""
-        from ggmlrun.core.ops import OPS
+        from ggmlrun.core.ir.ops import OPS
 
         if op in OPS and OPS[op].view_op:
             return True

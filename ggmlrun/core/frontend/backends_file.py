@@ -1,0 +1,179 @@
+"""The backends list (SPEC.md section 3), from a graph's `backends:` or a `--backends` file."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: op lists are checked)
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.util.errors import did_you_mean
+from ggmlrun.core.ir.ops import OPS
+from ggmlrun.core.frontend.yamlfile import (
+    Doc,
+    describe_value,
+    is_int,
+    is_number,
+    named_entry,
+    read_yaml,
+    shown,
+    unknown_keys,
+)
+
+BACKEND_KEYS = ("name", "kind", "memory", "alignment", "threads", "supports", "unsupported",
+                "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency")
+CPU_ONLY_KEYS = ("threads",)
+SIM_ONLY_KEYS = ("supports", "unsupported", "offload_min_batch", "link_bw", "link_latency")
+KINDS = ("cpu", "sim")
+SIZE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*\Z")
+MAX_ALIGNMENT = 2**30
+
+
+def load_backends(path) -> list[BackendSpec]:
+    """Read a `--backends` file: a mapping whose one key, `backends`, holds the list."""
+    data, doc = read_yaml(path)
+    if isinstance(data, list):
+        raise doc.error("a backends file is a mapping; put the list under 'backends:'")
+    if not isinstance(data, dict):
+        raise doc.error(f"a backends file holds 'backends:' and a list, got {describe_value(data)}")
+    unknown_keys(doc, data, ("backends",), (), None, "top-level key")
+    if "backends" not in data:
+        raise doc.error("missing 'backends:'")
+    return parse_backends(data["backends"], doc.file, doc.lines, ("backends",))
+
+
+def parse_backends(data, file: str, lines: dict | None = None,
+                   path: tuple = ("backends",)) -> list[BackendSpec]:
+    """Check a backends list; `lines` maps key paths (as tuples from the file's root) to lines.
+
+    One `cpu` backend, and it is last: the scheduler's fallback for every op (ggml's rule
+    that the last backend is the CPU).
+    """
+    doc = Doc(file, lines)
+    if not isinstance(data, list):
+        raise doc.error(f"backends must be a list of {{name, kind}}, got {describe_value(data)}", path)
+    if not data:
+        raise doc.error("backends is empty; the list must end with a cpu backend, e.g. "
+                        "[{name: CPU, kind: cpu}]", path)
+    specs: list[BackendSpec] = []
+    for i, item in enumerate(data):
+        spec = _parse_backend(doc, item, path + (i,), i)
+        if any(s.name == spec.name for s in specs):
+            raise doc.error(f"backend name '{spec.name}' is used twice", path + (i, "name"),
+                            f"backend '{spec.name}'")
+        specs.append(spec)
+    last = specs[-1]
+    if last.kind != "cpu":
+        raise doc.error(f"the last backend must be of kind cpu (the fallback that runs every "
+                        f"op), got {last.kind}; end the list with {{name: CPU, kind: cpu}}",
+                        path + (len(specs) - 1,), f"backend '{last.name}'")
+    for i, spec in enumerate(specs[:-1]):
+        if spec.kind == "cpu":
+            raise doc.error("only the last backend may be of kind cpu; remove this one or "
+                            "move it last", path + (i,), f"backend '{spec.name}'")
+    return specs
+
+
+def _parse_backend(doc, item, path, i) -> BackendSpec:
+    name, culprit = named_entry(doc, item, path, "backend", "{name, kind}", BACKEND_KEYS)
+    kind = item.get("kind")
+    if kind is None:
+        raise doc.error(f"missing 'kind'; known: {', '.join(KINDS)}", path, culprit)
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise doc.error(f"unknown kind {shown(kind)}; known: {', '.join(KINDS)}",
+                        path + ("kind",), culprit)
+    wrong = SIM_ONLY_KEYS if kind == "cpu" else CPU_ONLY_KEYS
+    for key in item:
+        if key in wrong:
+            other = "sim" if kind == "cpu" else "cpu"
+            raise doc.error(f"'{key}' applies to {other} backends only", path + (key,),
+                            culprit)
+
+    def at(key):
+        return path + (key,)
+
+    spec = BackendSpec.of_kind(name, kind, line=doc.line(path))
+    if "memory" in item:
+        try:
+            spec.memory = parse_size(item["memory"])
+        except ValueError as err:
+            raise doc.error(f"memory: {err}", at("memory"), culprit) from None
+    if "alignment" in item:
+        value = item["alignment"]
+        if not is_int(value) or value < 1 or value & (value - 1) or value > MAX_ALIGNMENT:
+            raise doc.error(f"alignment must be a power of two from 1 to 2**30, got "
+                            f"{describe_value(value)}", at("alignment"), culprit)
+        spec.alignment = value
+    for key in ("threads", "offload_min_batch"):
+        if key in item:
+            value = item[key]
+            if not is_int(value) or value < 1:
+                raise doc.error(f"{key} must be an integer >= 1, got {describe_value(value)}", at(key),
+                                culprit)
+            setattr(spec, key, value)
+    if "supports" in item and "unsupported" in item:
+        raise doc.error("give supports or unsupported, not both", at("unsupported"), culprit)
+    for key in ("supports", "unsupported"):
+        if key in item:
+            setattr(spec, key, frozenset(_parse_op_list(doc, item[key], at(key), culprit, key)))
+    for key in ("flops", "mem_bw", "link_bw", "link_latency"):
+        if key in item:
+            value = _number(item[key])
+            ok = value is not None and math.isfinite(value) and (
+                value >= 0 if key == "link_latency" else value > 0)
+            bound = ">= 0" if key == "link_latency" else "> 0"
+            if not ok:
+                raise doc.error(f"{key} must be a number {bound} (like 50e12), got "
+                                f"{describe_value(item[key])}", at(key), culprit)
+            setattr(spec, key, float(value))
+    return spec
+
+
+def _parse_op_list(doc, ops, where, culprit, key) -> list[str]:
+    if not isinstance(ops, list):
+        raise doc.error(f"{key} must be a list of op names like [argmax, get_rows], got "
+                        f"{describe_value(ops)}", where, culprit)
+    for j, op in enumerate(ops):
+        if not isinstance(op, str) or op not in OPS:
+            raise doc.error(f"{key}: unknown op {shown(op)}; {did_you_mean(str(op), OPS)}",
+                            where + (j,), culprit)
+    return ops
+
+
+def _number(value) -> float | None:
+    """A positive-number field: a YAML number, or a string a float() reads ('50e12')."""
+    if is_number(value):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.replace("_", ""))
+        except ValueError:
+            return None
+    return None
+
+
+def parse_size(value) -> int:
+    """Bytes from a number or a string: '8GiB', '512 MiB', '64KiB', '100B', '1.5GiB', '4096'.
+
+    Binary units only (B, KiB, MiB, GiB, TiB; case-insensitive); 'GB' and friends are refused
+    rather than guessed at, since users mean GiB as often as 10**9. Fractions round down.
+    """
+    if is_number(value) and math.isfinite(value):
+        if value < 1:
+            raise ValueError(f"must be at least 1 byte, got {value}")
+        return int(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected bytes as an integer or a string like '8GiB', got "
+                         f"{describe_value(value)}")
+    match = SIZE_RE.match(value)
+    unit = match.group(2).lower() if match else ""
+    if unit in ("k", "kb", "m", "mb", "g", "gb", "t", "tb"):
+        raise ValueError(f"'{value}': use binary units KiB, MiB, GiB or TiB")
+    if match is None or (unit and unit not in SIZE_UNITS):
+        raise ValueError(f"cannot read '{value}' as a size; write bytes or e.g. '8GiB', "
+                         "'512MiB', '64KiB'")
+    size = int(float(match.group(1)) * SIZE_UNITS.get(unit, 1))
+    if size < 1:
+        raise ValueError(f"'{value}' is less than 1 byte")
+    return size

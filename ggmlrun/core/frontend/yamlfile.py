@@ -1,0 +1,218 @@
+"""Reading YAML files: the only module that imports yaml. Data plus a line for every part.
+
+A file is parsed once into both its plain data and PyYAML's node tree; the node tree gives a
+1-based line for every mapping key and list item, so each error points at its line:
+``FILE:LINE: tensor 'w1': what is wrong; the fix or the alternatives``.
+
+Nothing in a file is evaluated. The parser is a `SafeLoader` with one change: `1e-5` and
+`50e12` read as floats (YAML 1.2 and every user expect that; PyYAML's YAML 1.1 rules read them
+as strings, which would turn `eps: 1e-5` into a confusing type error). Duplicate mapping keys
+are an error, where PyYAML would silently keep the last: two tensors called `w1` are a mistake.
+The small checks every section of a file shares live here too.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from ggmlrun.core.util.errors import InputError, did_you_mean
+
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """SafeLoader, plus YAML 1.2 floats without a dot or an exponent sign (1e-5, 50e12)."""
+
+
+class _FastSafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The same on libyaml's C parser (several times faster on big graphs). Its composer
+    recurses in C and crashes on absurdly deep nesting, so it is used only where `shallow`
+    bounds the depth; everything else goes through the Python parser, which fails cleanly."""
+
+
+for _loader in (_SafeLoader, _FastSafeLoader):
+    _loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"))
+
+_QUOTED_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'|(?:^|(?<=\s))#[^\n]*',
+                                re.MULTILINE)
+MAX_C_PARSER_DEPTH = 500
+
+
+def shallow(text: str) -> bool:
+    """An upper bound on YAML nesting: deepest flow brackets plus deepest indentation."""
+    indent = max((len(line) - len(line.lstrip(" ")) for line in text.splitlines()), default=0)
+    if indent > MAX_C_PARSER_DEPTH:
+        return False
+    brackets = _NOT_BRACKET.sub("", _QUOTED_OR_COMMENT.sub("", text))
+    depth = peak = 0
+    for ch in brackets:
+        depth += 1 if ch in "[{" else -1
+        peak = max(peak, depth)
+    return indent + peak <= MAX_C_PARSER_DEPTH
+
+
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+class Doc:
+    """One parsed file: where each key and item sits, and how to blame a part of it."""
+
+    def __init__(self, file: str, lines: dict | None):
+        self.file = file
+        self.lines = lines or {}
+
+    def line(self, path: tuple) -> int | None:
+        """The line of `path`, or of its nearest ancestor the file has a line for."""
+        while True:
+            if path in self.lines:
+                return self.lines[path]
+            if not path:
+                return None
+            path = path[:-1]
+
+    def error(self, message: str, path: tuple = (), culprit: str | None = None) -> InputError:
+        return InputError(" ".join(message.split()), file=self.file, line=self.line(path),
+                          culprit=culprit)
+
+
+def read_yaml(path) -> tuple[object, Doc]:
+    file = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("no such file", file=file) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a YAML file", file=file) from None
+    except UnicodeDecodeError:
+        raise InputError("is not UTF-8 text", file=file) from None
+    except OSError as err:
+        raise InputError(f"cannot read: {err.strerror or err}", file=file) from None
+    loader = None
+    try:
+        parser = _FastSafeLoader if shallow(text) else _SafeLoader
+        loader = parser(text)           # the reader rejects control characters right here
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+        lines: dict = {}
+        if root is not None:
+            _map_lines(loader, root, (), lines, set(), file)
+    except yaml.MarkedYAMLError as err:
+        syntax = isinstance(err, (yaml.scanner.ScannerError, yaml.parser.ParserError,
+                                  yaml.composer.ComposerError))
+        mark = err.problem_mark or err.context_mark
+        what = " ".join(f"{err.problem or 'malformed YAML'}".split())
+        if err.context:   # PyYAML's own order: "while parsing X (at line N), expected Y"
+            start = err.context_mark
+            at = f" at line {start.line + 1}" if start and start is not mark else ""
+            what = f"{' '.join(err.context.split())}{at}, {what}"
+        raise InputError(f"YAML {'syntax ' if syntax else ''}error: {what}", file=file,
+                         line=mark.line + 1 if mark else None) from None
+    except yaml.YAMLError as err:
+        raise InputError(f"YAML error: {' '.join(str(err).split())}", file=file) from None
+    except RecursionError:
+        raise InputError("YAML nested too deeply", file=file) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if data is None:
+        raise InputError("the file is empty", file=file, line=1)
+    return data, Doc(file, lines)
+
+
+def _map_lines(loader, node, path, lines, seen, file):
+    """Record the line of every mapping key and list item; refuse duplicate keys."""
+    if id(node) in seen:         # an alias: already mapped where its anchor is
+        return
+    seen.add(id(node))
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = loader.construct_object(key_node)
+            sub = path + (key,)
+            line = key_node.start_mark.line + 1
+            if sub in lines:
+                raise InputError(f"duplicate key '{key}' (first at line {lines[sub]}); "
+                                 "each key, and each tensor name, may appear once",
+                                 file=file, line=line)
+            lines[sub] = line
+            _map_lines(loader, value_node, sub, lines, seen, file)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            _map_lines(loader, item, path + (i,), lines, seen, file)
+
+
+# --- small checks ---------------------------------------------------------------------------
+def describe_value(value) -> str:
+    """How a wrong value reads in a message."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"the integer {value}"
+    if isinstance(value, float):
+        return f"the number {value}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string '{shown}'"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def shown(value) -> str:
+    """A value named in 'unknown X' messages: strings as written, anything else described."""
+    return f"'{value}'" if isinstance(value, str) else describe_value(value)
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def unknown_keys(doc, mapping, allowed, path, culprit, what="key"):
+    for key in mapping:
+        if key not in allowed:
+            raise doc.error(f"unknown {what} '{key}'; {did_you_mean(str(key), allowed)}",
+                            path + (key,), culprit)
+
+
+def check_name(doc, name, path, culprit, what="name"):
+    if not isinstance(name, str):
+        hint = ("; YAML reads yes/no/on/off/true/false as booleans: quote the name"
+                if isinstance(name, bool) else "")
+        raise doc.error(f"{what} must be a string, got {describe_value(name)}{hint}", path, culprit)
+    if "#" in name:
+        raise doc.error(f"{what} '{name}' contains '#', which is reserved for the scheduler's "
+                        "copies; rename it", path, culprit)
+    if not NAME_RE.match(name):
+        raise doc.error(f"{what} '{name}' is not a valid name; use letters, digits, '_', '.' "
+                        "and '-', starting with a letter or '_'", path, culprit)
+
+
+def named_entry(doc, item, path: tuple, what: str, form: str, allowed) -> tuple[str, str]:
+    """A list item that must be a mapping with a valid `name` and known keys: (name, culprit)."""
+    where = f"{path[0]}[{path[-1]}]"
+    if not isinstance(item, dict):
+        raise doc.error(f"a {what} is a mapping {form}, got {describe_value(item)}", path, where)
+    if "name" not in item:
+        raise doc.error("missing 'name'", path, where)
+    name = item["name"]
+    check_name(doc, name, path + ("name",), where, f"{what} name")
+    culprit = f"{what} '{name}'"
+    unknown_keys(doc, item, allowed, path, culprit)
+    return name, culprit

@@ -1,0 +1,173 @@
+"""Tensor and Graph: pure data, the shared language of every layer.
+
+A `Tensor` is ggml's `ggml_tensor` without the memory: shape, dtype and byte strides (NumPy
+order), the op that makes it and its sources, and, for views, the root tensor whose bytes it
+aliases (`view_src`, never itself a view, as in ggml) with a byte offset into it. Leafs
+(weights and inputs) have no op. Nothing here computes or allocates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ggmlrun.core.ir.types import BY_NUMPY, PLAIN, TYPES, GgmlType
+
+# Derived from the type table, for the plain types NumPy holds.
+NP_DTYPES = {name: TYPES[name].numpy for name in PLAIN}
+DTYPE_NAMES = BY_NUMPY
+MAX_DIMS = 4
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element, or per block for block types (ggml's nb[0])."""
+    return TYPES[dtype].type_size
+
+
+def contiguous_strides(shape: tuple[int, ...], item: int, block: int = 1) -> tuple[int, ...]:
+    """ggml's nb in NumPy order: the innermost dim counts blocks of `block` elements."""
+    strides, step = [], item
+    for i, dim in enumerate(reversed(shape)):
+        strides.append(step)
+        step *= dim // block if i == 0 else dim
+    return tuple(reversed(strides))
+
+
+def span_bytes(shape: tuple[int, ...], strides: tuple[int, ...], item: int, block: int = 1) -> int:
+    """Bytes from a tensor's first element to the end of its last (ggml_nbytes)."""
+    end = item
+    last = len(shape) - 1
+    for i, (d, s) in enumerate(zip(shape, strides)):
+        if d == 0:
+            return 0
+        end += ((d // block if i == last else d) - 1) * s
+    return end
+
+
+@dataclass
+class LeafData:
+    """Where a leaf's values come from: exactly one of init / values / file."""
+
+    init: str | None = None
+    keys: dict = field(default_factory=dict)     # init keys: scale, low, high, value, ...
+    values: list | None = None
+    file: Path | None = None
+
+
+@dataclass(eq=False)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "f32"
+    strides: tuple[int, ...] = ()
+    op: str | None = None                 # None for leafs and scheduler copies
+    src: list["Tensor"] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    view_src: "Tensor | None" = None      # root tensor whose bytes this one aliases
+    view_offset: int = 0                  # bytes into view_src
+    role: str | None = None               # leafs: "weight" | "input"; copies: "copy"
+    backend: str | None = None            # weights: buffer location; others: a user pin
+    data: LeafData | None = None          # leafs only
+    is_output: bool = False
+    line: int | None = None               # YAML line, for error messages
+
+    def __post_init__(self):
+        self.shape = tuple(int(d) for d in self.shape)
+        if not self.strides:
+            gtype = TYPES[self.dtype]
+            self.strides = contiguous_strides(self.shape, gtype.type_size, gtype.block_size)
+        self.strides = tuple(int(s) for s in self.strides)
+
+    # --- derived facts -------------------------------------------------------------------
+    @property
+    def is_leaf(self) -> bool:
+        return self.op is None and self.role != "copy"
+
+    @property
+    def is_view(self) -> bool:
+        return self.view_src is not None
+
+    @property
+    def gtype(self) -> GgmlType:
+        return TYPES[self.dtype]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """NumPy's dtype for plain types; block types and bf16 have none."""
+        return TYPES[self.dtype].numpy
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element, or per block for block types (ggml's nb[0])."""
+        return TYPES[self.dtype].type_size
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        gtype = TYPES[self.dtype]
+        return span_bytes(self.shape, self.strides, gtype.type_size, gtype.block_size)
+
+    @property
+    def is_contiguous(self) -> bool:
+        gtype = TYPES[self.dtype]
+        return self.strides == contiguous_strides(self.shape, gtype.type_size, gtype.block_size)
+
+    def same_layout(self, other: "Tensor") -> bool:
+        """ggml_are_same_layout: the condition for one tensor to take another's slot."""
+        return (self.dtype, self.shape, self.strides) == (other.dtype, other.shape, other.strides)
+
+    def describe(self) -> str:
+        kind = "tensor" if self.is_leaf else "node"
+        return f"{kind} '{self.name}'"
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {list(self.shape)}, {self.dtype}, op={self.op})"
+
+
+@dataclass
+class Graph:
+    name: str
+    leafs: list[Tensor]                   # file order
+    nodes: list[Tensor]                   # execution order
+    outputs: list[Tensor]
+    seed: int = 0
+    backends: list | None = None          # BackendSpec list from the file, if it gave one
+    path: Path | None = None
+    backends_line: int | None = None
+
+    def __post_init__(self):
+        self._by_name = {t.name: t for t in self.leafs + self.nodes}
+
+    def tensor(self, name: str) -> Tensor:
+        return self._by_name[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        return [t for t in self.leafs if t.role == "input"]
+
+    @property
+    def weights(self) -> list[Tensor]:
+        return [t for t in self.leafs if t.role == "weight"]
+
+    def leafs_by_first_use(self) -> list[Tensor]:
+        """Leafs in the order ggml's graph builder meets them (left-to-right source visits).
+
+        ggml allocates graph inputs in its `leafs` order, which is discovery order, not the
+        order a file lists them; the planner follows ggml here so sizes can be compared.
+        Leafs no node uses come last, in file order.
+        """
+        seen: dict[Tensor, None] = {}          # Tensors hash by identity (eq=False)
+        for node in self.nodes:
+            for src in node.src:
+                if src.op is None and src.role != "copy" and src not in seen:   # a leaf
+                    seen[src] = None
+        return list(seen) + [t for t in self.leafs if t not in seen]

@@ -1,0 +1,176 @@
+"""Shared checks and array tricks for the op modules.
+
+Params arrive as raw YAML values, so every check is strict about type (a bool is not a number,
+2.0 is not an integer) and says what it got: the user fixes the file from the message alone.
+Kernels receive arrays of any strides (arena views, permuted views); the tiling helpers build
+strided views instead of materialising `np.tile` copies.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.graph import MAX_DIMS, Tensor
+
+FLOATS = ("f32", "f16")
+F32 = np.float32
+
+
+def fmt(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def who(t: Tensor) -> str:
+    return f"'{t.name}' {fmt(t.shape)} {t.dtype}"
+
+
+# --- param checks ------------------------------------------------------------------------
+
+def is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def is_number(v) -> bool:
+    return (isinstance(v, (int, float, np.integer, np.floating))
+            and not isinstance(v, (bool, np.bool_)))
+
+
+def want_int(op: str, key: str, v, *, lo: int | None = None) -> int:
+    if not is_int(v):
+        raise InputError(f"{op}: param '{key}' must be an integer, got {v!r}")
+    if lo is not None and v < lo:
+        raise InputError(f"{op}: param '{key}' must be >= {lo}, got {v}")
+    return int(v)
+
+
+def want_number(op: str, key: str, v, *, finite: bool = True, positive: bool = False,
+                nonneg: bool = False) -> float:
+    if not is_number(v):
+        raise InputError(f"{op}: param '{key}' must be a number, got {v!r}")
+    try:
+        x = float(v)
+    except OverflowError:
+        raise InputError(f"{op}: param '{key}' is too large, got {v!r}") from None
+    if math.isnan(x) or (finite and math.isinf(x)):
+        raise InputError(f"{op}: param '{key}' must be a finite number, got {v!r}")
+    if positive and not x > 0:
+        raise InputError(f"{op}: param '{key}' must be > 0, got {v!r}")
+    if nonneg and not x >= 0:
+        raise InputError(f"{op}: param '{key}' must be >= 0, got {v!r}")
+    return x
+
+
+def want_int_list(op: str, key: str, v) -> list[int]:
+    if not isinstance(v, (list, tuple)) or not all(is_int(d) for d in v):
+        raise InputError(f"{op}: param '{key}' must be a list of integers, got {v!r}")
+    return [int(d) for d in v]
+
+
+def want_shape(op: str, key: str, v) -> tuple[int, ...]:
+    """A result shape: 1 to 4 dims, each >= 1 (SPEC.md section 1)."""
+    dims = want_int_list(op, key, v)
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise InputError(f"{op}: param '{key}' must have 1 to {MAX_DIMS} dims, got {v!r}")
+    if any(d < 1 for d in dims):
+        raise InputError(f"{op}: param '{key}' dims must be >= 1, got {v!r}")
+    return tuple(dims)
+
+
+# --- source checks -----------------------------------------------------------------------
+
+def need_float(op: str, t: Tensor, role: str = "a") -> None:
+    if t.dtype not in FLOATS:
+        raise InputError(f"{op}: {role} {who(t)} must be f32 or f16 ({op} has no integer form)")
+
+
+def need_dtype(op: str, t: Tensor, dtypes, role: str = "a") -> None:
+    if t.dtype not in dtypes:
+        raise InputError(f"{op}: {role} {who(t)} must be {' or '.join(dtypes)}")
+
+
+def need_ndim(op: str, t: Tensor, lo: int, hi: int = MAX_DIMS, role: str = "a") -> None:
+    if not lo <= len(t.shape) <= hi:
+        want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+        raise InputError(f"{op}: {role} {who(t)} must have {want} dims")
+
+
+def tiles(big: tuple[int, ...], small: tuple[int, ...]) -> bool:
+    """SPEC's "tiles" rule: right-aligned, every dim of `big` a multiple of `small`'s.
+
+    `small` may carry extra leading 1s (they change nothing).
+    """
+    extra = len(small) - len(big)
+    if extra > 0:
+        if any(d != 1 for d in small[:extra]):
+            return False
+        small = small[extra:]
+    padded = (1,) * (len(big) - len(small)) + tuple(small)
+    return all(s >= 1 and b % s == 0 for b, s in zip(big, padded))
+
+
+def need_tiles(op: str, a: Tensor, b: Tensor, role: str = "b") -> None:
+    if not tiles(a.shape, b.shape):
+        raise InputError(
+            f"{op}: {role} {fmt(b.shape)} does not tile a {fmt(a.shape)}: right-aligned, each "
+            f"dim of a must be a multiple of {role}'s")
+
+
+# --- kernel helpers ----------------------------------------------------------------------
+
+def quiet(kernel):
+    """Kernels follow ggml: inf/nan arise silently from the data, never as warnings."""
+    @functools.wraps(kernel)
+    def wrapped(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return kernel(*args, **kwargs)
+    wrapped.raw = kernel    # for callers that already ignore errors (the executor's loop)
+    return wrapped
+
+
+def fast_path(bind):
+    """Attach `bind(out, *srcs, **params) -> (fn, args) | None` to a kernel.
+
+    The executor binds each node once, before its loop: where `bind` returns a call, each run
+    is just `fn(*args)` (e.g. a ufunc with its output given positionally), skipping the
+    kernel's per-call checks; None means "use the kernel". The call must compute exactly what
+    the kernel computes for these arrays, under `np.errstate(all="ignore")`.
+    """
+    def attach(kernel):
+        kernel.bind = bind
+        return kernel
+    return attach
+
+
+def tile_split(big: np.ndarray, small: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Views of `big` and `small` in which plain NumPy broadcasting performs the tiling.
+
+    Each dim n of `big` (tiled by a dim m of `small`) becomes two, (n/m, m); `small` gets
+    stride 0 on the first of each pair. No data is copied, and the `big` view is writeable
+    when `big` is, so it can be a ufunc's `out`.
+    """
+    extra = small.ndim - big.ndim
+    if extra > 0:
+        small = small[(0,) * extra]
+    sshape = (1,) * (big.ndim - small.ndim) + small.shape
+    sstrides = (0,) * (big.ndim - small.ndim) + small.strides
+    if sshape == big.shape:
+        return big, small.reshape(big.shape)
+    bshape, bstrides, tshape, tstrides = [], [], [], []
+    for n, s, m, ss in zip(big.shape, big.strides, sshape, sstrides):
+        bshape += [n // m, m]
+        bstrides += [m * s, s]
+        tshape += [n // m, m]
+        tstrides += [0, ss]
+    big_v = as_strided(big, bshape, bstrides, writeable=big.flags.writeable)
+    small_v = as_strided(small, tshape, tstrides, writeable=False)
+    return big_v, small_v
+
+
+def store(out: np.ndarray, value: np.ndarray) -> None:
+    """Write a computed value into `out`, rounding to out's dtype (f32 -> f16 on store)."""
+    np.copyto(out, value, casting="unsafe")

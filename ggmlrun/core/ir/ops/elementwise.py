@@ -1,0 +1,215 @@
+"""Elementwise ops: binary with tiling, unary, scale and clamp.
+
+Results have `a`'s shape and dtype. f16 data is computed in f32 and rounded once on store, as
+ggml's f16 paths do. Every kernel here reads an element before writing the same element, so
+the in-place ones stay correct when the planner hands them their parent's memory as `out`.
+
+Integer (i32) support: add, sub, mul (wrapping), neg, abs, sqr, relu. The rest are float-only
+because their result is not an integer (div, sqrt, ...) or their params are floats (scale,
+clamp's ±inf defaults).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.ops.common import (
+    F32, FLOATS, fast_path, need_float, need_tiles, quiet, store, tile_split, want_number, who)
+from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
+
+INT_OK = {"add", "sub", "mul", "neg", "abs", "sqr", "relu"}
+
+
+def _per_element(cost: int):
+    return lambda out, srcs: cost * out.n_elements
+
+
+# --- binary: add sub mul div ---------------------------------------------------------------
+
+def _binary_infer(op: str):
+    def infer(srcs, **_):
+        a, b = srcs
+        if op not in INT_OK:
+            need_float(op, a)
+            need_float(op, b, "b")
+        elif (a.dtype in FLOATS) != (b.dtype in FLOATS):
+            raise InputError(f"{op}: a {who(a)} and b {who(b)} must both be float or both i32")
+        need_tiles(op, a, b)
+        return OpResult(a.shape, a.dtype)
+    return infer
+
+
+# one dtype throughout, computed in that dtype: the ufunc's own loop, as the kernel picks it
+_NATIVE = (np.dtype(np.float32), np.dtype(np.int32))
+
+
+def _tiles_by_broadcast(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
+    """True when NumPy broadcasting of b to a is the same as tiling (each dim equal or 1)."""
+    return a_shape == b_shape or len(b_shape) <= len(a_shape) and all(
+        db == da or db == 1 for da, db in zip(a_shape[::-1], b_shape[::-1]))
+
+
+def _binary_kernel(ufunc):
+    def bind(out, a, b):
+        if (a.dtype == b.dtype == out.dtype and out.dtype in _NATIVE
+                and _tiles_by_broadcast(a.shape, b.shape)):
+            return ufunc, (a, b, out)
+        return None
+
+    @fast_path(bind)
+    @quiet
+    def kernel(out, a, b):
+        out_v, b_v = tile_split(out, b)
+        a_v, _ = tile_split(a, b)
+        dtype = F32 if out.dtype.kind == "f" else None
+        ufunc(a_v, b_v, out=out_v, dtype=dtype, casting="same_kind")
+    return kernel
+
+
+for _name, _ufunc, _what in [("add", np.add, "a + b"), ("sub", np.subtract, "a - b"),
+                             ("mul", np.multiply, "a * b"), ("div", np.divide, "a / b")]:
+    register(OpSpec(
+        name=_name, n_src=(2, 2), infer=_binary_infer(_name), kernel=_binary_kernel(_ufunc),
+        inplace=True, summary=f"{_what}, elementwise; b tiles to a's shape"))
+
+
+# --- unary ---------------------------------------------------------------------------------
+# Each formula f(x, out) computes into `out`, which may be `x` itself.
+
+def _sigmoid(x, out):
+    t = np.negative(x)
+    np.exp(t, out=t)
+    t += 1
+    np.divide(1, t, out=out)
+
+
+def _silu(x, out):
+    t = np.negative(x)
+    np.exp(t, out=t)
+    t += 1
+    np.divide(x, t, out=out)
+
+
+_GELU_C = F32(math.sqrt(2.0 / math.pi))
+
+
+def _gelu(x, out):
+    """Exact tanh-form GELU; ggml's f32 version reads an f16 table instead (SPEC.md)."""
+    t = np.multiply(x, x)
+    t *= x
+    t *= F32(0.044715)
+    t += x
+    t *= _GELU_C
+    np.tanh(t, out=t)
+    t += 1
+    t *= x
+    np.multiply(t, F32(0.5), out=out)
+
+
+UNARY = {
+    # name: (formula, flops per element, summary)
+    "neg": (lambda x, out: np.negative(x, out=out), 1, "-a"),
+    "abs": (lambda x, out: np.abs(x, out=out), 1, "|a|"),
+    "sqr": (lambda x, out: np.square(x, out=out), 1, "a²"),
+    "sqrt": (lambda x, out: np.sqrt(x, out=out), 2, "√a"),
+    "log": (lambda x, out: np.log(x, out=out), 4, "natural log"),
+    "exp": (lambda x, out: np.exp(x, out=out), 4, "eᵃ"),
+    "relu": (lambda x, out: np.maximum(x, 0, out=out), 1, "max(a, 0)"),
+    "silu": (_silu, 6, "a·sigmoid(a)"),
+    "sigmoid": (_sigmoid, 5, "1/(1+e⁻ᵃ)"),
+    "tanh": (lambda x, out: np.tanh(x, out=out), 4, "tanh(a)"),
+    "gelu": (_gelu, 10, "0.5·a·(1+tanh(√(2/π)·(a+0.044715·a³))), exact"),
+}
+
+
+def _unary_infer(op: str):
+    def infer(srcs, **_):
+        (a,) = srcs
+        if op not in INT_OK:
+            need_float(op, a)
+        return OpResult(a.shape, a.dtype)
+    return infer
+
+
+# unary ops that are one ufunc call, `out` given positionally (relu stays a formula: NumPy
+# deprecates a positional `out` for np.maximum)
+_UFUNC = {"neg": np.negative, "abs": np.abs, "sqr": np.square, "sqrt": np.sqrt, "log": np.log,
+          "exp": np.exp, "tanh": np.tanh}
+
+
+def _unary_kernel(formula, name=None):
+    direct = _UFUNC.get(name)
+
+    def bind(out, a):
+        if out.dtype == np.float16:
+            return None
+        if direct is not None:
+            return direct, (a, out)
+        return formula, (a, out)
+
+    @fast_path(bind)
+    @quiet
+    def kernel(out, a):
+        if out.dtype == np.float16:
+            x = a.astype(F32)
+            formula(x, x)
+            store(out, x)
+        else:
+            formula(a, out)
+    return kernel
+
+
+for _name, (_formula, _cost, _what) in UNARY.items():
+    register(OpSpec(
+        name=_name, n_src=(1, 1), infer=_unary_infer(_name), kernel=_unary_kernel(_formula, _name),
+        inplace=True, flops=_per_element(_cost), summary=f"{_what}, elementwise"))
+
+
+# --- scale, clamp --------------------------------------------------------------------------
+
+def _scale_infer(srcs, *, s):
+    (a,) = srcs
+    need_float("scale", a)
+    want_number("scale", "s", s)
+    return OpResult(a.shape, a.dtype)
+
+
+def _scale_bind(out, a, *, s):
+    if a.dtype == out.dtype == F32:
+        return np.multiply, (a, F32(s), out)
+    return None
+
+
+@fast_path(_scale_bind)
+@quiet
+def _scale_kernel(out, a, *, s):
+    np.multiply(a, F32(s), out=out, dtype=F32, casting="same_kind")
+
+
+register(OpSpec(
+    name="scale", n_src=(1, 1), infer=_scale_infer, kernel=_scale_kernel,
+    params={"s": REQUIRED}, inplace=True,
+    summary="a·s (s required)"))
+
+
+def _clamp_infer(srcs, *, min, max):  # noqa: A002 - the SPEC's param names
+    (a,) = srcs
+    need_float("clamp", a)
+    lo = want_number("clamp", "min", min, finite=False)
+    hi = want_number("clamp", "max", max, finite=False)
+    if lo > hi:
+        raise InputError(f"clamp: min ({min}) is above max ({max})")
+    return OpResult(a.shape, a.dtype)
+
+
+@quiet
+def _clamp_kernel(out, a, *, min, max):  # noqa: A002
+    np.clip(a, F32(min), F32(max), out=out, dtype=F32, casting="same_kind")
+
+
+register(OpSpec(
+    name="clamp", n_src=(1, 1), infer=_clamp_infer, kernel=_clamp_kernel,
+    params={"min": -math.inf, "max": math.inf}, summary="clip a to min..max (defaults ±inf)"))

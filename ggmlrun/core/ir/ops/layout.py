@@ -1,0 +1,196 @@
+"""Layout ops: copies that move data (repeat, concat, cont, cpy) and views that move none.
+
+Every dtype is accepted here: nothing is computed, only placed. The views (view, reshape,
+permute, transpose) return strides and a byte offset into their source and have no kernel:
+the executor reads them straight from the source's memory. cpy computes (it converts and
+writes) but its result aliases b, like ggml's `ggml_cpy`, so later nodes read b's bytes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.graph import MAX_DIMS, contiguous_strides, span_bytes
+from ggmlrun.core.ir.ops.common import (
+    fast_path, fmt, need_ndim, quiet, tile_split, tiles, want_int, want_int_list, want_shape, who)
+from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
+
+
+def _no_flops(out, srcs):
+    return 0   # pure data movement: its cost is bytes, not arithmetic
+
+
+# --- repeat --------------------------------------------------------------------------------
+
+def _repeat_infer(srcs, *, shape):
+    (a,) = srcs
+    target = want_shape("repeat", "shape", shape)
+    if not tiles(target, a.shape):
+        raise InputError(f"repeat: a {fmt(a.shape)} does not tile shape {fmt(target)}: "
+                         f"right-aligned, each dim of shape must be a multiple of a's")
+    return OpResult(target, a.dtype)
+
+
+@quiet
+def _repeat_kernel(out, a, *, shape):
+    out_v, a_v = tile_split(out, a)
+    np.copyto(out_v, a_v)
+
+
+register(OpSpec(name="repeat", n_src=(1, 1), infer=_repeat_infer, kernel=_repeat_kernel,
+                params={"shape": REQUIRED}, flops=_no_flops, summary="a tiled to shape"))
+
+
+# --- concat --------------------------------------------------------------------------------
+
+def _concat_infer(srcs, *, axis):
+    a, b = srcs
+    if a.dtype != b.dtype:
+        raise InputError(f"concat: a {who(a)} and b {who(b)} must have the same dtype")
+    n = len(a.shape)
+    if len(b.shape) != n:
+        raise InputError(f"concat: a {fmt(a.shape)} and b {fmt(b.shape)} differ in rank")
+    ax = want_int("concat", "axis", axis)
+    if not -n <= ax < n:
+        raise InputError(f"concat: axis {ax} is out of range for {n} dims "
+                         f"(use {-n}..{n - 1})")
+    ax %= n
+    if any(da != db for i, (da, db) in enumerate(zip(a.shape, b.shape)) if i != ax):
+        raise InputError(f"concat: a {fmt(a.shape)} and b {fmt(b.shape)} must agree on "
+                         f"every dim but axis {ax}")
+    shape = list(a.shape)
+    shape[ax] += b.shape[ax]
+    return OpResult(tuple(shape), a.dtype)
+
+
+@quiet
+def _concat_kernel(out, a, b, *, axis):
+    np.concatenate((a, b), axis=axis, out=out)
+
+
+register(OpSpec(name="concat", n_src=(2, 2), infer=_concat_infer, kernel=_concat_kernel,
+                params={"axis": REQUIRED}, flops=_no_flops,
+                summary="NumPy concatenate of a and b (same dtype) along axis (negatives ok)"))
+
+
+# --- cont ----------------------------------------------------------------------------------
+
+def _cont_infer(srcs):
+    (a,) = srcs
+    return OpResult(a.shape, a.dtype)
+
+
+@fast_path(lambda out, a: (np.copyto, (out, a)))
+@quiet
+def _cont_kernel(out, a):
+    np.copyto(out, a)
+
+
+register(OpSpec(name="cont", n_src=(1, 1), infer=_cont_infer, kernel=_cont_kernel,
+                flops=_no_flops, summary="a contiguous copy of a"))
+
+
+# --- cpy -----------------------------------------------------------------------------------
+
+def _cpy_infer(srcs):
+    a, b = srcs
+    if a.n_elements != b.n_elements:
+        raise InputError(f"cpy: a {fmt(a.shape)} has {a.n_elements} elements but b "
+                         f"{fmt(b.shape)} has {b.n_elements}")
+    return OpResult(b.shape, b.dtype, strides=b.strides, view_of=1)
+
+
+@quiet
+def _cpy_kernel(out, a, b):
+    """`out` is b's memory; elements pair up in row-major logical order on both sides."""
+    src = a if a.shape == out.shape else a.reshape(out.shape)
+    np.copyto(out, src, casting="unsafe")
+
+
+register(OpSpec(name="cpy", n_src=(2, 2), infer=_cpy_infer, kernel=_cpy_kernel,
+                flops=_no_flops,
+                summary="write a into b's memory (dtype converted); the result is a view of b"))
+
+
+# --- views ---------------------------------------------------------------------------------
+
+def _view_infer(srcs, *, shape, offset, strides):
+    (a,) = srcs
+    dims = want_shape("view", "shape", shape)
+    off = want_int("view", "offset", offset, lo=0)
+    if strides is None:
+        st = contiguous_strides(dims, a.itemsize)
+    else:
+        st = tuple(want_int_list("view", "strides", strides))
+        if len(st) != len(dims):
+            raise InputError(f"view: strides {list(st)} and shape {list(dims)} differ in length")
+        if any(s < 0 for s in st):
+            raise InputError(f"view: strides must be >= 0 bytes, got {list(st)}")
+    end = off + span_bytes(dims, st, a.itemsize)
+    if end > a.nbytes:
+        raise InputError(f"view: shape {list(dims)}, strides {list(st)} at offset {off} reach "
+                         f"byte {end}, past the end of a {who(a)} ({a.nbytes} bytes)")
+    return OpResult(dims, a.dtype, strides=st, view_of=0, view_offset=off)
+
+
+register(OpSpec(name="view", n_src=(1, 1), infer=_view_infer, kernel=None, view_op=True,
+                params={"shape": REQUIRED, "offset": 0, "strides": None},
+                summary="a view into a's memory: shape, byte offset, byte strides"))
+
+
+def _reshape_infer(srcs, *, shape):
+    (a,) = srcs
+    if not a.is_contiguous:
+        raise InputError(f"reshape: a {who(a)} is not contiguous; cont it first")
+    dims = want_int_list("reshape", "shape", shape)
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise InputError(f"reshape: shape must have 1 to {MAX_DIMS} dims, got {shape!r}")
+    if dims.count(-1) > 1 or any(d < 1 and d != -1 for d in dims):
+        raise InputError(f"reshape: shape dims must be >= 1, with at most one -1; got {shape!r}")
+    known = math.prod(d for d in dims if d != -1)
+    if -1 in dims:
+        if a.n_elements % known:
+            raise InputError(f"reshape: cannot fit a {fmt(a.shape)} ({a.n_elements} elements) "
+                             f"into {shape!r}")
+        dims[dims.index(-1)] = a.n_elements // known
+    elif known != a.n_elements:
+        raise InputError(f"reshape: a {fmt(a.shape)} has {a.n_elements} elements, shape "
+                         f"{shape!r} has {known}")
+    dims = tuple(dims)
+    return OpResult(dims, a.dtype, strides=contiguous_strides(dims, a.itemsize), view_of=0)
+
+
+register(OpSpec(name="reshape", n_src=(1, 1), infer=_reshape_infer, kernel=None, view_op=True,
+                params={"shape": REQUIRED},
+                summary="view of contiguous a with another shape (one -1 allowed)"))
+
+
+def _permute_infer(srcs, *, axes):
+    (a,) = srcs
+    n = len(a.shape)
+    order = want_int_list("permute", "axes", axes)
+    norm = [x % n if -n <= x < n else None for x in order]
+    if len(order) != n or sorted(x for x in norm if x is not None) != list(range(n)):
+        raise InputError(f"permute: axes must be a permutation of 0..{n - 1} "
+                         f"(a is {fmt(a.shape)}), got {axes!r}")
+    return OpResult(tuple(a.shape[i] for i in norm), a.dtype,
+                    strides=tuple(a.strides[i] for i in norm), view_of=0)
+
+
+register(OpSpec(name="permute", n_src=(1, 1), infer=_permute_infer, kernel=None, view_op=True,
+                params={"axes": REQUIRED}, summary="view, NumPy transpose(axes)"))
+
+
+def _transpose_infer(srcs):
+    (a,) = srcs
+    need_ndim("transpose", a, 2)
+    shape, strides = list(a.shape), list(a.strides)
+    shape[-2:], strides[-2:] = shape[:-3:-1], strides[:-3:-1]
+    return OpResult(tuple(shape), a.dtype, strides=tuple(strides), view_of=0)
+
+
+register(OpSpec(name="transpose", n_src=(1, 1), infer=_transpose_infer, kernel=None,
+                view_op=True, summary="view, swaps the last two dims"))

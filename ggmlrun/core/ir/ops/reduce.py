@@ -1,0 +1,85 @@
+"""Reductions: sum, sum_rows, mean (last dim, kept) and argmax (last dim, dropped).
+
+Float sums accumulate in f64 as ggml's `ggml_float` does, so long rows agree with it; the
+result keeps `a`'s dtype. i32 sums wrap like ggml's integer arithmetic. mean is float-only
+(an integer mean is not an integer); argmax takes any dtype and always gives i32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggmlrun.core.ir.ops.common import need_float, quiet, store
+from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
+
+
+def _per_input(out, srcs):
+    return srcs[0].n_elements
+
+
+def _acc_dtype(a: np.ndarray):
+    return np.float64 if a.dtype.kind == "f" else a.dtype
+
+
+# --- sum -----------------------------------------------------------------------------------
+
+def _sum_infer(srcs):
+    (a,) = srcs
+    return OpResult((1,), a.dtype)
+
+
+@quiet
+def _sum_kernel(out, a):
+    store(out, np.sum(a, dtype=_acc_dtype(a)))
+
+
+register(OpSpec(name="sum", n_src=(1, 1), infer=_sum_infer, kernel=_sum_kernel,
+                flops=_per_input, summary="sum of all elements, shape [1]"))
+
+
+# --- sum_rows, mean ------------------------------------------------------------------------
+
+def _rows_infer(op: str):
+    def infer(srcs):
+        (a,) = srcs
+        if op == "mean":
+            need_float(op, a)
+        return OpResult(a.shape[:-1] + (1,), a.dtype)
+    return infer
+
+
+@quiet
+def _sum_rows_kernel(out, a):
+    store(out, np.sum(a, axis=-1, keepdims=True, dtype=_acc_dtype(a)))
+
+
+@quiet
+def _mean_kernel(out, a):
+    store(out, np.mean(a, axis=-1, keepdims=True, dtype=np.float64))
+
+
+register(OpSpec(name="sum_rows", n_src=(1, 1), infer=_rows_infer("sum_rows"),
+                kernel=_sum_rows_kernel, flops=_per_input,
+                summary="sum over the last dim, kept as 1"))
+register(OpSpec(name="mean", n_src=(1, 1), infer=_rows_infer("mean"), kernel=_mean_kernel,
+                flops=_per_input, summary="mean over the last dim, kept as 1"))
+
+
+# --- argmax --------------------------------------------------------------------------------
+
+def _argmax_infer(srcs):
+    (a,) = srcs
+    return OpResult(a.shape[:-1] or (1,), "i32")
+
+
+@quiet
+def _argmax_kernel(out, a):
+    """Ties go to the last index, as in ggml: search the reversed row, map the index back."""
+    n = a.shape[-1]
+    first_in_reversed = np.argmax(a[..., ::-1], axis=-1)
+    store(out, (n - 1 - first_in_reversed).reshape(out.shape))
+
+
+register(OpSpec(name="argmax", n_src=(1, 1), infer=_argmax_infer, kernel=_argmax_kernel,
+                flops=_per_input,
+                summary="index of the max over the last dim (ties: last), i32, dim dropped"))

@@ -1,0 +1,105 @@
+"""The op registry: one `OpSpec` per op, and `make_node`, the one way a node comes to be.
+
+Each op is small (ONNX reference style): a shape/dtype rule, a NumPy kernel that writes into
+the output's memory, ggml's in-place flag and a FLOP count. Params become keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.ir.graph import Tensor
+
+REQUIRED = object()  # marks a param without a default
+
+
+@dataclass
+class OpResult:
+    """What an op's shape rule decides about its output."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...] | None = None   # None: contiguous
+    view_of: int | None = None               # index of the source whose bytes it aliases
+    view_offset: int = 0                     # bytes, relative to that source's first byte
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    n_src: tuple[int, int]                   # (min, max) number of sources
+    infer: Callable[..., OpResult]           # infer(srcs: list[Tensor], **params)
+    kernel: Callable[..., None] | None       # kernel(out, *src_arrays, **params); None: no compute
+    params: dict[str, Any] = field(default_factory=dict)   # name -> default or REQUIRED
+    inplace: bool = False                    # ggml_op_can_inplace
+    view_op: bool = False                    # ggml_is_view_op: owns no memory, computes nothing
+    flops: Callable[[Tensor, list[Tensor]], int] | None = None   # None: one per output element
+    summary: str = ""
+
+    def count_flops(self, out: Tensor, srcs: list[Tensor]) -> int:
+        if self.view_op:
+            return 0
+        return self.flops(out, srcs) if self.flops else out.n_elements
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    assert spec.name not in OPS, spec.name
+    OPS[spec.name] = spec
+    return spec
+
+
+def get_op(name: str) -> OpSpec:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise InputError(f"unknown op '{name}'; {did_you_mean(str(name), OPS)}") from None
+
+
+def resolve_params(spec: OpSpec, given: dict | None) -> dict:
+    given = dict(given or {})
+    unknown = [k for k in given if k not in spec.params]
+    if unknown:
+        if spec.params:
+            known = "known: " + ", ".join(spec.params)
+        else:
+            known = "it takes none"
+        raise InputError(f"{spec.name}: unknown param '{unknown[0]}'; {known}")
+    params = {}
+    for key, default in spec.params.items():
+        if key in given:
+            params[key] = given[key]
+        elif default is REQUIRED:
+            raise InputError(f"{spec.name}: missing required param '{key}'")
+        else:
+            params[key] = default
+    return params
+
+
+def make_node(name: str, op: str, srcs: list[Tensor], params: dict | None = None, *,
+              backend: str | None = None, line: int | None = None) -> Tensor:
+    """Check and build one node; errors name the node (the loader adds file and line)."""
+    culprit = f"node '{name}'"
+    try:
+        spec = get_op(op)
+        lo, hi = spec.n_src
+        if not lo <= len(srcs) <= hi:
+            want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+            raise InputError(f"{op} takes {want} sources, got {len(srcs)}")
+        resolved = resolve_params(spec, params)
+        result = spec.infer(srcs, **resolved)
+    except InputError as err:
+        raise err.located(line=line, culprit=culprit)
+    node = Tensor(name=name, shape=result.shape, dtype=result.dtype,
+                  strides=result.strides or (), op=op, src=list(srcs), params=resolved,
+                  backend=backend, line=line)
+    if result.view_of is not None:
+        parent = srcs[result.view_of]
+        root = parent.view_src or parent
+        node.view_src = root
+        node.view_offset = parent.view_offset + result.view_offset
+    return node

@@ -1,0 +1,65 @@
+"""ggml's type table: every tensor type, its block size and bytes per block.
+
+Block types (q4_0, q4_K, ...) store `block_size` elements in `type_size` bytes, so a row of
+n elements takes n / block_size * type_size bytes and n must be a multiple of the block. The
+table is the one llama.cpp publishes in the `gguf` package (`GGML_QUANT_SIZES`), not retyped
+here, so a new ggml type appears when `gguf` gains it. Names are ggml's own (`ggml_type_name`):
+lower case, with the k-quants' capital K (`q4_K`).
+
+Byte strides of a block-typed tensor follow ggml's `nb`: the innermost stride is one block
+(`type_size`), the next one row, and so on. For plain types that is the familiar element stride.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+# NumPy holds these directly; bf16 and the block types have no NumPy dtype.
+_NUMPY = {"f32": np.float32, "f16": np.float16, "f64": np.float64, "i8": np.int8,
+          "i16": np.int16, "i32": np.int32, "i64": np.int64}
+
+
+@dataclass(frozen=True)
+class GgmlType:
+    name: str
+    id: int                      # ggml_type / GGUF tensor type number
+    block_size: int              # elements per block (1 for plain types)
+    type_size: int               # bytes per block
+    numpy: np.dtype | None       # None: bf16 and the block types
+
+    @property
+    def is_block(self) -> bool:
+        return self.block_size > 1
+
+    @property
+    def is_float(self) -> bool:
+        return self.numpy is None or self.numpy.kind == "f"
+
+    def row_bytes(self, n: int) -> int:
+        """Bytes of n contiguous elements (ggml_row_size); n must be a multiple of the block."""
+        return n // self.block_size * self.type_size
+
+
+def _ggml_name(member: GGMLQuantizationType) -> str:
+    name = member.name.lower()
+    return name[:-2] + "_K" if name.endswith("_k") else name
+
+
+TYPES: dict[str, GgmlType] = {}
+for _member, (_block, _size) in GGML_QUANT_SIZES.items():
+    _name = _ggml_name(_member)
+    _np = np.dtype(_NUMPY[_name]) if _name in _NUMPY else None
+    TYPES[_name] = GgmlType(_name, int(_member), _block, _size, _np)
+BY_ID = {t.id: t for t in TYPES.values()}
+BY_NUMPY = {t.numpy: t.name for t in TYPES.values() if t.numpy is not None}
+
+# What a graph file may name. Block types come in through GGUF models and weights; the YAML
+# loader accepts the plain ones it can generate data for.
+PLAIN = ("f32", "f16", "i32")
+
+
+def ggml_type(name: str) -> GgmlType:
+    return TYPES[name]

@@ -1,0 +1,92 @@
+"""`run --profile`: measured time per op and per copy route, in the spirit of PyTorch's
+`key_averages()`.
+
+Computes are grouped by (op, backend): calls (nodes x runs), total and mean seconds, the share
+of all compute time, and the FLOP/s achieved (the op table's FLOP counts over measured time).
+Copies are listed apart, grouped by route (source backend -> destination backend): count,
+bytes, seconds and bytes per second. Copy seconds per route need the run's step events
+(`Executor.run(record_events=True)`); without them `total_s` is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ggmlrun.core.run.exec import RunResult
+from ggmlrun.core.sched.scheduler import COPY
+from ggmlrun.core.ir.ops import get_op
+from ggmlrun.core.sched.scheduler import Schedule
+
+
+@dataclass
+class OpRow:
+    op: str
+    backend: str
+    nodes: int                     # distinct nodes in the group
+    calls: int                     # nodes x runs
+    total_s: float
+    mean_s: float
+    share: float                   # of all compute seconds, 0..1
+    flops: int                     # all calls
+    flops_per_s: float | None      # None for ops that count no FLOPs (copies, cont)
+
+
+@dataclass
+class CopyRow:
+    src: str
+    dst: str
+    count: int                     # all runs
+    bytes: int                     # all runs
+    total_s: float | None
+    bytes_per_s: float | None
+
+
+@dataclass
+class Profile:
+    repeat: int
+    compute_s: float
+    copy_s: float | None
+    ops: list[OpRow]
+    copies: list[CopyRow]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def profile(sched: Schedule, result: RunResult) -> Profile:
+    ops: dict[tuple[str, str], OpRow] = {}
+    for t in result.node_timings:
+        row = ops.setdefault((t.node.op, t.backend),
+                             OpRow(t.node.op, t.backend, 0, 0, 0.0, 0.0, 0.0, 0, None))
+        row.nodes += 1
+        row.calls += t.calls
+        row.total_s += t.seconds
+        row.flops += get_op(t.node.op).count_flops(t.node, t.node.src) * t.calls
+    compute_s = sum(r.total_s for r in ops.values())
+    for row in ops.values():
+        row.mean_s = row.total_s / row.calls if row.calls else 0.0
+        row.share = row.total_s / compute_s if compute_s > 0 else 0.0
+        row.flops_per_s = row.flops / row.total_s if row.total_s > 0 and row.flops else None
+
+    copies: dict[tuple[str, str], CopyRow] = {}
+    for split in sched.splits:
+        dst = sched.backends[split.backend].name
+        for source, copy in zip(split.inputs, split.copies):
+            row = copies.setdefault((sched.backend_name(source), dst),
+                                    CopyRow(sched.backend_name(source), dst, 0, 0, None, None))
+            row.count += result.repeat
+            row.bytes += copy.nbytes * result.repeat
+    timed = [e for e in result.events if e.kind == COPY]
+    if timed or not copies:
+        for row in copies.values():
+            row.total_s = 0.0
+        for event in timed:
+            key = (sched.backend_name(sched.copy_source[event.tensor]), event.backend)
+            copies[key].total_s += event.end - event.start
+        for row in copies.values():
+            row.bytes_per_s = row.bytes / row.total_s if row.total_s else None
+    copy_s = (sum(r.total_s for r in copies.values()) if all(r.total_s is not None
+                                                            for r in copies.values()) else None)
+    return Profile(repeat=result.repeat, compute_s=compute_s, copy_s=copy_s,
+                   ops=sorted(ops.values(), key=lambda r: (-r.total_s, r.op, r.backend)),
+                   copies=sorted(copies.values(), key=lambda r: (-(r.total_s or 0.0), r.src, r.dst)))

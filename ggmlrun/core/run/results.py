@@ -1,0 +1,58 @@
+"""What a run produced: output summaries, the reference check, and the .npz written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ggmlrun.core.util.atomic import write_atomic
+from ggmlrun.core.ir.graph import DTYPE_NAMES, Graph, Tensor
+from ggmlrun.core.run.reference import evaluate
+
+# relative tolerance of `run --check`, by output dtype (SPEC: f32 within 1e-5 relative)
+CHECK_TOLERANCE = {"f32": 1e-5, "f16": 1e-3, "i32": 0.0}
+
+
+def summarize(arr: np.ndarray) -> dict:
+    wide = arr.astype(np.float64)
+    return {"shape": list(arr.shape), "dtype": DTYPE_NAMES[arr.dtype],
+            "sum": float(wide.sum()), "l2": float(np.sqrt((wide * wide).sum()))}
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want|, with infinities and NaNs compared exactly."""
+    got = got.astype(np.float64)
+    want = want.astype(np.float64)
+    special = ~np.isfinite(want) | ~np.isfinite(got)
+    if special.any():
+        same = (np.isnan(got) & np.isnan(want)) | (got == want)
+        if not same[special].all():
+            return float("inf")
+    finite = ~special
+    if not finite.any():
+        return 0.0
+    scale = max(float(np.abs(want[finite]).max()), 1e-30)
+    return float(np.abs(got[finite] - want[finite]).max()) / scale
+
+
+def compare_with_reference(graph: Graph, leaf_values: dict[Tensor, np.ndarray],
+                           inputs: dict[Tensor, np.ndarray], outputs: dict[str, np.ndarray]
+                           ) -> dict[str, float]:
+    values = dict(leaf_values)
+    values.update(inputs)
+    want = evaluate(graph, values)
+    return {name: relative_error(arr, want[name]) for name, arr in outputs.items()}
+
+
+def check_passed(graph: Graph, errors: dict[str, float]) -> bool:
+    dtype = {t.name: t.dtype for t in graph.outputs}
+    return all(err <= CHECK_TOLERANCE[dtype[name]] for name, err in errors.items())
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    write_atomic(path, lambda handle: np.savez(handle, **arrays))
+
+
+def write_text(path: Path, text: str) -> None:
+    write_atomic(path, lambda handle: handle.write(text.encode()))
