@@ -14,11 +14,8 @@ products: it converts b to the weight's "vec_dot type" (f16, bf16, q8_0 or q8_K)
 from __future__ import annotations
 
 import numpy as np
-from gguf.constants import GGMLQuantizationType
-from gguf import quants as gguf_quants
-
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.ir.types import TYPES, GgmlType
+from ggmlrun.core.ir.types import TYPES, GgmlType, decode_blocks, encode_blocks
 
 F32 = np.float32
 QK_K = 256
@@ -65,10 +62,6 @@ def type_of(arr: np.ndarray) -> str:
                                                                        str(arr.dtype))
 
 
-def _qtype(name: str) -> GGMLQuantizationType:
-    return GGMLQuantizationType(TYPES[name].id)
-
-
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(F32)
 
@@ -92,7 +85,7 @@ def to_f32(arr: np.ndarray) -> np.ndarray:
     if not TYPES[name].is_block:
         raise InputError(f"no f32 conversion for type {name}")
     try:
-        return gguf_quants.dequantize(np.ascontiguousarray(raw), _qtype(name)).astype(F32, copy=False)
+        return decode_blocks(np.ascontiguousarray(raw), name).astype(F32, copy=False)
     except NotImplementedError:
         raise InputError(f"type {name}: gguf.quants cannot decode it") from None
 
@@ -107,7 +100,7 @@ def from_f32(values: np.ndarray, name: str) -> np.ndarray:
     if name == "bf16":
         return f32_to_bf16(values)
     try:
-        return gguf_quants.quantize(np.ascontiguousarray(values), _qtype(name))
+        return encode_blocks(np.ascontiguousarray(values), name)
     except NotImplementedError:
         raise InputError(f"cannot write values as {name}: gguf.quants has no encoder "
                          f"for it") from None
@@ -119,7 +112,7 @@ def can_encode(name: str) -> bool:
         return True
     probe = np.zeros((1, TYPES[name].block_size), F32)
     try:
-        gguf_quants.quantize(probe, _qtype(name))
+        encode_blocks(probe, name)
     except (NotImplementedError, ValueError, KeyError):
         return False
     return True
