@@ -349,3 +349,15 @@ def test_rope_ext_checks():
         node_for("rope", [randn(3, 2, 8), np.arange(3, dtype=I32), np.ones(3, F32)])
     with pytest.raises(InputError, match="n_ctx_orig"):
         node_for("rope", [randn(3, 2, 8), np.arange(3, dtype=I32)], {"ext_factor": 1.0})
+
+
+def test_views_of_a_quantized_cache_count_blocks():
+    cache = Tensor("kc", (2, 8, 64), dtype="q8_0", role="weight")       # 2 blocks per row
+    row = make_node("r", "view", [cache], {"shape": [8, 64], "offset": 8 * 68})
+    assert row.strides == (68, 34) and row.nbytes == 8 * 68
+    heads = make_node("h", "reshape", [cache], {"shape": [16, 64]})
+    assert heads.strides == (68, 34)
+    with pytest.raises(InputError, match="blocks of 32"):
+        make_node("bad", "view", [cache], {"shape": [8, 48]})
+    with pytest.raises(InputError, match="past the end"):
+        make_node("far", "view", [cache], {"shape": [8, 64], "offset": 9 * 68})
