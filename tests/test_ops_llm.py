@@ -361,3 +361,13 @@ def test_views_of_a_quantized_cache_count_blocks():
         make_node("bad", "view", [cache], {"shape": [8, 48]})
     with pytest.raises(InputError, match="past the end"):
         make_node("far", "view", [cache], {"shape": [8, 64], "offset": 9 * 68})
+
+
+def test_cast_to_f16_rounds_like_numpy_half_and_owns_its_memory():
+    x = randn(2, 3, 8) * 100
+    node = node_for("cast", [scattered(x)], {"dtype": "f16"})
+    assert node.view_src is None and node.dtype == "f16" and node.is_contiguous
+    got = run("cast", [scattered(x)], {"dtype": "f16"})
+    np.testing.assert_array_equal(got, x.astype(F16))
+    with pytest.raises(InputError, match="dtype"):
+        node_for("cast", [x], {"dtype": "f8"})
