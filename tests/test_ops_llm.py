@@ -218,7 +218,8 @@ def test_soft_max_mask_with_too_few_rows_is_refused():
 
 # --- flash_attn_ext ------------------------------------------------------------------------
 
-def attention_ref(q, k, v, mask, scale, softcap=0.0, max_bias=0.0):
+def attention_ref(q, k, v, mask, scale, softcap=0.0, max_bias=0.0, q_f16=False):
+    """Attention in float64 (q first rounded to f16 where ggml's per-row path does)."""
     s_n, h_n, t_len, _ = q.shape
     hkv = k.shape[1]
     out = np.zeros((s_n, t_len, h_n, v.shape[-1]))
@@ -226,7 +227,8 @@ def attention_ref(q, k, v, mask, scale, softcap=0.0, max_bias=0.0):
     for s in range(s_n):
         for h in range(h_n):
             g = h // (h_n // hkv)
-            z = q[s, h].astype(F16).astype(F64) @ k[s, g].astype(F64).T * scale
+            qh = q[s, h].astype(F16) if q_f16 else q[s, h]
+            z = qh.astype(F64) @ k[s, g].astype(F64).T * scale
             if softcap:
                 z = softcap * np.tanh(z / softcap)
             if mask is not None:
@@ -236,21 +238,68 @@ def attention_ref(q, k, v, mask, scale, softcap=0.0, max_bias=0.0):
     return out
 
 
+def online_f16_ref(q, k, v, mask, scale):
+    """ggml-cpu's ggml_compute_forward_flash_attn_ext_f16_one_chunk for f16 k and v, row by
+    row and key by key, transcribed from the C code (VKQ accumulated in f16)."""
+    s_n, h_n, t_len, _ = q.shape
+    out = np.zeros((s_n, t_len, h_n, v.shape[-1]), F32)
+    for s in range(s_n):
+        for h in range(h_n):
+            g = h // (h_n // k.shape[1])
+            for t in range(t_len):
+                qq = q[s, h, t].astype(F16).astype(F32)
+                m_, s_sum = -np.inf, F32(0)
+                acc = np.zeros(v.shape[-1], F16)
+                for ic in range(k.shape[2]):
+                    mv = F32(mask[0, 0, t, ic])
+                    if mv == -np.inf:
+                        continue
+                    sc = F32(np.dot(qq, k[s, g, ic].astype(F32))) * F32(scale) + mv
+                    ms, vs = F32(1), F32(1)
+                    if sc > m_:
+                        ms, m_ = F32(np.exp(F32(m_ - sc))), sc
+                        acc = (acc.astype(F32) * ms).astype(F16)
+                    else:
+                        vs = F32(np.exp(F32(sc - m_)))
+                    acc = (acc.astype(F32) + v[s, g, ic].astype(F32) * vs).astype(F16)
+                    s_sum = s_sum * ms + vs
+                out[s, t, h] = acc.astype(F32) / s_sum
+    return out
+
+
+def causal_mask(t_len, kv, filled, rows):
+    mask = np.zeros((1, 1, rows, kv), F16)     # rows padded past t_len, as llama.cpp pads them
+    for t in range(t_len):
+        mask[0, 0, t, filled + t + 1:] = -np.inf
+    return mask
+
+
 @pytest.mark.parametrize("softcap,max_bias", [(0.0, 0.0), (20.0, 0.0), (0.0, 4.0)])
-def test_flash_attn_ext_gqa_with_a_padded_causal_mask(softcap, max_bias):
-    s_n, h_n, hkv, t_len, kv, d = 1, 4, 2, 3, 8, 16
+def test_flash_attn_ext_tiled_path_is_f32_attention(softcap, max_bias):
+    # >= 64 tokens over an f16 cache: ggml-cpu's tiled path, all f32
+    s_n, h_n, hkv, t_len, kv, d = 1, 4, 2, 64, 80, 16
     q = randn(s_n, h_n, t_len, d)
     k = randn(s_n, hkv, kv, d).astype(F16)
     v = randn(s_n, hkv, kv, 12).astype(F16)
-    mask = np.zeros((1, 1, 32, kv), F16)          # rows padded to 32 as llama.cpp pads them
-    for t in range(t_len):
-        mask[0, 0, t, 5 + t + 1:] = -np.inf
+    mask = causal_mask(t_len, kv, 10, 96)
     params = {"scale": 1 / math.sqrt(d), "logit_softcap": softcap, "max_bias": max_bias}
     node = node_for("flash_attn_ext", [q, k, v, mask], params)
     assert node.shape == (s_n, t_len, h_n, 12) and node.dtype == "f32"
     got = run("flash_attn_ext", [q, scattered(k), v, mask], params)
     want = attention_ref(q, k, v, mask, params["scale"], softcap, max_bias)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_flash_attn_ext_per_row_path_accumulates_v_in_f16():
+    s_n, h_n, hkv, t_len, kv, d = 1, 4, 2, 3, 8, 16
+    q = randn(s_n, h_n, t_len, d)
+    k = randn(s_n, hkv, kv, d).astype(F16)
+    v = randn(s_n, hkv, kv, 12).astype(F16)
+    mask = causal_mask(t_len, kv, 4, 32)
+    got = run("flash_attn_ext", [q, k, v, mask], {"scale": 0.25})
+    np.testing.assert_allclose(got, online_f16_ref(q, k, v, mask, 0.25), rtol=0, atol=2e-6)
+    exact = attention_ref(q, k, v, mask, 0.25, q_f16=True)
+    assert np.abs(got - exact).max() < 4e-3      # f16 accumulation: about 1e-3
 
 
 def test_flash_attn_ext_checks():

@@ -120,14 +120,61 @@ def _fa_flops(out, srcs):
     return s * h * t_len * kv * (2 * d + 2 * dv + 5)
 
 
+FA_TILE_Q = 64     # GGML_FA_TILE_Q: from this many tokens on, ggml-cpu takes its tiled path
+
+
+def _fa_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
+    """ggml-cpu 0.25.3's choice: the f32 tiled path for batches of >= 64 tokens over an
+    f32/f16 cache (k and v of one type); the per-row online softmax otherwise."""
+    kv_type = type_of(k)
+    return (q.shape[2] >= FA_TILE_Q and kv_type == type_of(v) and kv_type in ("f32", "f16")
+            and type_of(q) == "f32")
+
+
+def _online_f16(scores: np.ndarray, v32: np.ndarray) -> np.ndarray:
+    """ggml-cpu's per-row flash attention over an f16 v: an online softmax whose V
+    accumulator is f16, rounded at every key (ggml_vec_scale_f16, ggml_vec_mad_f16).
+    Vectorised over heads and tokens, one key at a time; keys masked for every row skip."""
+    rows = scores.shape[:-1] + (1,)
+    best = np.full(rows, -np.inf, F32)
+    total = np.zeros(rows, F32)
+    acc = np.zeros(scores.shape[:-1] + (v32.shape[-1],), np.float16)
+    live = ~np.all(np.isneginf(scores), axis=tuple(range(scores.ndim - 1)))
+    for ic in np.flatnonzero(live):
+        s = scores[..., ic:ic + 1]
+        masked = np.isneginf(s)
+        new_max = (s > best) & ~masked
+        ms = np.where(new_max, np.exp(best - s), F32(1)).astype(F32)
+        vs = np.where(new_max, F32(1), np.exp(s - best)).astype(F32)
+        vs[masked] = 0
+        best = np.where(new_max, s, best)
+        if new_max.any():
+            acc = (acc.astype(F32) * ms).astype(np.float16)
+        acc = (acc.astype(F32) + v32[ic] * vs).astype(np.float16)
+        total = total * ms + vs
+    inv = np.where(total > 0, F32(1) / np.where(total > 0, total, F32(1)), F32(0))
+    return acc.astype(F32) * inv
+
+
+def _softmax_f32(scores: np.ndarray, v32: np.ndarray) -> np.ndarray:
+    top = np.max(scores, axis=-1, keepdims=True)
+    weights = np.exp(scores - np.where(np.isneginf(top), F32(0), top))
+    total = np.sum(weights, axis=-1, keepdims=True, dtype=np.float64)
+    inv = np.where(total > 0, 1.0 / np.where(total > 0, total, 1.0), 0.0).astype(F32)
+    return np.matmul(weights * inv, v32)
+
+
 @quiet
 def _fa_kernel(out, q, k, v, mask=None, *, scale, max_bias, logit_softcap, prec):
-    """ggml-cpu's numerics where they matter: q rounded to k's vec_dot type (f16 for an f16
-    cache), scores and softmax in f32; one (sequence, kv head) at a time to bound memory."""
+    """ggml-cpu's numerics (see docs/format.md): on its tiled path everything is f32; on
+    the per-row path q is first rounded to k's vec_dot type (f16 for an f16 cache) and an f16
+    v is accumulated in f16. One (sequence, kv head) at a time to bound memory."""
     s_n, h_n, t_len, _ = q.shape
     hkv = k.shape[1]
     group = h_n // hkv
-    q32 = round_like_vec_dot(to_f32(q), type_of(k))
+    tiled = _fa_tiled(q, k, v)
+    q32 = to_f32(q) if tiled else round_like_vec_dot(to_f32(q), type_of(k))
+    accumulate = _softmax_f32 if tiled or type_of(v) != "f16" else _online_f16
     slopes = alibi_slopes(h_n, max_bias)
     mask32 = None if mask is None else to_f32(mask)[..., :t_len, :]
     kq_scale = F32(scale / logit_softcap) if logit_softcap else F32(scale)
@@ -143,11 +190,7 @@ def _fa_kernel(out, q, k, v, mask=None, *, scale, max_bias, logit_softcap, prec)
                 m = mask32[si % mask32.shape[0]]                        # [M2, T, KV]
                 idx = np.arange(g * group, (g + 1) * group) % m.shape[0]
                 scores = scores + slopes[heads, None, None] * m[idx]
-            top = np.max(scores, axis=-1, keepdims=True)
-            weights = np.exp(scores - np.where(np.isneginf(top), F32(0), top))
-            total = np.sum(weights, axis=-1, keepdims=True, dtype=np.float64)
-            inv = np.where(total > 0, 1.0 / np.where(total > 0, total, 1.0), 0.0).astype(F32)
-            result = np.matmul(weights * inv, v32)                      # [G, T, Dv]
+            result = accumulate(scores.astype(F32), v32)                # [G, T, Dv]
             store(out[si, :, heads, :], np.swapaxes(result, 0, 1))
 
 
