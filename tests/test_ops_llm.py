@@ -107,7 +107,7 @@ def test_get_rows_on_k_quants_and_bf16():
 
 # --- mul_mat -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q5_1"])
+@pytest.mark.parametrize("name", ["q8_0", "q4_0", "q5_0"])
 def test_mul_mat_quantized_rounds_b_to_q8(name):
     a, b = randn(6, 64), randn(2, 3, 64)
     raw = gq.quantize(a, Q[name.upper()])
@@ -117,6 +117,31 @@ def test_mul_mat_quantized_rounds_b_to_q8(name):
     want = q8_0_ref(b).astype(F64) @ a_deq.T
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert got.shape == (2, 3, 6)
+
+
+@pytest.mark.parametrize("name", ["q4_1", "q5_1"])
+def test_mul_mat_with_block_minimums_uses_q8_1s_rounded_sums(name):
+    """ggml's q4_1·q8_1 dot, block by block: d_a·d_b·Σq_a·q_b + m_a·s_b with s_b = f16(d·Σq_b)."""
+    a, b = randn(3, 64), randn(2, 64)
+    raw = gq.quantize(a, Q[name.upper()])
+    leaf, arr = typed(raw, name, (3, 64))
+    got = run_typed("mul_mat", [leaf, leaf_for("b", b)], [arr, b])
+    a_deq = gq.dequantize(raw, Q[name.upper()]).astype(F64)
+    size = TYPES[name].type_size
+    want = np.zeros((2, 3))
+    for n in range(2):
+        for m in range(3):
+            for blk in range(2):
+                x = b[n, blk * 32:(blk + 1) * 32]
+                d = F32(np.abs(x).max()) / F32(127)
+                q = np.rint(x * (F32(1) / d))
+                m_a = float(np.frombuffer(raw[m, blk * size + 2:blk * size + 4].tobytes(), F16)[0])
+                s_b = float(F16(d * F32(q.sum())))
+                # a_deq = d_a·q_a + m_a, so a_deq·(d_b·q) - m_a·d_b·Σq = d_a·d_b·Σq_a·q
+                d_b = float(F16(d))
+                dot = float(a_deq[m, blk * 32:(blk + 1) * 32] @ (q * d_b)) - m_a * d_b * q.sum()
+                want[n, m] += dot + m_a * s_b
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_mul_mat_k_quant_rounds_b_to_q8_k():

@@ -17,7 +17,8 @@ from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import F32, fmt, need_dtype, need_float, quiet, store, who
-from ggmlrun.core.ir.ops.quant import round_like_vec_dot, to_f32, type_of
+from ggmlrun.core.ir.ops.quant import (
+    MIN_TYPES, block_mins, q8_1_sum_error, round_like_vec_dot, to_f32, type_of)
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 
@@ -66,6 +67,19 @@ def _split_batches(x: np.ndarray, groups: tuple[int, ...]) -> np.ndarray:
     return as_strided(x, shape, strides, writeable=x.flags.writeable)
 
 
+def _batched_matmul(out, a32, b32, accumulate: bool = False) -> None:
+    """out (+)= b32 @ a32ᵀ with ggml's batch broadcast (b's batch j uses a's batch j // r)."""
+    groups = a32.shape[:-2]
+    out_v = _split_batches(out, groups)
+    b_v = _split_batches(b32, groups)
+    # a: each batch (g) meets all r repeats of it -> a size-1 axis after every batch axis
+    a_v = a32.reshape([d for g in groups for d in (g, 1)] + list(a32.shape[-2:]))
+    if accumulate:
+        out_v += np.matmul(b_v, np.swapaxes(a_v, -1, -2))
+    else:
+        np.matmul(b_v, np.swapaxes(a_v, -1, -2), out=out_v)
+
+
 @quiet
 def _mul_mat_kernel(out, a, b):
     rank = out.ndim
@@ -77,13 +91,11 @@ def _mul_mat_kernel(out, a, b):
         b32 = b.astype(np.float16).astype(F32)
     else:
         b32 = round_like_vec_dot(to_f32(b), weight_type)
-    a = a32
-    groups = a.shape[:-2]
-    out_v = _split_batches(out, groups)
-    b_v = _split_batches(b32, groups)
-    # a: each batch (g) meets all r repeats of it -> a size-1 axis after every batch axis
-    a_v = a32.reshape([d for g in groups for d in (g, 1)] + list(a.shape[-2:]))
-    np.matmul(b_v, np.swapaxes(a_v, -1, -2), out=out_v)
+    _batched_matmul(out, a32, b32)
+    if weight_type in MIN_TYPES:
+        mins = block_mins(np.asarray(a).view(np.ndarray), weight_type)
+        _batched_matmul(out, mins.reshape(_padded(mins.shape, rank)),
+                        q8_1_sum_error(to_f32(b)), accumulate=True)
 
 
 register(OpSpec(name="mul_mat", n_src=(2, 2), infer=_mul_mat_infer, kernel=_mul_mat_kernel,

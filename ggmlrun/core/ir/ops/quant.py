@@ -168,3 +168,27 @@ def round_like_vec_dot(b: np.ndarray, weight_type: str) -> np.ndarray:
         return _q8_k_round(b)
     # q8_1 rounds the values as q8_0 does; its extra sum term only feeds the min offset
     return _q8_0_round(b)
+
+
+# q4_1 and q5_1 blocks hold a minimum m beside the scale d (bytes 2..4, f16). Their dot with a
+# q8_1 block is d_a·d_b·Σq_a·q_b + m_a·s_b, where s_b = f16(d·Σq_b) is stored rounded: decoding
+# both sides and multiplying gives m_a·f16(d)·Σq_b instead. The difference, summed per block,
+# is added back so the result is ggml's.
+MIN_TYPES = ("q4_1", "q5_1")
+
+
+def block_mins(raw: np.ndarray, name: str) -> np.ndarray:
+    """m of every block of a q4_1/q5_1 weight: [.., M, K/32] f32."""
+    size = TYPES[name].type_size
+    blocks = np.ascontiguousarray(raw).reshape(raw.shape[:-1] + (-1, size))
+    return blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(F32)
+
+
+def q8_1_sum_error(b: np.ndarray) -> np.ndarray:
+    """Per 32-value block of b: f16(d·Σq) − f16(d)·Σq, the rounding of q8_1's stored sum."""
+    blocks = np.ascontiguousarray(b, dtype=F32).reshape(b.shape[:-1] + (-1, 32))
+    d = np.max(np.abs(blocks), axis=-1) / F32(127)
+    inv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0))
+    total = np.sum(np.rint(blocks * inv[..., None]), axis=-1, dtype=F32)
+    stored = (d * total).astype(np.float16).astype(F32)
+    return stored - d.astype(np.float16).astype(F32) * total
