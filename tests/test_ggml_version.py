@@ -120,3 +120,32 @@ def test_unknown_ggml_version_is_a_usage_error(tmp_path):
     path.write_text(GRAPH)
     code, _, err = invoke("measure", str(path), "--ggml", "0.3")
     assert code == 2 and "0.3" in err
+
+
+def test_quantized_weights_run_through_the_executor_on_cpu_and_sim():
+    """Weights in storage form (q8_0 bytes) placed in real backend buffers: mul_mat and
+    get_rows read them through typed views, on SIM0 and on the CPU, as the reference does."""
+    from gguf import quants as gq
+    from gguf.constants import GGMLQuantizationType as Q
+
+    from ggmlrun.core.run.reference import evaluate
+
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((10, 64)).astype(np.float32)
+    raw = gq.quantize(table, Q.Q8_0)
+    w_dev = Tensor("w_dev", (10, 64), dtype="q8_0", role="weight", backend="SIM0")
+    w_cpu = Tensor("w_cpu", (10, 64), dtype="q8_0", role="weight")
+    tokens = Tensor("tokens", (3,), dtype="i32", role="input")
+    emb = make_node("emb", "get_rows", [w_cpu, tokens])
+    logits = make_node("logits", "mul_mat", [w_dev, emb])
+    logits.is_output = True
+    g = Graph("g", [w_dev, w_cpu, tokens], [emb, logits], [logits])
+    values = {w_dev: raw, w_cpu: raw, tokens: np.array([4, 0, 9], np.int32)}
+    sched = engine.schedule(g, [sim(), default_cpu()])
+    plan, _ = engine.plan_memory(sched, "ggml")
+    got = engine.execute(sched, plan, values).outputs["logits"]
+    want = evaluate(g, values)["logits"]
+    np.testing.assert_array_equal(got, want)
+    deq = gq.dequantize(raw, Q.Q8_0)
+    np.testing.assert_allclose(got, deq[[4, 0, 9]] @ deq.T, rtol=2e-2, atol=2e-2)
+    assert {sched.backend_of[emb], sched.backend_of[logits]} == {0, 1}
