@@ -41,7 +41,8 @@ How a graph is translated (facts about ggml 0.15.3, verified on this build):
     ggmlrun accepts (scale of f16 aborts, for one): run such graphs through `isolated`.
   * permute: ggml takes where each source axis goes: p[n-1-axes[j]] = n-1-j.
   * concat: ggml dim = ndim-1-axis. repeat: ggml_repeat_4d. soft_max: ggml_soft_max_ext.
-  * rope: ggml_rope_ext (ext_factor 0, attn_factor 1, beta_fast 32, beta_slow 1, n_ctx_orig 0).
+  * rope: ggml_rope_ext with the node's params (YaRN's default to 0, 1, 32, 1, n_ctx_orig 0)
+    and its optional freq_factors source. soft_max passes its max_bias.
 - ggml's f32 GELU goes through an fp16 table: it differs from the exact formula by up to ~1e-3
   (about 8e-4 measured). Compare gelu outputs with a tolerance.
 
@@ -200,7 +201,8 @@ class _Translator:
             return ggml.ggml_rms_norm(ctx, srcs[0], float(p.get("eps", 1e-6)))
         if op == "soft_max":
             mask = srcs[1] if len(srcs) > 1 else None
-            return ggml.ggml_soft_max_ext(ctx, srcs[0], mask, float(p.get("scale", 1.0)), 0.0)
+            return ggml.ggml_soft_max_ext(ctx, srcs[0], mask, float(p.get("scale", 1.0)),
+                                          float(p.get("max_bias", 0.0)))
         if op == "diag_mask_inf":
             return ggml.ggml_diag_mask_inf(ctx, srcs[0], int(p.get("n_past", 0)))
         if op == "repeat":
@@ -213,9 +215,15 @@ class _Translator:
             d = node.src[0].shape[-1]
             n_dims = p.get("n_dims")
             n_dims = d if n_dims is None else int(n_dims)
-            return ggml.ggml_rope_ext(ctx, srcs[0], srcs[1], None, n_dims, int(p.get("mode", 0)),
-                                      0, float(p.get("freq_base", 10000.0)),
-                                      float(p.get("freq_scale", 1.0)), 0.0, 1.0, 32.0, 1.0)
+            factors = srcs[2] if len(srcs) > 2 else None
+            return ggml.ggml_rope_ext(ctx, srcs[0], srcs[1], factors, n_dims,
+                                      int(p.get("mode", 0)), int(p.get("n_ctx_orig", 0)),
+                                      float(p.get("freq_base", 10000.0)),
+                                      float(p.get("freq_scale", 1.0)),
+                                      float(p.get("ext_factor", 0.0)),
+                                      float(p.get("attn_factor", 1.0)),
+                                      float(p.get("beta_fast", 32.0)),
+                                      float(p.get("beta_slow", 1.0)))
         if op == "reshape":
             return _reshape(ctx, srcs[0], node.shape)
         if op == "permute":
