@@ -86,9 +86,11 @@ class GraphBuilder:
         return self.op("cont", [a], shape or a.shape, a.dtype, f"{a.name} (cont)", **params)
 
     def set_rows(self, dst: Tensor, src: Tensor, idx: Tensor) -> Tensor:
-        """ggml_set_rows: the result is a view of dst (ggml_view_tensor), named "dst (view)"."""
+        """ggml_set_rows(dst, src, idx): the result is a view of dst named "dst (view)", and its
+        sources are in ggml's order, [src, idx, dst] ("weird due to legacy reasons"), which
+        fixes the graph walk and the allocator's order."""
         t = Tensor(name=f"{dst.name} (view)", shape=dst.shape, dtype=dst.dtype,
-                   strides=dst.strides, op="set_rows", src=[dst, src, idx],
+                   strides=dst.strides, op="set_rows", src=[src, idx, dst],
                    params=_params("set_rows", {}))
         t.view_src = dst.view_src or dst
         t.view_offset = dst.view_offset
