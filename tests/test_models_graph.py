@@ -35,8 +35,8 @@ def rpc_backends(*memories):
 
 
 LAYER = ["norm", "attn_norm", "Qcur", "Qcur", "Qcur", "Vcur", "Vcur", "Kcur", "Kcur", "Kcur"]
-NO_FA = ["Kcur (view)", "cache_k (view)", "cache_v (reshaped)", "Vcur (reshaped)",
-         "Vcur (reshaped) (reshaped)", "cache_v (reshaped) (view)", "cache_v (view)",
+NO_FA = ["Kcur (view)", "cache_k (view)", "Vcur (reshaped)", "Vcur (reshaped) (reshaped)",
+         "cache_v (reshaped)", "cache_v (reshaped) (view)", "cache_v (view)",
          "cache_v (view) (permuted)", "cache_k (view)", "cache_k (view) (permuted)",
          "Qcur (view)", "Qcur (view) (permuted)", "kq", "kq_soft_max", "kqv", "kqv (permuted)",
          "kqv_out"]
