@@ -35,6 +35,11 @@ PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default
                        help="Arena offsets: ggml's online best-fit, or the offline planner "
                             "(never larger).")
 
+GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), default="0.25",
+                    show_default=True,
+                    help="Whose scheduler and allocator rules: ggml 0.25.3 (llama.cpp's) or "
+                         "0.15.3.")
+
 
 def emit_json(data: dict) -> None:
     click.echo(json.dumps(data, indent=2, default=_json_default))
@@ -46,11 +51,12 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml"):
+def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
+             ggml: str | None = None):
     graph = load_graph(graph_path)
     override = load_backends(backends_file) if backends_file else None
     backends = engine.resolve_backends(graph, override)
-    return graph, engine.schedule(graph, backends, policy)
+    return graph, engine.schedule(graph, backends, policy, ggml)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -84,10 +90,11 @@ def validate(graph, backends_file, as_json):
 @click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
               help="With --dump-splits: rich tables, or ggml's GGML_SCHED_DEBUG text.")
 @POLICY
+@GGML
 @DEBUG
-def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
+def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml):
     """Schedule only: the splits, their inputs, and why every node went where it did."""
-    _, sched = _prepare(graph, backends_file, policy)
+    _, sched = _prepare(graph, backends_file, policy, ggml)
     if as_json:
         emit_json(report.plan_dict(sched))
         return
@@ -107,14 +114,15 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
 @JSON
 @POLICY
 @PLANNER
+@GGML
 @DEBUG
-def measure(graph, backends_file, as_json, policy, planner):
+def measure(graph, backends_file, as_json, policy, planner, ggml):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
     from ggmlrun import visual
     from ggmlrun.core.observe.occupancy import occupancy
 
     with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
+        g, sched = _prepare(graph, backends_file, policy, ggml)
         plan_, memory = engine.plan_memory(sched, planner)
     if as_json:
         emit_json(report.measure_dict(memory))
@@ -140,9 +148,10 @@ def measure(graph, backends_file, as_json, policy, planner):
               help="Time per op and per copy route (with --json: a `profile` key).")
 @POLICY
 @PLANNER
+@GGML
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
-        trace_file, show_profile):
+        trace_file, show_profile, ggml):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
     from ggmlrun.core.frontend import data
     from ggmlrun.core.run import results
@@ -150,7 +159,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     from ggmlrun import visual
 
     with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
+        g, sched = _prepare(graph, backends_file, policy, ggml)
         inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
         plan_, memory = engine.plan_memory(sched, planner)
     engine.check_capacity(sched, memory)
