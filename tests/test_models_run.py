@@ -16,6 +16,7 @@ from ggmlrun.models.modelfile import read_gguf
 from ggmlrun.models.options import ModelOptions
 from ggmlrun.models.run import run_model
 from tests.test_models_gguf import write_tiny_llama
+from tests.test_models_oracle import options
 
 GiB = 1 << 30
 TOKENS = [1, 15, 100, 7, 42, 3]
@@ -129,8 +130,7 @@ def test_logits_equal_llama_cpps():
     for c in recorded["configs"]:
         o = c["options"]
         model = models.setdefault(c["model"], read_gguf(MODELS / c["model"]))
-        opts = ModelOptions(ctx=o["ctx"], ubatch=o["ubatch"], flash_attn=o["flash_attn"],
-                            ngl=None if o["ngl"] in ("all", None, -1) else o["ngl"])
+        opts = options(o)
         logits, _ = run_model(model, rpc, opts, recorded["tokens"])
         quantized = model.tensors["blk.0.attn_q.weight"].dtype not in ("f32", "f16")
         tol = (4e-2 if o["flash_attn"] else 2e-2) if quantized else 2e-3
