@@ -136,3 +136,19 @@ def test_logits_equal_llama_cpps():
         tol = (4e-2 if o["flash_attn"] else 2e-2) if quantized else 2e-3
         want = np.asarray(c["logits"], dtype=np.float32)
         assert np.abs(logits[0] - want).max() <= tol * np.abs(want).max(), c["id"]
+
+
+@pytest.mark.parametrize("n_head", [4, 2])         # head size 32: no rotation; 64: Hadamard
+def test_quantized_kv_cache(tmp_path, n_head):
+    path = write_tiny_llama(tmp_path / "kv.gguf", n_layer=2, n_embd=128, n_head=n_head,
+                            n_head_kv=n_head // 2)
+    model = read_gguf(path)
+    logits, result = run_model(model, backends(True),
+                               ModelOptions(ctx=256, flash_attn=True, kv_type="q8_0", ngl=2),
+                               TOKENS)
+    want = numpy_llama(path, TOKENS)
+    assert np.abs(logits - want).max() <= 2e-2 * np.abs(want).max()
+    computed = [t.node for t in result.node_timings]
+    assert "cache_k_l0 (view)" in {n.name for n in computed}
+    rotated = any(s.name == "attn_inp_k_rot" for n in computed for s in n.src)
+    assert rotated == (n_head == 2)

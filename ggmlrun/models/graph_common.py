@@ -277,10 +277,10 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
 
 def mul_mat_hadamard(ctx: LayerContext, cur: Tensor, rot: Tensor) -> Tensor:
     """llama_mul_mat_hadamard: rows of `n` rotated by the Walsh-Hadamard matrix (quantized KV
-    caches), then back to cur's shape as a 4-D reshape."""
+    caches), then back to cur's shape (ggml's reshape_4d to cur's ne: the same shape)."""
     b = ctx.b
     n = rot.shape[-1]
     flat = (cur.n_elements // n, n)
     res = b.reshape(cur, flat) if cur.is_contiguous else b.cont(cur, flat)
     res = ctx.mul_mat(rot, res)
-    return b.reshape(res, (1,) * (4 - len(cur.shape)) + tuple(cur.shape))
+    return b.reshape(res, cur.shape)
