@@ -59,20 +59,21 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-_GRAPHS: dict[tuple, ModelGraph] = {}
+_GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
                 flash_attn: bool, kv_type: str) -> ModelGraph:
-    """The graph for one ubatch shape, built once per model and shape."""
+    """The graph for one ubatch shape, built once per model and shape. Entries hold their model,
+    so an id in a key always belongs to the model it was made for."""
     key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type)
-    graph = _GRAPHS.get(key)
-    if graph is None or graph.graph.name != model.name:
-        if len(_GRAPHS) > 16:
+    entry = _GRAPHS.get(key)
+    if entry is None or entry[0] is not model:
+        if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
-        graph = _GRAPHS[key] = build_llama(model, n_tokens, n_outputs, n_kv, kv, flash_attn,
-                                           kv_type)
-    return graph
+        entry = _GRAPHS[key] = (model, build_llama(model, n_tokens, n_outputs, n_kv, kv,
+                                                   flash_attn, kv_type))
+    return entry[1]
 
 
 def apply_placement(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> None:
