@@ -14,8 +14,9 @@ from ggmlrun.models.modelfile import is_gguf, read_gguf
 
 def write_tiny_llama(path: Path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=96,
                      n_vocab=300, n_ctx=512, dtype="f32", tied=False, seed=0,
-                     arch="llama") -> Path:
-    """A random llama GGUF written with gguf's own writer (weights f32, f16 or q8_0)."""
+                     arch="llama", rope_freqs=False) -> Path:
+    """A random llama GGUF written with gguf's own writer (weights f32, f16 or q8_0); with
+    `rope_freqs`, Llama 3's per-frequency rope divisors as well."""
     import gguf
     from gguf.quants import quantize
 
@@ -48,6 +49,9 @@ def write_tiny_llama(path: Path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(name, data)
+    if rope_freqs:
+        w.add_tensor("rope_freqs.weight",
+                     np.linspace(1.0, 8.0, hp.n_rot // 2).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -82,6 +82,8 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
     for name, leaf in mg.weights.items():
         leaf.backend = names[placement.weights[name]]
     mg.output_weight.backend = names[placement.output_weight]
+    for il, leaf in mg.rope_freqs.items():
+        leaf.backend = names[placement.rope_freqs[il]]
     for il, leaf in mg.cache.k.items():
         leaf.backend = mg.cache.v[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
@@ -110,9 +112,13 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     sizes = [0] * len(backends)
     cpu_range: list[int] = []
     placed = list(placement.weights.items())
-    if "output.weight" not in model.tensors and placement.output_weight != placement.weights.get(
-            "token_embd.weight"):
-        placed.append(("token_embd.weight", placement.output_weight))
+    # TENSOR_DUPLICATED tensors take bytes again in each other buffer they are copied into
+    duplicates = set()
+    if "output.weight" not in model.tensors:
+        duplicates.add(("token_embd.weight", placement.output_weight))
+    if "rope_freqs.weight" in model.tensors:
+        duplicates.update(("rope_freqs.weight", b) for b in placement.rope_freqs)
+    placed += sorted(d for d in duplicates if d not in set(placed))
     for name, b in placed:
         info = model.tensors[name]
         nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))
