@@ -107,3 +107,17 @@ def test_truncated_file_is_an_input_error(tmp_path, tiny):
     bad.write_bytes(tiny.read_bytes()[:200])
     with pytest.raises(InputError, match="bad.gguf"):
         read_gguf(bad)
+
+
+def test_missing_or_misshapen_tensor_is_named(tmp_path):
+    from ggmlrun.models.modelfile import check_tensors
+
+    m = read_gguf(write_tiny_llama(tmp_path / "m.gguf"))
+    tensors = dict(m.tensors)
+    del tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(InputError, match="lacks tensor 'blk.1.ffn_up.weight'"):
+        check_tensors(m.hparams, tensors, "m.gguf")
+    info = m.tensors["blk.0.attn_k.weight"]
+    tensors = dict(m.tensors, **{info.name: type(info)(info.name, (64, 64), "f32", 0)})
+    with pytest.raises(InputError, match=r"'blk.0.attn_k.weight' has shape \[64, 64\]"):
+        check_tensors(m.hparams, tensors, "m.gguf")

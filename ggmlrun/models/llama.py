@@ -14,7 +14,7 @@ from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.models.graph_common import GraphBuilder, KVCache, LayerContext, build_attn_kv
 from ggmlrun.models.hparams import LlamaHParams
-from ggmlrun.models.modelfile import ModelFile
+from ggmlrun.models.modelfile import ModelFile, check_tensors
 
 ROPE_TYPE_NORM = 0
 
@@ -39,11 +39,7 @@ def build_llama(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv_s
     b = GraphBuilder()
     weights = {name: GraphBuilder.leaf(name, info.shape, info.dtype, role="weight")
                for name, info in model.tensors.items()}
-    missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in weights]
-    if missing:
-        from ggmlrun.core.util.errors import InputError
-        raise InputError(f"model lacks tensor '{missing[0]}'",
-                         file=str(model.path) if model.path else None)
+    check_tensors(hp, model.tensors, str(model.path) if model.path else None)
     tied = "output.weight" not in weights
     output_w = weights.get("output.weight")
     if tied:     # TENSOR_DUPLICATED: the same bytes, possibly in another buffer

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.hparams import LlamaHParams, from_metadata
+from ggmlrun.models.hparams import LlamaHParams, from_metadata, llama_tensor_shapes
 
 GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = ("llama",)
@@ -84,5 +84,21 @@ def read_gguf(path: Path) -> ModelFile:
                              f"ggmlrun's type table lacks", file=str(path))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         tensors[t.name] = TensorInfo(t.name, shape, gtype.name, int(t.data_offset))
+    check_tensors(hparams, tensors, str(path))
     name = fields.get("general.name") or path.stem
     return ModelFile(path=path, arch=arch, name=str(name), hparams=hparams, tensors=tensors)
+
+
+def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None) -> None:
+    """Every tensor llama.cpp requires, in the shape the hyperparameters give it
+    (output.weight may be absent: the output is then tied to token_embd.weight)."""
+    for name, shape in llama_tensor_shapes(hparams).items():
+        info = tensors.get(name)
+        if info is None:
+            if name == "output.weight":
+                continue
+            raise InputError(f"model lacks tensor '{name}', which a llama model needs",
+                             file=where)
+        if info.shape != shape:
+            raise InputError(f"tensor '{name}' has shape {list(info.shape)}; the model's "
+                             f"hyperparameters make it {list(shape)}", file=where)
