@@ -121,3 +121,19 @@ def test_missing_or_misshapen_tensor_is_named(tmp_path):
     tensors = dict(m.tensors, **{info.name: type(info)(info.name, (64, 64), "f32", 0)})
     with pytest.raises(InputError, match=r"'blk.0.attn_k.weight' has shape \[64, 64\]"):
         check_tensors(m.hparams, tensors, "m.gguf")
+
+
+def test_corrupt_headers_are_input_errors(tmp_path, tiny):
+    """Bytes flipped anywhere in the header or the file cut short: an input error, never a crash."""
+    raw = tiny.read_bytes()
+    rng = np.random.default_rng(1)
+    bad = tmp_path / "bad.gguf"
+    for _ in range(150):
+        data = bytearray(raw[:int(rng.integers(8, len(raw)))] if rng.random() < 0.3 else raw)
+        for _ in range(int(rng.integers(1, 4))):
+            data[int(rng.integers(4, 3000))] = int(rng.integers(0, 256))
+        bad.write_bytes(bytes(data))
+        try:
+            read_gguf(bad)
+        except InputError:
+            pass

@@ -67,15 +67,20 @@ def read_gguf(path: Path) -> ModelFile:
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None:
         raise InputError("GGUF metadata lacks 'general.architecture'", file=str(path))
-    arch = arch_field.contents()
+    try:
+        arch = arch_field.contents()
+        fields = _scalar_fields(reader, f"{arch}.")
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError) as err:
+        raise InputError(f"unreadable GGUF metadata: {err}", file=str(path)) from None
     if arch not in ARCHITECTURES:
         raise InputError(f"architecture '{arch}' is not supported; ggmlrun builds llama.cpp's "
                          f"graph for: {', '.join(ARCHITECTURES)}", file=str(path))
-    fields = _scalar_fields(reader, arch + ".")
     try:
         hparams = from_metadata(fields, arch)
     except InputError as err:
         raise err.located(file=str(path))
+    except (ValueError, TypeError, OverflowError) as err:
+        raise InputError(f"unreadable {arch} hyperparameters: {err}", file=str(path)) from None
     tensors = {}
     for t in reader.tensors:
         gtype = BY_ID.get(int(t.tensor_type))
@@ -92,6 +97,9 @@ def read_gguf(path: Path) -> ModelFile:
 def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None) -> None:
     """Every tensor llama.cpp requires, in the shape the hyperparameters give it
     (output.weight may be absent: the output is then tied to token_embd.weight)."""
+    if hparams.n_layer * 9 > len(tensors):       # before listing a corrupt block_count's names
+        raise InputError(f"block_count {hparams.n_layer} needs {hparams.n_layer * 9 + 3} "
+                         f"tensors but the model has {len(tensors)}", file=where)
     for name, shape in llama_tensor_shapes(hparams).items():
         info = tensors.get(name)
         if info is None:
