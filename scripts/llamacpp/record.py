@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", type=Path, default=MODELS_DIR)
     parser.add_argument("--graphs", type=Path,
                         default=ORACLE_OUT / "graphs" if ORACLE_OUT.is_dir() else None)
+    parser.add_argument("--committed-graphs", type=Path, default=COMMITTED_GRAPHS,
+                        help="where the gzipped dumps of the committed configurations go")
     parser.add_argument("--only", default="", help="record only configurations whose id contains this")
     parser.add_argument("--fresh", action="store_true", help="redo configurations already recorded")
     parser.add_argument("--serve-rpc", help=argparse.SUPPRESS)
@@ -372,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.graphs:
                     write_json_atomic(args.graphs / f"{stem}.json", dump)
                 if cfg["id"] in COMMITTED_IDS:
-                    write_json_atomic(COMMITTED_GRAPHS / f"{stem}.json.gz", dump, compress=True)
+                    write_json_atomic(args.committed_graphs / f"{stem}.json.gz", dump, compress=True)
                 sizes = " ".join(f"{k}:w{v['weights_bytes']}/kv{v['kv_bytes']}/c{v['arena_bytes']}"
                                  for k, v in entry["backends"].items())
                 print(f"{cfg['id']:45s} nodes {entry['n_nodes']:4d} splits {entry['n_splits']:2d} "
