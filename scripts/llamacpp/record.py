@@ -55,14 +55,44 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
-def config_id(model: str, ctx: int, ubatch: int, flash_attn: bool, ngl: int | str) -> str:
-    return f"{model}/c{ctx}/ub{ubatch}/fa{int(flash_attn)}/ngl{ngl}"
+# Beyond the grid: the other placement options of SPEC section 5 that one RPC device can show.
+# (model, suffix of the id, options); the base is ctx 256, ubatch 32, flash-attn off. A q8_0 KV
+# cache cannot be shown: llama.cpp needs head_dim (16 here) to be a multiple of q8_0's block of 32.
+EXTRAS: list[tuple[str, str, dict]] = [
+    ("tiny-llama-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-llama-f16", "nkvo", {"ngl": "all", "no_kv_offload": True, "flash_attn": True}),
+    ("tiny-llama-f16", "nkvo", {"ngl": 2, "no_kv_offload": True}),
+    ("tiny-llama-q8_0", "nkvo", {"ngl": "all", "no_kv_offload": True, "ubatch": 512}),
+    ("tiny-llama-f16", "", {"ngl": 1}),
+    ("tiny-llama-f16", "", {"ngl": 3}),
+    ("tiny-llama-f16", "", {"ngl": 4}),
+    ("tiny-llama-f16", "kvf32", {"ngl": "all", "kv_type": "f32"}),
+    ("tiny-llama-f16", "kvf32", {"ngl": 2, "kv_type": "f32", "flash_attn": True}),
+    ("tiny-llama-f16", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]]}),
+    ("tiny-llama-f16", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]], "ubatch": 512}),
+    ("tiny-llama-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+]
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
+
+
+def config_id(model: str, ctx: int, ubatch: int, flash_attn: bool, ngl: int | str,
+              suffix: str = "") -> str:
+    return f"{model}/c{ctx}/ub{ubatch}/fa{int(flash_attn)}/ngl{ngl}" + (f"/{suffix}" if suffix else "")
 
 
 def all_configs() -> list[dict]:
-    return [{"id": config_id(m, c, u, fa, n), "model": m, "ctx": c, "ubatch": u,
-             "flash_attn": fa, "ngl": n}
+    """The grid the issue asks for, then the extras; options absent mean llama.cpp's defaults."""
+    grid = [{"model": m, "ctx": c, "ubatch": u, "flash_attn": fa, "ngl": n}
             for m, c, u, fa, n in itertools.product(MODELS, CTXS, UBATCHES, FLASH_ATTN, NGLS)]
+    extras = [dict({"model": m, "ctx": 256, "ubatch": 32, "flash_attn": False, "suffix": suffix},
+                   **opts) for m, suffix, opts in EXTRAS]
+    configs = []
+    for cfg in grid + extras:
+        cfg = {"no_kv_offload": False, "kv_type": "f16", "overrides": [], "suffix": ""} | cfg
+        cfg["id"] = config_id(cfg["model"], cfg["ctx"], cfg["ubatch"], cfg["flash_attn"], cfg["ngl"],
+                              cfg["suffix"])
+        configs.append(cfg)
+    return configs
 
 
 def llama_cpp_dir() -> Path:
@@ -146,6 +176,9 @@ def run_config(cfg: dict, endpoint: str) -> dict:
     n_layer = cfg["n_layer"]
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = n_layer + 1 if cfg["ngl"] == "all" else cfg["ngl"]
+    overrides = buffer_overrides(ggml, cfg["overrides"])
+    if cfg["overrides"]:
+        mparams.tensor_buft_overrides = ctypes.addressof(overrides)
     shim.shim_mark(b"load")
     model = llama_cpp.llama_model_load_from_file(cfg["path"].encode(), mparams)
     if not model:
@@ -156,6 +189,8 @@ def run_config(cfg: dict, endpoint: str) -> dict:
     cparams.n_ubatch = cfg["ubatch"]
     cparams.n_threads = cparams.n_threads_batch = N_THREADS
     cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
+    cparams.offload_kqv = not cfg["no_kv_offload"]
+    cparams.type_k = cparams.type_v = KV_TYPES[cfg["kv_type"]]
     shim.shim_mark(b"context")
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
@@ -171,6 +206,25 @@ def run_config(cfg: dict, endpoint: str) -> dict:
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(model)
     return {"log": "".join(log), "logits": logits}
+
+
+class BuftOverride(ctypes.Structure):
+    """llama_model_tensor_buft_override: -ot REGEX=BUFFER_TYPE, a NULL-terminated array."""
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def buffer_overrides(ggml: ctypes.CDLL, overrides: list[list[str]]) -> ctypes.Array:
+    """ggmlrun's backend names mapped to the device buffer types llama.cpp's -ot takes."""
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    device_types = {"CPU": 0, "RPC0": 1}   # GGML_BACKEND_DEVICE_TYPE_CPU, _GPU (the RPC device)
+    array = (BuftOverride * (len(overrides) + 1))()
+    for slot, (pattern, backend) in zip(array, overrides):
+        slot.pattern = pattern.encode()
+        slot.buft = ggml.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_by_type(device_types[backend]))
+    return array
 
 
 # ---------------------------------------------------------------- reading what the child left
@@ -265,7 +319,8 @@ def figures_of(cfg: dict, child: dict, shim_text: str) -> tuple[dict, dict]:
     entry = {
         "id": cfg["id"], "model": cfg["model"] + ".gguf",
         "options": {"ctx": cfg["ctx"], "ubatch": cfg["ubatch"], "flash_attn": cfg["flash_attn"],
-                    "ngl": cfg["ngl"], "kv_type": "f16"},
+                    "ngl": cfg["ngl"], "kv_type": cfg["kv_type"],
+                    "no_kv_offload": cfg["no_kv_offload"], "overrides": cfg["overrides"]},
         "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
         "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
         "backends": {k: backends[k] for k in sorted(backends, key=lambda k: k == "CPU")},
