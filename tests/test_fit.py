@@ -1,0 +1,126 @@
+"""fit's search: exact against brute force over every -ngl (and context), on measured figures.
+
+The search guesses and confirms; these tests hold it to the brute-force answer on figures
+shaped like llama.cpp's (weights and KV per layer, a compute buffer that jumps when the output
+layer moves), including budgets where the guess is wrong, and on the real tiny GGUF models.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.models import fit as fitmod
+from ggmlrun.models.cards import read_card
+from ggmlrun.models.options import ModelOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 2**20
+
+
+def tiny_card(tmp_path, n_layer=12, weights="q4_K_M") -> Path:
+    path = tmp_path / "card.yaml"
+    path.write_text(f"""architecture: llama
+hparams: {{n_layer: {n_layer}, n_embd: 256, n_head: 8, n_head_kv: 2, n_ff: 768, n_vocab: 4096,
+          n_ctx_train: 4096}}
+weights: {weights}
+""")
+    return path
+
+
+@dataclass
+class Row:
+    name: str
+    kind: str
+    weights_bytes: int
+    kv_bytes: int
+    arena_bytes: int
+    memory_bytes: int
+
+
+@dataclass
+class Figures:
+    backends: list
+
+
+def fake_measure(model, layer_costs):
+    """llama.cpp-shaped figures: the last ngl-1 layers and the output layer on the device, KV
+    linear in the context, a compute buffer that grows with the context and jumps with the
+    output layer (the logits) on the device."""
+    n_layer = model.hparams.n_layer
+
+    def measure(model_, backends, opts):
+        ngl = n_layer + 1 if opts.ngl is None else opts.ngl
+        start = max(n_layer + 1 - ngl, 0)
+        kv_layer = 2 * 64 * opts.ctx
+        dev_w = sum(layer_costs.get(il, 0) for il in range(start, n_layer + 1))
+        cpu_w = sum(layer_costs.get(il, 0) for il in range(0, start)) + 5 * MiB
+        on_dev = n_layer - start
+        dev_kv, cpu_kv = kv_layer * on_dev, kv_layer * (n_layer - on_dev)
+        dev_c = (3 * MiB if ngl > n_layer else MiB) + 50 * opts.ctx if ngl else 0
+        cpu_c = 2 * MiB + 20 * opts.ctx
+        return Figures([Row("DEV", "sim", dev_w, dev_kv, dev_c, backends[0].memory),
+                        Row("CPU", "cpu", cpu_w, cpu_kv, cpu_c, backends[1].memory)])
+    return measure
+
+
+def brute_ngl(measure, model, backends, opts, margins, ctx):
+    best = None
+    for ngl in range(model.hparams.n_layer + 2):
+        rows = measure(model, backends, replace(opts, ngl=ngl, ctx=ctx)).backends
+        if all(r.weights_bytes + r.kv_bytes + r.arena_bytes <= r.memory_bytes - m
+               for r, m in zip(rows, margins)):
+            best = ngl
+    return best
+
+
+def backends_with(dev_mem, cpu_mem):
+    return [BackendSpec("DEV", "sim", dev_mem, 32), BackendSpec("CPU", "cpu", cpu_mem, 32)]
+
+
+def test_search_equals_brute_force_on_many_budgets(tmp_path, monkeypatch):
+    model = read_card(tiny_card(tmp_path))
+    measure = fake_measure(model, fitmod._layer_costs(model))
+    monkeypatch.setattr(fitmod, "measure_model", measure)
+    rng = random.Random(7)
+    total = sum(fitmod._layer_costs(model).values())
+    for _ in range(150):
+        dev = rng.randint(0, total + 6 * MiB)
+        cpu = rng.choice([2**40, rng.randint(4 * MiB, total + 12 * MiB)])
+        margin = rng.choice([0, MiB // 2])
+        backends = backends_with(dev, cpu)
+        opts = ModelOptions(ctx=1024)
+        got = fitmod.fit_model(model, backends, opts, margin, 0, ctx_auto=False)
+        want = brute_ngl(measure, model, backends, opts, [margin, 0], 1024)
+        assert got.ngl == want, (dev, cpu, margin)
+        if want is not None:
+            assert all(b.fits for b in got.backends)
+            assert len(got.probes) <= 8       # a guess and its confirmation, not every ngl
+        else:
+            assert got.advice.startswith("even -ngl 0 does not fit")
+
+
+def test_ctx_auto_equals_brute_force(tmp_path, monkeypatch):
+    model = read_card(tiny_card(tmp_path))
+    measure = fake_measure(model, fitmod._layer_costs(model))
+    monkeypatch.setattr(fitmod, "measure_model", measure)
+    rng = random.Random(11)
+    total = sum(fitmod._layer_costs(model).values())
+    for _ in range(60):
+        backends = backends_with(rng.randint(total // 2, total + 16 * MiB), 2**40)
+        opts = ModelOptions()
+        got = fitmod.fit_model(model, backends, opts, 0, 0, ctx_auto=True, min_ctx=1024)
+        ngl = brute_ngl(measure, model, backends, opts, [0, 0], 1024)
+        assert got.ngl == ngl
+        if ngl is None:
+            continue
+        ctxs = [c for c in range(1024, 4097, 256)
+                if brute_ngl(measure, model, backends, opts, [0, 0], c) is not None
+                and all(r.weights_bytes + r.kv_bytes + r.arena_bytes <= r.memory_bytes
+                        for r in measure(model, backends,
+                                         replace(opts, ngl=ngl, ctx=c)).backends)]
+        assert got.ctx == max(ctxs)
