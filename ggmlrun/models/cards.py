@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggmlrun.core.frontend.yamlfile import describe_value, is_int, is_number, read_yaml, unknown_keys
+from ggmlrun.core.frontend.yamlfile import (describe_value, is_int, is_number, read_yaml, shown,
+                                            unknown_keys)
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import did_you_mean
 from ggmlrun.models.hparams import llama_tensor_shapes
@@ -139,7 +140,7 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
     unknown_keys(doc, data, TOP_KEYS, (), None, "top-level key")
     arch = data["architecture"]
     if arch not in ARCHITECTURES:
-        raise doc.error(f"architecture {describe_value(arch)} is not supported; "
+        raise doc.error(f"architecture {shown(arch)} is not supported; "
                         f"{did_you_mean(str(arch), ARCHITECTURES)}", ("architecture",))
     name = data.get("name", path.stem if path else "card")
     if not isinstance(name, str) or not name.strip() or "\n" in name:
@@ -230,7 +231,7 @@ def _build_hparams(doc, arch: str, values: dict):
 
 def _ftype(doc, raw) -> str:
     if not isinstance(raw, str) or raw.lower() not in _BY_LOWER:
-        raise doc.error(f"weights {describe_value(raw)} is not a file type this tool knows; "
+        raise doc.error(f"weights {shown(raw)} is not a file type this tool knows; "
                         f"{did_you_mean(str(raw), MIXTURES)}", ("weights",))
     return _BY_LOWER[raw.lower()]
 
@@ -243,6 +244,6 @@ def _type_overrides(doc, raw) -> dict[str, str]:
     unknown_keys(doc, raw, TENSOR_CLASSES, path, None, "tensor class")
     for cls, dtype in raw.items():
         if dtype not in TYPES:
-            raise doc.error(f"unknown type {describe_value(dtype)} for {cls}; "
+            raise doc.error(f"unknown type {shown(dtype)} for {cls}; "
                             f"{did_you_mean(str(dtype), TYPES)}", path + (cls,))
     return dict(raw)
