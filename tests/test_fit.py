@@ -124,3 +124,86 @@ def test_ctx_auto_equals_brute_force(tmp_path, monkeypatch):
                         for r in measure(model, backends,
                                          replace(opts, ngl=ngl, ctx=c)).backends)]
         assert got.ctx == max(ctxs)
+
+
+# --- on llama.cpp's figures (measure_model), a small model --------------------------------------
+SMALL = """architecture: llama
+hparams: {n_layer: 6, n_embd: 128, n_head: 4, n_head_kv: 2, n_ff: 256, n_vocab: 512,
+          n_ctx_train: 2048}
+weights: q8_0
+"""
+
+
+def real_rows(model, backends, opts, margins):
+    from ggmlrun.models.reserve import measure_model
+
+    m = measure_model(model, backends, opts)
+    return [(f.weights_bytes + f.kv_bytes + f.arena_bytes, b.memory - margin)
+            for f, b, margin in zip(m.backends, backends, margins)]
+
+
+def test_exact_against_every_ngl_on_measured_figures(tmp_path):
+    model = read_card(write_small(tmp_path))
+    big = backends_with(2**40, 2**40)
+    opts = ModelOptions(ctx=512, ubatch=64)
+    totals = {ngl: real_rows(model, big, replace(opts, ngl=ngl), [0, 0])
+              for ngl in range(model.hparams.n_layer + 2)}
+    device_totals = sorted({rows[0][0] for rows in totals.values()})
+    # every budget between two measured totals, and just at and just under each
+    budgets = sorted({t + d for t in device_totals for d in (-1, 0, 1)})
+    for budget in budgets:
+        backends = backends_with(budget, 2**40)
+        want = max((n for n, rows in totals.items() if rows[0][0] <= budget), default=None)
+        got = fitmod.fit_model(model, backends, opts, 0, 0, ctx_auto=False)
+        assert got.ngl == want, budget
+        if want is not None:
+            assert got.backends[0].total_bytes == totals[want][0][0]
+
+
+def test_device_totals_grow_with_ngl_and_cpu_totals_shrink(tmp_path):
+    """The premise of the search, checked on llama.cpp's figures."""
+    model = read_card(write_small(tmp_path))
+    big = backends_with(2**40, 2**40)
+    opts = ModelOptions(ctx=512, ubatch=64)
+    rows = [real_rows(model, big, replace(opts, ngl=n), [0, 0])
+            for n in range(model.hparams.n_layer + 2)]
+    dev = [r[0][0] for r in rows]
+    cpu = [r[1][0] for r in rows]
+    assert dev == sorted(dev) and cpu == sorted(cpu, reverse=True)
+
+
+def test_nothing_fits_exits_1_with_advice(tmp_path):
+    from clikit import invoke
+
+    card = write_small(tmp_path)
+    be = tmp_path / "be.yaml"
+    be.write_text("backends:\n  - {name: GPU, kind: sim, alignment: 32, memory: 1MiB}\n"
+                  "  - {name: CPU, kind: cpu, alignment: 32, memory: 1MiB}\n")
+    code, out, err = invoke("fit", card, "--backends", be, "--margin", "0")
+    assert code == 1
+    assert "even -ngl 0 does not fit" in err and "CPU needs" in err
+    assert "llama.cpp: nothing fits" in out
+
+
+def test_fit_json_keys_and_timing_printed(tmp_path):
+    import json
+
+    from clikit import invoke
+
+    code, out, err = invoke("fit", write_small(tmp_path), "--json", "--ctx", "auto",
+                            "--min-ctx", "256")
+    assert code == 0, err
+    data = json.loads(out)
+    assert {"ngl", "ctx", "backends", "seconds", "probes"} <= set(data)
+    assert data["ngl"] == 7 and data["ctx"] == 2048
+    for b in data["backends"]:
+        assert {"name", "weights_bytes", "kv_bytes", "arena_bytes", "total_bytes",
+                "memory_bytes", "fits"} <= set(b)
+        assert b["total_bytes"] == b["weights_bytes"] + b["kv_bytes"] + b["arena_bytes"]
+    print(f"fit on a 6-layer card: {data['seconds']:.3f} s, {len(data['probes'])} reserves")
+
+
+def write_small(tmp_path) -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    return path
