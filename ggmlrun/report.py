@@ -243,15 +243,11 @@ def pack_table(name: str, n_buffers: int, result, capacity: int | None) -> Table
 
 # --- models (GGUF files and cards) ---------------------------------------------------------------
 def model_summary(model) -> dict:
+    import math
+
     from ggmlrun.core.ir.types import TYPES
 
-    weights = 0
-    for info in model.tensors.values():
-        n = 1
-        for d in info.shape:
-            n *= d
-        t = TYPES[info.dtype]
-        weights += n // t.block_size * t.type_size
+    weights = sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
     hp = model.hparams
     return {"architecture": model.arch, "n_layer": hp.n_layer, "n_embd": hp.n_embd,
             "n_head": hp.n_head, "n_head_kv": hp.n_head_kv, "n_ff": hp.n_ff,

@@ -17,6 +17,7 @@ from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models import fit as fitmod
 from ggmlrun.models.cards import read_card
 from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.reserve import BackendFigures
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -30,16 +31,6 @@ hparams: {{n_layer: {n_layer}, n_embd: 256, n_head: 8, n_head_kv: 2, n_ff: 768, 
 weights: {weights}
 """)
     return path
-
-
-@dataclass
-class Row:
-    name: str
-    kind: str
-    weights_bytes: int
-    kv_bytes: int
-    arena_bytes: int
-    memory_bytes: int
 
 
 @dataclass
@@ -63,8 +54,8 @@ def fake_measure(model, layer_costs):
         dev_kv, cpu_kv = kv_layer * on_dev, kv_layer * (n_layer - on_dev)
         dev_c = (3 * MiB if ngl > n_layer else MiB) + 50 * opts.ctx if ngl else 0
         cpu_c = 2 * MiB + 20 * opts.ctx
-        return Figures([Row("DEV", "sim", dev_w, dev_kv, dev_c, backends[0].memory),
-                        Row("CPU", "cpu", cpu_w, cpu_kv, cpu_c, backends[1].memory)])
+        return Figures([BackendFigures("DEV", "sim", dev_w, dev_kv, dev_c, backends[0].memory),
+                        BackendFigures("CPU", "cpu", cpu_w, cpu_kv, cpu_c, backends[1].memory)])
     return measure
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,7 @@ TINY = sorted((ROOT / "examples/models").glob("tiny-llama-*.gguf"))
 def weight_bytes(model) -> int:
     from ggmlrun.core.ir.types import TYPES
 
-    total = 0
-    for t in model.tensors.values():
-        n = 1
-        for d in t.shape:
-            n *= d
-        total += n // TYPES[t.dtype].block_size * TYPES[t.dtype].type_size
-    return total
+    return sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
 
 
 def type_counts(model) -> dict[str, int]:

@@ -20,6 +20,7 @@ the context grows as far as it fits with those layers.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -27,21 +28,16 @@ from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import ModelOptions
-from ggmlrun.models.reserve import ModelMeasure, measure_model
+from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
 
 CTX_STEP = 256                    # llama.cpp pads the KV cache to 256 cells
 MIN_CTX = 4096                    # llama.cpp's --fit-ctx default
 
 
 @dataclass
-class FitBackend:
-    name: str
-    kind: str
-    weights_bytes: int
-    kv_bytes: int
-    arena_bytes: int
-    memory_bytes: int
-    margin_bytes: int
+class FitBackend(BackendFigures):
+    """llama.cpp's figures for one backend, with the margin the fit keeps free on it."""
+    margin_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -88,9 +84,8 @@ class _Prober:
         key = (ngl, ctx)
         if key not in self.seen:
             m = measure_model(self.model, self.backends, replace(self.opts, ngl=ngl, ctx=ctx))
-            rows = [FitBackend(f.name, spec.kind, f.weights_bytes, f.kv_bytes, f.arena_bytes,
-                               spec.memory, margin)
-                    for f, spec, margin in zip(m.backends, self.backends, self.margins)]
+            rows = [FitBackend(**vars(f), margin_bytes=margin)
+                    for f, margin in zip(m.backends, self.margins)]
             self.seen[key] = (rows, m)
             self.order.append(key)
         return self.seen[key]
@@ -160,11 +155,7 @@ def _layer_costs(model: ModelFile) -> dict[int, int]:
             layer = n_layer
         else:
             continue
-        n = 1
-        for d in info.shape:
-            n *= d
-        t = TYPES[info.dtype]
-        sizes[layer] = sizes.get(layer, 0) + n // t.block_size * t.type_size
+        sizes[layer] = sizes.get(layer, 0) + TYPES[info.dtype].row_bytes(math.prod(info.shape))
     return sizes
 
 
