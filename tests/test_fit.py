@@ -163,6 +163,20 @@ def test_device_totals_grow_with_ngl_and_cpu_totals_shrink(tmp_path):
     assert dev == sorted(dev) and cpu == sorted(cpu, reverse=True)
 
 
+def test_compute_buffers_grow_with_the_context(tmp_path):
+    """What lets fit rule a context out from its KV cache alone."""
+    from ggmlrun.models.reserve import measure_model
+
+    model = read_card(write_small(tmp_path))
+    big = backends_with(2**40, 2**40)
+    for ngl in (0, 3, 7):
+        arenas = [[f.arena_bytes for f in measure_model(
+            model, big, ModelOptions(ctx=c, ubatch=64, ngl=ngl)).backends]
+            for c in range(256, 2049, 256)]
+        for backend in zip(*arenas):
+            assert list(backend) == sorted(backend)
+
+
 def test_nothing_fits_exits_1_with_advice(tmp_path):
     from clikit import invoke
 

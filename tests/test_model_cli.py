@@ -184,3 +184,16 @@ def test_run_refuses_a_card_and_needs_tokens():
     assert code == 2 and "--tokens" in err
     code, _, err = invoke("run", ROOT / "graphs/mlp.yaml", "--tokens", "1,2")
     assert code == 2 and "--tokens applies to models" in err
+
+
+@pytest.mark.skipif(not TINY, reason="examples/models/ holds the tiny GGUFs (oracle's branch)")
+def test_readme_first_command_fits_the_tiny_gguf():
+    code, out, err = invoke("fit", ROOT / "examples/models/tiny-llama-q8_0.gguf")
+    assert code == 0, err
+    assert "llama.cpp: -ngl 5 -c 2048" in out
+    code, out, err = invoke("measure", ROOT / "examples/models/tiny-llama-q8_0.gguf", "--json")
+    data = json.loads(out)
+    assert {"n_nodes", "n_splits", "backends"} <= set(data)
+    for b in data["backends"]:
+        assert {"name", "kind", "arena_bytes", "weights_bytes", "kv_bytes",
+                "lower_bound_bytes"} <= set(b)

@@ -205,28 +205,43 @@ def _guess(ngl: int, rows: list[FitBackend], costs: dict[int, int], kv: float, n
 
 
 def _largest_ctx(probe: _Prober, ngl: int, lo: int, top: int) -> int:
-    """The largest context (a multiple of 256) in [lo, top] that fits with `ngl`; lo fits."""
-    if lo >= top:
-        return lo
-    rows = probe(ngl, top)
-    if _all_fit(rows):
-        return top
-    fit_lo, miss_hi = lo, top
-    low_rows = probe(ngl, lo)
+    """The largest context (a multiple of 256) in [lo, top] that fits with `ngl`; lo fits.
+
+    A context is known to miss without a reserve when even its KV cache (exactly linear) on
+    top of a smaller context's compute buffer (which only grows with the context) is too much."""
+    fit_lo, miss_hi = lo, top + CTX_STEP
+    low_rows, high_rows = probe(ngl, lo), None
+    after_fit = False
     while miss_hi - fit_lo > CTX_STEP:
-        guess = _ctx_guess(fit_lo, low_rows, miss_hi, rows)
-        if not fit_lo < guess < miss_hi:
-            guess = (fit_lo + miss_hi) // 2 // CTX_STEP * CTX_STEP
-        for ctx in (guess, guess + CTX_STEP):
-            if not fit_lo < ctx < miss_hi:
-                continue
-            here = probe(ngl, ctx)
-            if _all_fit(here):
-                fit_lo, low_rows = ctx, here
-            else:
-                miss_hi, rows = ctx, here
-                break
+        miss_hi = min(miss_hi, _kv_bound(low_rows, fit_lo, miss_hi) + CTX_STEP)
+        if miss_hi - fit_lo <= CTX_STEP:
+            break
+        if after_fit:
+            guess = fit_lo + CTX_STEP          # confirm the edge: the guess is usually it
+        elif high_rows is None:
+            guess = miss_hi - CTX_STEP         # the most the KV bound allows
+        else:
+            guess = _ctx_guess(fit_lo, low_rows, miss_hi, high_rows)
+            if not fit_lo < guess < miss_hi:
+                guess = (fit_lo + miss_hi) // 2 // CTX_STEP * CTX_STEP
+        here = probe(ngl, guess)
+        after_fit = _all_fit(here)
+        if after_fit:
+            fit_lo, low_rows = guess, here
+        else:
+            miss_hi, high_rows = guess, here
     return fit_lo
+
+
+def _kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
+    """The largest context under `below` that the KV growth alone from `ctx` leaves possible."""
+    best = ctx
+    for c in range(ctx + CTX_STEP, below, CTX_STEP):
+        if any(r.total_bytes + r.kv_bytes * (c - ctx) // ctx > r.memory_bytes - r.margin_bytes
+               for r in rows):
+            break
+        best = c
+    return best
 
 
 def _ctx_guess(c0: int, rows0, c1: int, rows1) -> int:
