@@ -35,6 +35,11 @@ PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default
                        help="Arena offsets: ggml's online best-fit, or the offline planner "
                             "(never larger).")
 
+GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), default="0.25",
+                    show_default=True,
+                    help="Whose scheduler and allocator rules: ggml 0.25.3 (llama.cpp's) or "
+                         "0.15.3.")
+
 
 
 # --- model options (GGUF files and model cards; SPEC section 5) --------------------------------
@@ -113,14 +118,11 @@ MODEL_OPTIONS = {
                                       "order (-ts); default by device memory."),
     "no_op_offload": click.option("--no-op-offload", is_flag=True, default=False,
                                   help="Never move a CPU weight's op to a device (-nopo)."),
-    "ggml_version": click.option("--ggml", "ggml_version", type=click.Choice(["0.15", "0.25"]),
-                                 default=None, help="Which ggml's scheduler and allocator rules; "
-                                 "default 0.25 (the one llama.cpp vendors)."),
 }
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
                "overrides": "--override-tensor", "tensor_split": "--tensor-split",
-               "no_op_offload": "--no-op-offload", "ggml_version": "--ggml", "tokens": "--tokens"}
+               "no_op_offload": "--no-op-offload", "tokens": "--tokens"}
 
 
 def model_options(skip=()):
@@ -133,7 +135,7 @@ def model_options(skip=()):
     return apply
 
 
-def _model_input(path: Path, backends_file: Path | None, model_kw: dict):
+def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: str = "0.25"):
     """(model, backends, options) when GRAPH is a GGUF file or a card; None for a graph file,
     which must then not carry model options."""
     from ggmlrun.models.load import load_model
@@ -147,7 +149,7 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict):
                              f"to graph files", file=str(path))
         return None
     backends = load_backends(backends_file) if backends_file else None
-    return model, *_model_setup(model, backends, model_kw)
+    return model, *_model_setup(model, backends, {**model_kw, "ggml": ggml})
 
 
 def _model_setup(model, backends, kw: dict):
@@ -171,7 +173,7 @@ def _model_setup(model, backends, kw: dict):
                         kv_type=kw.get("kv_type") or "f16",
                         overrides=tuple(kw.get("overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
-                        ggml=kw.get("ggml_version") or "0.25")
+                        ggml=kw.get("ggml") or "0.25")
     return backends, opts
 
 def emit_json(data: dict) -> None:
@@ -184,11 +186,12 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml"):
+def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
+             ggml: str | None = None):
     graph = load_graph(graph_path)
     override = load_backends(backends_file) if backends_file else None
     backends = engine.resolve_backends(graph, override)
-    return graph, engine.schedule(graph, backends, policy)
+    return graph, engine.schedule(graph, backends, policy, ggml)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -225,12 +228,13 @@ def validate(graph, backends_file, as_json):
 @click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
               help="With --dump-splits: rich tables, or ggml's GGML_SCHED_DEBUG text.")
 @POLICY
+@GGML
 @model_options()
 @DEBUG
-def plan(graph, backends_file, as_json, dump_splits, fmt, policy, **model_kw):
+def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, **model_kw):
     """Schedule only: the splits, their inputs, and why every node went where it did."""
-    model = _model_input(graph, backends_file, model_kw)
-    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy)[1]
+    model = _model_input(graph, backends_file, model_kw, ggml)
+    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
     if as_json:
         emit_json(report.plan_dict(sched))
         return
@@ -250,19 +254,20 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, **model_kw):
 @JSON
 @POLICY
 @PLANNER
+@GGML
 @model_options()
 @DEBUG
-def measure(graph, backends_file, as_json, policy, planner, **model_kw):
+def measure(graph, backends_file, as_json, policy, planner, ggml, **model_kw):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
     from ggmlrun import visual
 
-    model = _model_input(graph, backends_file, model_kw)
+    model = _model_input(graph, backends_file, model_kw, ggml)
     if model:
         return _measure_model(*model, as_json)
     from ggmlrun.core.observe.occupancy import occupancy
 
     with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
+        g, sched = _prepare(graph, backends_file, policy, ggml)
         plan_, memory = engine.plan_memory(sched, planner)
     if as_json:
         emit_json(report.measure_dict(memory))
@@ -288,14 +293,15 @@ def measure(graph, backends_file, as_json, policy, planner, **model_kw):
               help="Time per op and per copy route (with --json: a `profile` key).")
 @POLICY
 @PLANNER
+@GGML
 @click.option("--tokens", metavar="1,2,3", help="[models] Token ids evaluated as one batch; the "
               "output is the last token's logits, `result_output`.")
 @model_options()
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
-        trace_file, show_profile, tokens, **model_kw):
+        trace_file, show_profile, ggml, tokens, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
-    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens})
+    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml)
     if model:
         return _run_model(*model, tokens, as_json, out_file)
     from ggmlrun.core.frontend import data
@@ -304,7 +310,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     from ggmlrun import visual
 
     with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
+        g, sched = _prepare(graph, backends_file, policy, ggml)
         inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
         plan_, memory = engine.plan_memory(sched, planner)
     engine.check_capacity(sched, memory)
@@ -352,17 +358,18 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
 @click.option("-o", "--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
               help="FILE.svg/.png/.pdf: rendered by Graphviz's `dot` when it is on PATH (else "
                    "FILE.dot is written); any other name: DOT text. Default: DOT on stdout.")
+@GGML
 @model_options()
 @DEBUG
-def dot_command(graph, backends_file, policy, out_file, **model_kw):
+def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     """The schedule as a Graphviz graph: nodes by backend, splits as clusters, copies dashed."""
     import shutil
 
     from ggmlrun.core.observe.dot import RENDERED, render, to_dot
     from ggmlrun.core.run.results import write_atomic, write_text
 
-    model = _model_input(graph, backends_file, model_kw)
-    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy)[1]
+    model = _model_input(graph, backends_file, model_kw, ggml)
+    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
     text = to_dot(sched)
     if out_file is None:
         click.echo(text, nl=False)
@@ -598,14 +605,15 @@ class _CtxType(click.ParamType):
 @click.option("--margin", metavar="SIZE", default=None,
               help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "
                    "one SIZE for devices, or DEVICES,CPU (e.g. 512MiB,2GiB).")
+@GGML
 @model_options(skip=("ctx_size", "ngl"))
 @DEBUG
-def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, **model_kw):
+def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, **model_kw):
     """The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."""
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.models.fit import fit_model
 
-    model = _model_input(model_path, backends_file, model_kw)
+    model = _model_input(model_path, backends_file, model_kw, ggml)
     if model is None:
         raise InputError("fit takes a model: a GGUF file or a model card", file=str(model_path))
     margin_device, margin_cpu = _parse_margins(margin)

@@ -86,9 +86,11 @@ class GraphBuilder:
         return self.op("cont", [a], shape or a.shape, a.dtype, f"{a.name} (cont)", **params)
 
     def set_rows(self, dst: Tensor, src: Tensor, idx: Tensor) -> Tensor:
-        """ggml_set_rows: the result is a view of dst (ggml_view_tensor), named "dst (view)"."""
+        """ggml_set_rows(dst, src, idx): the result is a view of dst named "dst (view)", and its
+        sources are in ggml's order, [src, idx, dst] ("weird due to legacy reasons"), which
+        fixes the graph walk and the allocator's order."""
         t = Tensor(name=f"{dst.name} (view)", shape=dst.shape, dtype=dst.dtype,
-                   strides=dst.strides, op="set_rows", src=[dst, src, idx],
+                   strides=dst.strides, op="set_rows", src=[src, idx, dst],
                    params=_params("set_rows", {}))
         t.view_src = dst.view_src or dst
         t.view_offset = dst.view_offset
@@ -185,15 +187,15 @@ class KVCache:
                                        self.kv_type, role="weight")
 
     def cpy_k(self, b: GraphBuilder, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
-        n_tokens, n_head, hd = k_cur.shape
-        rows = b.view(k_cur, (n_tokens, n_head * hd), (k_cur.strides[0], k_cur.strides[2]))
+        n_tokens, n_head, hd = k_cur.shape[-3:]
+        rows = b.view(k_cur, (n_tokens, n_head * hd), (k_cur.strides[-3], k_cur.strides[-1]))
         return b.set_rows(self.k[il], rows, k_idxs)
 
     def cpy_v(self, b: GraphBuilder, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:
-        n_tokens, n_head, hd = v_cur.shape
+        n_tokens, n_head, hd = v_cur.shape[-3:]
         gqa = n_head * hd
         if not self.v_trans:
-            rows = b.view(v_cur, (n_tokens, gqa), (v_cur.strides[0], v_cur.strides[2]))
+            rows = b.view(v_cur, (n_tokens, gqa), (v_cur.strides[-3], v_cur.strides[-1]))
             return b.set_rows(self.v[il], rows, v_idxs)
         v_cur = b.reshape(v_cur, (n_tokens, gqa))
         cache = self.v[il]
@@ -224,21 +226,26 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
     """llm_graph_context::build_attn for llm_graph_input_attn_kv, with build_attn_mha inside:
     store K and V through set_rows, then attend over the whole cache view."""
     b = ctx.b
+    k_rot, v_rot = inputs.get("k_rot"), inputs.get("v_rot")
+    if k_rot is not None:
+        q_cur = mul_mat_hadamard(ctx, q_cur, k_rot)
+        k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
+    if v_rot is not None:
+        v_cur = mul_mat_hadamard(ctx, v_cur, v_rot)
     b.expand(q_cur)
     b.expand(v_cur)
     b.expand(k_cur)
     b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
     b.expand(cache.cpy_v(b, v_cur, inputs["v_idxs"], il))
-    n_head, hd = q_cur.shape[1], q_cur.shape[2]
-    n_head_kv = k_cur.shape[1]
+    T, n_head, hd = q_cur.shape[-3:]
+    n_head_kv = k_cur.shape[-2]
     k = cache.get_k(b, il, ctx.n_kv, n_head_kv, hd)
-    v = cache.get_v(b, il, ctx.n_kv, n_head_kv, v_cur.shape[2])
+    v = cache.get_v(b, il, ctx.n_kv, n_head_kv, v_cur.shape[-1])
     mask = inputs["kq_mask"]
-    q = b.view(q_cur, (1, *q_cur.shape), (q_cur.strides[0] * q_cur.shape[0], *q_cur.strides))
+    q = b.view(q_cur, (1, T, n_head, hd), (q_cur.strides[-3] * T, *q_cur.strides[-3:]))
     q = b.permute(q, (0, 2, 1, 3))
     k = b.permute(k, (0, 2, 1, 3))
     v = b.permute(v, (0, 2, 1, 3))
-    T = ctx.n_tokens
     if ctx.flash_attn:
         dv = v.shape[-1]
         cur = b.op("flash_attn_ext", [q, k, v, mask], (1, T, n_head, dv), scale=kq_scale,
@@ -254,4 +261,17 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
         b.kqv_outs.append(cur)      # pinned to the CPU under --no-kv-offload
     b.expand(cur)
     b.cb(cur, "kqv_out", il)
+    if v_rot is not None:
+        cur = mul_mat_hadamard(ctx, cur, v_rot)
     return ctx.mul_mat(wo, cur)
+
+
+def mul_mat_hadamard(ctx: LayerContext, cur: Tensor, rot: Tensor) -> Tensor:
+    """llama_mul_mat_hadamard: rows of `n` rotated by the Walsh-Hadamard matrix (quantized KV
+    caches), then back to cur's shape as a 4-D reshape."""
+    b = ctx.b
+    n = rot.shape[-1]
+    flat = (cur.n_elements // n, n)
+    res = b.reshape(cur, flat) if cur.is_contiguous else b.cont(cur, flat)
+    res = ctx.mul_mat(rot, res)
+    return b.reshape(res, (1,) * (4 - len(cur.shape)) + tuple(cur.shape))

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.types import TYPES
 from ggmlrun.models.graph_common import GraphBuilder, KVCache, LayerContext, build_attn_kv
 from ggmlrun.models.hparams import LlamaHParams
 from ggmlrun.models.modelfile import ModelFile
@@ -68,6 +69,7 @@ def build_llama(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv_s
                                "i64"),
               "kq_mask": b.leaf("attn_inp_kq_mask", (1, 1, T, n_kv), "f16" if flash_attn else "f32"),
               "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
+    inputs.update(rotation_inputs(b, hp, kv_type))
     kq_scale = 1.0 / math.sqrt(float(hd))
     rope_factors = weights.get("rope_freqs.weight")
     rope = dict(n_dims=hp.n_rot, mode=ROPE_TYPE_NORM, n_ctx_orig=hp.n_ctx_train,
@@ -113,3 +115,19 @@ def build_llama(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv_s
     return ModelGraph(graph=graph, weights=weights, output_weight=output_w, cache=cache,
                       inputs=inputs, norm_pins=[(t, il) for t, _, il in b.pins],
                       kqv_outs=list(b.kqv_outs), n_tokens=n_tokens, n_outputs=n_outputs)
+
+
+def rotation_inputs(b: GraphBuilder, hp: LlamaHParams, kv_type: str) -> dict[str, Tensor]:
+    """llama_kv_cache's Hadamard rotations for a quantized cache (attn_rot_k / attn_rot_v): K
+    rotates by the largest power of two from 64 up dividing the head size, V by 64."""
+    if not TYPES[kv_type].is_block:
+        return {}
+    out = {}
+    if hp.n_embd_head_k % 64 == 0:
+        nrot = 64
+        while hp.n_embd_head_k % (nrot * 2) == 0:
+            nrot *= 2
+        out["k_rot"] = b.leaf("attn_inp_k_rot", (nrot, nrot), "f32")
+    if hp.n_embd_head_v % 64 == 0:
+        out["v_rot"] = b.leaf("attn_inp_v_rot", (64, 64), "f32")
+    return out

@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.core.engine import plan_memory
+from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.llama import ModelGraph, build_llama
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import (KV_TYPES, ModelOptions, context_size, gpu_layers, kv_size,
@@ -143,28 +144,34 @@ def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) 
 
 def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     check_options(model, backends, opts)
+    with gc_paused():
+        return _measure(model, backends, opts)
+
+
+def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     hp = model.hparams
     kv = kv_size(opts, hp.n_ctx_train)
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
     scheduler = Scheduler(backends, op_offload=opts.op_offload)
+    allocator = GraphAllocator([b.alignment for b in backends])
     arena = [0] * len(backends)
-    first = None
-    sched = None
-    mg = None
-    for tokens in (n_tokens, 1, n_tokens):
+    reserved = []
+    # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
+    # deterministic allocator sizes exactly as before, so its result is reused
+    for tokens in (n_tokens, 1):
         mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type)
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
-        _, memory = plan_memory(sched, "ggml")
-        arena = [max(a, m.arena_bytes) for a, m in zip(arena, memory)]
-        if first is None:
-            first = (len(mg.graph.nodes), len(sched.splits))
+        plan = allocator.plan(*allocation_sequence(sched))
+        arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
+        reserved.append((mg, sched))
+    (pp, sched), _ = reserved
     weights = weights_bytes(model, placement, backends)
-    kvb = kv_bytes(mg, placement, backends)
+    kvb = kv_bytes(pp, placement, backends)
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
                               arena_bytes=arena[i], memory_bytes=b.memory)
                for i, b in enumerate(backends)]
-    return ModelMeasure(n_nodes=first[0], n_splits=first[1],
+    return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
                         ngl=gpu_layers(opts, hp.n_layer), backends=figures, schedule=sched)

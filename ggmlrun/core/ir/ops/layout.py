@@ -78,19 +78,32 @@ register(OpSpec(name="concat", n_src=(2, 2), infer=_concat_infer, kernel=_concat
 
 # --- cont ----------------------------------------------------------------------------------
 
-def _cont_infer(srcs):
+def _cont_infer(srcs, *, shape):
+    """ggml_cont_2d/3d/4d: the copy may take a new shape of the same element count."""
     (a,) = srcs
-    return OpResult(a.shape, a.dtype)
+    if shape is None:
+        return OpResult(a.shape, a.dtype)
+    dims = want_shape("cont", "shape", shape)
+    if math.prod(dims) != a.n_elements:
+        raise InputError(f"cont: shape {list(dims)} has {math.prod(dims)} elements, a "
+                         f"{fmt(a.shape)} has {a.n_elements}")
+    return OpResult(dims, a.dtype)
 
 
-@fast_path(lambda out, a: (np.copyto, (out, a)))
+def _cont_bind(out, a, *, shape):
+    return (np.copyto, (out, a)) if out.shape == a.shape else None
+
+
+@fast_path(_cont_bind)
 @quiet
-def _cont_kernel(out, a):
-    np.copyto(out, a)
+def _cont_kernel(out, a, *, shape):
+    """Elements pair up in row-major logical order, as ggml's dup does."""
+    np.copyto(out, a if a.shape == out.shape else a.reshape(out.shape))
 
 
 register(OpSpec(name="cont", n_src=(1, 1), infer=_cont_infer, kernel=_cont_kernel,
-                flops=_no_flops, summary="a contiguous copy of a"))
+                params={"shape": None}, flops=_no_flops,
+                summary="a contiguous copy of a, optionally with a new shape (same count)"))
 
 
 # --- cpy -----------------------------------------------------------------------------------
