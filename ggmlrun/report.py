@@ -297,7 +297,7 @@ def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
 
 def fit_dict(model, result) -> dict:
     return {"model": model.name, "ngl": result.ngl, "ctx": result.ctx,
-            "n_layer": result.n_layer, "fits": result.fits,
+            "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
             "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
                           "kv_bytes": b.kv_bytes, "arena_bytes": b.arena_bytes,
                           "total_bytes": b.total_bytes, "memory_bytes": b.memory_bytes,
@@ -310,7 +310,7 @@ def fit_dict(model, result) -> dict:
 
 def fit_table(model, result) -> Table:
     where = (f"-ngl {result.ngl} of {result.n_layer + 1}" if result.fits
-             else "nothing fits; shown: -ngl 0")
+             else f"nothing fits; shown: -ngl {result.shown_ngl}")
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "
                         f"({len(result.probes)} reserves, {_seconds(result.seconds)})")
     for col in ("backend", "model", "KV", "compute", "total", "memory", "margin", "free", "fits"):

@@ -92,7 +92,9 @@ def test_search_equals_brute_force_on_many_budgets(tmp_path, monkeypatch):
             assert all(b.fits for b in got.backends)
             assert len(got.probes) <= 8       # a guess and its confirmation, not every ngl
         else:
-            assert got.advice.startswith("even -ngl 0 does not fit")
+            assert got.advice.startswith("nothing fits: ")
+            assert got.backends == fitmod._Prober(model, backends, opts, [margin, 0])(
+                got.shown_ngl, 1024)
 
 
 def test_ctx_auto_equals_brute_force(tmp_path, monkeypatch):
@@ -186,7 +188,7 @@ def test_nothing_fits_exits_1_with_advice(tmp_path):
                   "  - {name: CPU, kind: cpu, alignment: 32, memory: 1MiB}\n")
     code, out, err = invoke("fit", card, "--backends", be, "--margin", "0")
     assert code == 1
-    assert "even -ngl 0 does not fit" in err and "CPU needs" in err
+    assert "nothing fits: even with -ngl 0, GPU needs" in err and "CPU needs" in err
     assert "llama.cpp: nothing fits" in out
 
 
@@ -212,3 +214,19 @@ def write_small(tmp_path) -> Path:
     path = tmp_path / "small.yaml"
     path.write_text(SMALL)
     return path
+
+
+def test_nothing_fits_names_the_largest_context_that_would(tmp_path):
+    model = read_card(write_small(tmp_path))
+    opts = ModelOptions(ctx=2048, ubatch=64)
+
+    def cpu_total(ctx):
+        return real_rows(model, [BackendSpec("CPU", "cpu", 2**40, 32)], replace(opts, ctx=ctx),
+                         [0])[0][0]
+    budget = cpu_total(1024) + 1
+    result = fitmod.fit_model(model, [BackendSpec("CPU", "cpu", budget, 32)], opts, 0, 0,
+                              ctx_auto=False)
+    assert result.ngl is None
+    want = max(c for c in range(256, 2048, 256) if cpu_total(c) <= budget)
+    assert want == 1024
+    assert result.advice.endswith(f"a smaller context fits: --ctx {want} with -ngl 7")

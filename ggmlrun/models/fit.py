@@ -58,7 +58,8 @@ class FitResult:
     ngl: int | None               # None: nothing fits
     ctx: int
     n_layer: int
-    backends: list[FitBackend]    # at the answer, or at the nearest miss when nothing fits
+    shown_ngl: int                # the -ngl of `backends`: the answer, or the nearest miss
+    backends: list[FitBackend]
     measure: ModelMeasure | None
     probes: list[tuple[int, int]] = field(default_factory=list)   # (ngl, ctx) measured
     seconds: float = 0.0
@@ -117,23 +118,16 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         ctx = min(ctx_top, max(CTX_STEP, min_ctx // CTX_STEP * CTX_STEP))
     else:
         ctx = opts.ctx if opts.ctx is not None else min(hp.n_ctx_train, 4096)
-    ngl = _largest_ngl(probe, ctx, n_max, costs)
+    device_ngl = _device_ngl(probe, ctx, n_max, costs)
+    ngl = device_ngl if device_ngl is not None and _all_fit(probe(device_ngl, ctx)) else None
     if ngl is not None and ctx_auto:
         ctx = _largest_ctx(probe, ngl, ctx, ctx_top)
-    result = _result(probe, hp.n_layer, ngl, ctx)
-    if ngl is None:
-        result.advice = _advice(probe, ctx, n_max, ctx_auto)
-    result.seconds = time.perf_counter() - start
-    return result
-
-
-def _result(probe: _Prober, n_layer: int, ngl: int | None, ctx: int) -> FitResult:
-    if ngl is not None:
-        rows, m = probe.full(ngl, ctx)
-    else:      # the nearest miss: everything on the CPU
-        rows, m = probe.full(0, ctx)
-    return FitResult(ngl=ngl, ctx=ctx, n_layer=n_layer, backends=rows, measure=m,
-                     probes=list(probe.order))
+    shown = ngl if ngl is not None else device_ngl or 0
+    advice = "" if ngl is not None else _advice(probe, ctx, device_ngl, n_max, costs)
+    rows, m = probe.full(shown, ctx)
+    return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer, shown_ngl=shown, backends=rows,
+                     measure=m, probes=list(probe.order), advice=advice,
+                     seconds=time.perf_counter() - start)
 
 
 def _ctx_top(n_ctx_train: int) -> int:
@@ -159,11 +153,11 @@ def _layer_costs(model: ModelFile) -> dict[int, int]:
     return sizes
 
 
-def _largest_ngl(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int]) -> int | None:
-    """The largest ngl in [0, n_max] whose devices fit, if the CPU fits there too."""
+def _device_ngl(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int]) -> int | None:
+    """The largest ngl in [0, n_max] whose devices fit (the CPU is the caller's to check)."""
     rows = probe(n_max, ctx)
     if _devices_fit(rows):
-        return n_max if _all_fit(rows) else None
+        return n_max
     kv = sum(r.kv_bytes for r in rows) / max(1, n_max - 1)
     fit_lo, miss_hi = -1, n_max          # devices fit at fit_lo (-1: none known), not at miss_hi
     last = (n_max, rows)
@@ -181,9 +175,7 @@ def _largest_ngl(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int]) ->
             else:
                 miss_hi = ngl
                 break
-    if fit_lo < 0:
-        return None
-    return fit_lo if _all_fit(probe(fit_lo, ctx)) else None
+    return fit_lo if fit_lo >= 0 else None
 
 
 def _guess(ngl: int, rows: list[FitBackend], costs: dict[int, int], kv: float, n_max: int) -> int:
@@ -258,21 +250,20 @@ def _ctx_guess(c0: int, rows0, c1: int, rows1) -> int:
     return best
 
 
-def _advice(probe: _Prober, ctx: int, n_max: int, ctx_auto: bool) -> str:
-    """Why even -ngl 0 (or the best device split) does not fit, and what would."""
-    rows = probe(0, ctx)
-    short = [r for r in rows if not r.fits]
+def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs) -> str:
+    """Who is short at the nearest miss, by how much, and what would fit instead."""
+    ngl = device_ngl or 0
+    short = [r for r in probe(ngl, ctx) if not r.fits]
+    where = (f"with -ngl {ngl}, the most the devices hold," if device_ngl is not None
+             else "even with -ngl 0,")
     parts = [f"{r.name} needs {human_bytes(r.total_bytes)} (weights {human_bytes(r.weights_bytes)}"
              f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but has "
-             f"{human_bytes(r.memory_bytes - r.margin_bytes)} after the margin"
-             for r in short] or ["no -ngl fits the devices and the CPU at once"]
-    hint = ""
+             f"{human_bytes(r.memory_bytes - r.margin_bytes)} after the margin" for r in short]
+    message = f"nothing fits: {where} " + "; ".join(parts)
     if ctx > CTX_STEP:
-        smaller = CTX_STEP
-        small_rows = probe(0, smaller)
-        if _all_fit(small_rows):
-            hint = f"; a context of {smaller} fits with -ngl 0 (try --ctx {smaller} or lower --ctx)"
-    if not hint:
-        need = max((-r.free_bytes for r in short), default=0)
-        hint = f"; it needs {human_bytes(need)} more memory (or a smaller --margin)"
-    return "even -ngl 0 does not fit: " + "; ".join(parts) + hint
+        small = _device_ngl(probe, CTX_STEP, n_max, costs)
+        if small is not None and _all_fit(probe(small, CTX_STEP)):
+            best = _largest_ctx(probe, small, CTX_STEP, (ctx - 1) // CTX_STEP * CTX_STEP)
+            return message + f"; a smaller context fits: --ctx {best} with -ngl {small}"
+    need = ", ".join(f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short)
+    return message + f"; it needs {need} (or a smaller --margin)"
