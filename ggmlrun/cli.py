@@ -135,9 +135,11 @@ def model_options(skip=()):
     return apply
 
 
-def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: str = "0.25"):
+def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: str = "0.25",
+                 policy: str = "ggml"):
     """(model, backends, options) when GRAPH is a GGUF file or a card; None for a graph file,
-    which must then not carry model options."""
+    which must then not carry model options. A model is placed as llama.cpp places it, so
+    only ggml's policy applies."""
     from ggmlrun.models.load import load_model
 
     model = load_model(path)
@@ -148,6 +150,9 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
             raise InputError(f"{given[0]} applies to models (GGUF files and model cards), not "
                              f"to graph files", file=str(path))
         return None
+    if policy != "ggml":
+        raise InputError(f"--policy {policy} applies to graph files; a model is placed as "
+                         f"llama.cpp places it", file=str(path))
     backends = load_backends(backends_file) if backends_file else None
     return model, *_model_setup(model, backends, {**model_kw, "ggml": ggml})
 
@@ -233,7 +238,7 @@ def validate(graph, backends_file, as_json):
 @DEBUG
 def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, **model_kw):
     """Schedule only: the splits, their inputs, and why every node went where it did."""
-    model = _model_input(graph, backends_file, model_kw, ggml)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy)
     sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
     if as_json:
         emit_json(report.plan_dict(sched))
@@ -261,7 +266,7 @@ def measure(graph, backends_file, as_json, policy, planner, ggml, **model_kw):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
     from ggmlrun import visual
 
-    model = _model_input(graph, backends_file, model_kw, ggml)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy)
     if model:
         return _measure_model(*model, as_json)
     from ggmlrun.core.observe.occupancy import occupancy
@@ -301,7 +306,7 @@ def measure(graph, backends_file, as_json, policy, planner, ggml, **model_kw):
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
         trace_file, show_profile, ggml, tokens, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
-    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml)
+    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy)
     if model:
         return _run_model(*model, tokens, as_json, out_file)
     from ggmlrun.core.frontend import data
@@ -368,7 +373,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     from ggmlrun.core.observe.dot import RENDERED, render, to_dot
     from ggmlrun.core.run.results import write_atomic, write_text
 
-    model = _model_input(graph, backends_file, model_kw, ggml)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy)
     sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
     text = to_dot(sched)
     if out_file is None:

@@ -156,6 +156,12 @@ def test_bad_model_option_values_exit_2_naming_the_option(args, words):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["plan", "measure", "dot"])
+def test_cost_policy_is_for_graphs(command):
+    code, _, err = invoke(command, CARD_8B, "--policy", "cost")
+    assert code == 2 and "--policy cost applies to graph files" in err
+
+
 def test_validate_a_card():
     code, out, err = invoke("validate", CARD_8B, "--json")
     assert code == 0
@@ -197,3 +203,31 @@ def test_readme_first_command_fits_the_tiny_gguf():
     for b in data["backends"]:
         assert {"name", "kind", "arena_bytes", "weights_bytes", "kv_bytes",
                 "lower_bound_bytes"} <= set(b)
+
+
+SMALL_CARD = """architecture: llama
+hparams: {n_layer: 3, n_embd: 128, n_head: 4, n_head_kv: 2, n_ff: 256, n_vocab: 512,
+          n_ctx_train: 1024}
+weights: q8_0
+"""
+
+
+def test_measure_and_plan_a_card_json(tmp_path):
+    card = write(tmp_path, SMALL_CARD)
+    code, out, err = invoke("measure", card, "--json", "--ngl", "2", "--ubatch", "64")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["ngl"] == 2 and data["ctx"] == 1024 and data["ubatch"] == 64
+    assert data["n_nodes"] > 0 and data["n_splits"] >= 2
+    sim, cpu = data["backends"]
+    for b in (sim, cpu):
+        assert {"name", "kind", "arena_bytes", "weights_bytes", "kv_bytes", "lower_bound_bytes",
+                "memory_bytes"} <= set(b)
+    # ngl 2: the last layer and the output layer on SIM0; two layers' KV stay on the CPU
+    assert cpu["kv_bytes"] == 2 * sim["kv_bytes"] > 0
+    code, out, err = invoke("plan", card, "--json", "--ngl", "2", "--ubatch", "64")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["n_splits"] == data["n_splits"] == len(plan["splits"])
+    assert len(plan["nodes"]) == data["n_nodes"]
+    assert {s["backend"] for s in plan["splits"]} == {"SIM0", "CPU"}
