@@ -21,6 +21,11 @@ from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.ir.types import TYPES
 
 
+def ggml_set_rows_order(src: list[Tensor]) -> list[Tensor]:
+    """ggml_set_rows' src[] is (rows, indices, destination), "due to legacy reasons"."""
+    return [src[1], src[2], src[0]]
+
+
 def row_size(dtype: str, n: int) -> int:
     return TYPES[dtype].row_bytes(n)
 
@@ -86,11 +91,11 @@ class GraphBuilder:
         return self.op("cont", [a], shape or a.shape, a.dtype, f"{a.name} (cont)", **params)
 
     def set_rows(self, dst: Tensor, src: Tensor, idx: Tensor) -> Tensor:
-        """ggml_set_rows(dst, src, idx): the result is a view of dst named "dst (view)", and its
-        sources are in ggml's order, [src, idx, dst] ("weird due to legacy reasons"), which
-        fixes the graph walk and the allocator's order."""
+        """ggml_set_rows(dst, src, idx): the result is a view of dst named "dst (view)".
+        Sources are in ggmlrun's order (dst, src, idx); ggml lists them (src, idx, dst), and
+        `expand` walks them in ggml's order so the graph's order is llama.cpp's."""
         t = Tensor(name=f"{dst.name} (view)", shape=dst.shape, dtype=dst.dtype,
-                   strides=dst.strides, op="set_rows", src=[src, idx, dst],
+                   strides=dst.strides, op="set_rows", src=[dst, src, idx],
                    params=_params("set_rows", {}))
         t.view_src = dst.view_src or dst
         t.view_offset = dst.view_offset
@@ -116,9 +121,10 @@ class GraphBuilder:
                 if t in visited:
                     continue
                 visited.add(t)
-            if i < len(t.src):
+            srcs = t.src if t.op != "set_rows" else ggml_set_rows_order(t.src)
+            if i < len(srcs):
                 stack.append((t, i + 1))
-                src = t.src[i]
+                src = srcs[i]
                 if src not in visited:
                     stack.append((src, 0))
                 continue

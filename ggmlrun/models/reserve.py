@@ -153,8 +153,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     kv = kv_size(opts, hp.n_ctx_train)
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
-    scheduler = Scheduler(backends, op_offload=opts.op_offload)
-    allocator = GraphAllocator([b.alignment for b in backends])
+    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
+    allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml)
     arena = [0] * len(backends)
     reserved = []
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's

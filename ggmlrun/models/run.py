@@ -98,7 +98,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     mg = build_llama(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type)
     placement = place(hp, model.tensors, backends, opts)
     apply_placement(mg, placement, backends)
-    sched = Scheduler(backends, op_offload=opts.op_offload).schedule(mg.graph)
+    sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
     plan, memory = plan_memory(sched, "ggml")
     check_capacity(sched, memory)
     values = weight_values(model, mg)

@@ -14,7 +14,7 @@ in a few rules, and each difference is one field here, read where the rule is ap
 
 What else moved (pipeline-parallel input copies over every INPUT leaf, backends adding
 allocation dependencies in graph_optimize, the failed-reserve return) changes nothing that
-ggmlrun models: see docs/ggml-versions.md.
+ggmlrun models: see docs/format.md, "ggml versions".
 """
 
 from __future__ import annotations

@@ -134,15 +134,19 @@ def _view_infer(srcs, *, shape, offset, strides):
     (a,) = srcs
     dims = want_shape("view", "shape", shape)
     off = want_int("view", "offset", offset, lo=0)
+    block = a.gtype.block_size             # block types: the innermost dim counts blocks
+    if block > 1 and dims[-1] % block:
+        raise InputError(f"view: a {who(a)} stores blocks of {block}; the last dim of shape "
+                         f"{list(dims)} must be a multiple of it")
     if strides is None:
-        st = contiguous_strides(dims, a.itemsize)
+        st = contiguous_strides(dims, a.itemsize, block)
     else:
         st = tuple(want_int_list("view", "strides", strides))
         if len(st) != len(dims):
             raise InputError(f"view: strides {list(st)} and shape {list(dims)} differ in length")
         if any(s < 0 for s in st):
             raise InputError(f"view: strides must be >= 0 bytes, got {list(st)}")
-    end = off + span_bytes(dims, st, a.itemsize)
+    end = off + span_bytes(dims, st, a.itemsize, block)
     if end > a.nbytes:
         raise InputError(f"view: shape {list(dims)}, strides {list(st)} at offset {off} reach "
                          f"byte {end}, past the end of a {who(a)} ({a.nbytes} bytes)")
@@ -173,7 +177,12 @@ def _reshape_infer(srcs, *, shape):
         raise InputError(f"reshape: a {fmt(a.shape)} has {a.n_elements} elements, shape "
                          f"{shape!r} has {known}")
     dims = tuple(dims)
-    return OpResult(dims, a.dtype, strides=contiguous_strides(dims, a.itemsize), view_of=0)
+    block = a.gtype.block_size
+    if dims[-1] % block:
+        raise InputError(f"reshape: a {who(a)} stores blocks of {block}; the last dim of "
+                         f"{list(dims)} must be a multiple of it")
+    return OpResult(dims, a.dtype, strides=contiguous_strides(dims, a.itemsize, block),
+                    view_of=0)
 
 
 register(OpSpec(name="reshape", n_src=(1, 1), infer=_reshape_infer, kernel=None, view_op=True,

@@ -1,4 +1,4 @@
-"""The ops llama.cpp's graph adds: set_rows (KV cache writes), flash_attn_ext and glu.
+"""The ops llama.cpp's graph adds: set_rows (KV cache writes), flash_attn_ext, glu and cast.
 
 Shapes are NumPy order (ggml's ne reversed). set_rows writes into its first source's memory
 and its result is a view of it, as ggml_set_rows returns `ggml_view_tensor(a)`: the allocator
@@ -203,3 +203,30 @@ register(OpSpec(name="glu", n_src=(1, 2), infer=_glu_infer, kernel=_glu_kernel,
                 flops=lambda out, srcs: 5 * out.n_elements,
                 summary="gated unit: act(x)·g with x, g = a, b (or a's halves); "
                         "act silu|gelu|relu (swiglu|geglu|reglu)"))
+
+
+# --- cast ----------------------------------------------------------------------------------
+# ggml_cast: a new tensor of another type, computed by ggml's CPY op (with itself as the
+# destination, src[1] = result, which changes no allocation: see docs/format.md). llama.cpp
+# casts an f32 K/V cache view to f16 before flash attention.
+
+def _cast_infer(srcs, *, dtype):
+    (a,) = srcs
+    if dtype not in TYPES or not can_encode(dtype):
+        raise InputError(f"cast: dtype must be a type values can be written as (f32, f16, "
+                         f"bf16, q8_0, ...), got {dtype!r}")
+    need_float("cast", a)
+    if TYPES[dtype].is_block and a.shape[-1] % TYPES[dtype].block_size:
+        raise InputError(f"cast: a {who(a)} rows are not whole blocks of {dtype}")
+    return OpResult(a.shape, dtype)
+
+
+@quiet
+def _cast_kernel(out, a, *, dtype):
+    encoded = from_f32(to_f32(a), dtype)
+    np.copyto(out, encoded.reshape(out.shape), casting="unsafe")
+
+
+register(OpSpec(name="cast", n_src=(1, 1), infer=_cast_infer, kernel=_cast_kernel,
+                params={"dtype": REQUIRED}, flops=lambda out, srcs: 0,
+                summary="a converted to dtype, a new contiguous tensor (ggml_cast)"))

@@ -31,7 +31,7 @@ def need_weight_type(op: str, a: Tensor) -> None:
     """Weights may be any float or block type; integers are not matrices to multiply."""
     gtype = TYPES[a.dtype]
     if not (gtype.is_block or a.dtype in ("f32", "f16", "bf16")):
-        raise InputError(f"{op}: a {who(a)} must be f32, f16, bf16 or a quantized type")
+        raise InputError(f"{op}: a {who(a)} must be f32 or f16 (or bf16, or a quantized type)")
 
 
 def _mul_mat_infer(srcs):
