@@ -231,3 +231,36 @@ def test_measure_and_plan_a_card_json(tmp_path):
     assert plan["n_splits"] == data["n_splits"] == len(plan["splits"])
     assert len(plan["nodes"]) == data["n_nodes"]
     assert {s["backend"] for s in plan["splits"]} == {"SIM0", "CPU"}
+
+
+@pytest.mark.skipif(not TINY, reason="examples/models/ holds the tiny GGUFs (oracle's branch)")
+def test_run_a_gguf_outputs_the_last_token_logits(tmp_path):
+    import numpy as np
+
+    gguf = ROOT / "examples/models/tiny-llama-q8_0.gguf"
+    out = tmp_path / "logits.npz"
+    code, text, err = invoke("run", gguf, "--tokens", "1,72,101", "--ngl", "2", "--json",
+                             "--out", out)
+    assert code == 0, err
+    data = json.loads(text)
+    assert data["outputs"]["result_output"]["shape"] == [1, 320]
+    assert {"name", "copy_s", "compute_s", "copy_bytes"} <= set(data["timings"]["backends"][0])
+    with np.load(out, allow_pickle=False) as saved:
+        logits = saved["result_output"]
+    assert logits.shape == (1, 320) and np.isfinite(logits).all()
+    # the placement does not change the numbers beyond rounding
+    code, text, err = invoke("run", gguf, "--tokens", "1,72,101", "--ngl", "0", "--out",
+                             tmp_path / "cpu.npz")
+    assert code == 0, err
+    with np.load(tmp_path / "cpu.npz", allow_pickle=False) as saved:
+        assert np.allclose(saved["result_output"], logits, atol=2e-2 * np.abs(logits).max())
+
+
+@pytest.mark.skipif(not TINY, reason="examples/models/ holds the tiny GGUFs (oracle's branch)")
+def test_run_rejects_bad_tokens():
+    gguf = ROOT / "examples/models/tiny-llama-q8_0.gguf"
+    for tokens, words in (("1,x", "token ids"), ("1,320", "outside the vocabulary"),
+                          (",".join(["1"] * 20), "do not fit the context")):
+        extra = ["--ctx", "16"] if "context" in words else []
+        code, _, err = invoke("run", gguf, "--tokens", tokens, *extra)
+        assert code == 2 and words in err, err
