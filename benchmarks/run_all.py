@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["bench_dispatch.py", "bench_compute.py", "bench_scale.py", "bench_memory.py"]
+SCRIPTS = ["bench_dispatch.py", "bench_compute.py", "bench_scale.py", "bench_memory.py",
+           "bench_quant.py", "bench_fit.py"]
 
 
 def main() -> int:

@@ -19,9 +19,9 @@ F16, F32, I32 = np.float16, np.float32, np.int32
 
 SPEC_OPS = ("add sub mul div neg abs sqr sqrt log exp relu silu sigmoid tanh gelu scale clamp "
             "sum sum_rows mean argmax norm rms_norm soft_max diag_mask_inf mul_mat get_rows "
-            "repeat concat cont rope view reshape permute transpose cpy").split()
+            "repeat concat cont rope view reshape permute transpose cpy set_rows flash_attn_ext glu cast").split()
 SPEC_INPLACE = ("add sub mul div sqr sqrt log scale neg abs relu silu sigmoid tanh gelu exp "
-                "diag_mask_inf rope rms_norm soft_max").split()
+                "diag_mask_inf rope rms_norm soft_max clamp").split()
 
 
 def test_registry_holds_exactly_the_spec_ops():
@@ -237,7 +237,7 @@ def test_unknown_param_key():
     with pytest.raises(InputError, match=r"unknown param 'sigma'"):
         node_for("norm", [randn(2, 2)], {"sigma": 1})
     with pytest.raises(InputError, match=r"unknown param 'axis'.*takes none"):
-        node_for("cont", [randn(2, 2)], {"axis": 1})
+        node_for("transpose", [randn(2, 2)], {"axis": 1})
 
 
 def test_missing_required_param():

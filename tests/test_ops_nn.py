@@ -88,9 +88,9 @@ def test_soft_max_f16_and_mask_errors():
     got = run("soft_max", [a, mask], {"scale": 2})
     assert got.dtype == F16
     np.testing.assert_allclose(got, softmax_ref(a, mask, 2.0), rtol=2e-3, atol=2e-4)
-    with pytest.raises(InputError, match="last two dims must equal"):
+    with pytest.raises(InputError, match="last dim must equal"):
         node_for("soft_max", [randn(2, 3, 4), randn(3, 5)])
-    with pytest.raises(InputError, match="last two dims must equal"):
+    with pytest.raises(InputError, match="at least 3 rows"):
         node_for("soft_max", [randn(2, 3, 4), randn(2, 4)])
     with pytest.raises(InputError, match="tile"):
         node_for("soft_max", [randn(3, 3, 4), randn(2, 3, 4)])

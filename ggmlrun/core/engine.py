@@ -16,6 +16,7 @@ from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.core.run.exec import Executor, RunResult
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
+from ggmlrun.core.util.ggml_version import GgmlVersion
 
 
 @dataclass
@@ -39,18 +40,20 @@ def resolve_backends(graph: Graph, override: list[BackendSpec] | None) -> list[B
 POLICIES = ("ggml", "cost")
 
 
-def schedule(graph: Graph, backends: list[BackendSpec], policy: str = "ggml") -> Schedule:
+def schedule(graph: Graph, backends: list[BackendSpec], policy: str = "ggml",
+             ggml: GgmlVersion | str | None = None) -> Schedule:
     """`ggml`: ggml's passes, faithfully. `cost`: placement by modeled time (policy.py), kept
-    only when it is faster than ggml's and fits in memory."""
+    only when it is faster than ggml's and fits in memory. `ggml` picks whose rules (0.15 or
+    0.25); the schedule carries the choice on to the allocator."""
     if policy == "ggml":
-        return Scheduler(backends).schedule(graph)
+        return Scheduler(backends, ggml=ggml).schedule(graph)
     from ggmlrun.core.sched.policy import CostPolicy
 
     def fits(sched: Schedule) -> bool:
         _, memory = plan_memory(sched)
         return all(m.weights_bytes + m.arena_bytes <= m.memory for m in memory)
 
-    outcome = CostPolicy(backends).place(graph, fits)
+    outcome = CostPolicy(backends, ggml=ggml).place(graph, fits)
     outcome.schedule.policy = outcome
     return outcome.schedule
 
@@ -66,7 +69,7 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
     """
     alignments = [b.alignment for b in sched.backends]
     leafs, entries = allocation_sequence(sched)
-    ggml_plan = GraphAllocator(alignments).plan(leafs, entries)
+    ggml_plan = GraphAllocator(alignments, ggml=sched.ggml).plan(leafs, entries)
     plan = ggml_plan
     if planner == "best":
         from ggmlrun.core.memory.planner import best_plan

@@ -20,7 +20,7 @@ def main() -> None:
     for path in sorted((ROOT / "graphs").glob("*.yaml")):
         graph = load_graph(path)
         flat = cpu_only(graph)
-        sched = engine.schedule(graph, device_backends(graph))
+        sched = engine.schedule(graph, device_backends(graph), ggml="0.15")
         _, memory = engine.plan_memory(sched, "ggml")
         row = [path.stem, f"{our_cpu_bytes(flat):,}", f"{ggml_bytes(flat):,}", str(len(sched.splits))]
         if gb.HAS_RPC:

@@ -52,7 +52,7 @@ def cpu_only(graph: Graph) -> Graph:
 def our_cpu_bytes(graph: Graph) -> int:
     cpu = default_cpu()
     cpu.alignment = 32
-    sched = engine.schedule(graph, [cpu])
+    sched = engine.schedule(graph, [cpu], ggml="0.15")
     _, memory = engine.plan_memory(sched, "ggml")
     return memory[0].arena_bytes
 
@@ -128,7 +128,7 @@ def test_scheduler_splits_and_buffers_equal_ggml(path):
         pytest.skip("this ggml build has no RPC backend to stand for the device; install with "
                     "CMAKE_ARGS='-DGGML_RPC=ON' pip install --no-cache-dir -e '.[conformance]'")
     g = load_graph(path)
-    sched = engine.schedule(g, device_backends(g))
+    sched = engine.schedule(g, device_backends(g), ggml="0.15")
     _, memory = engine.plan_memory(sched, "ggml")
     theirs = gb.isolated(gb.sched_stats, g, device="rpc")
     assert len(sched.splits) == theirs["n_splits"]

@@ -13,6 +13,7 @@ import numpy as np
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.ir.graph import Tensor
+from ggmlrun.core.ir.ops.quant import needs_storage_view, storage_view
 
 
 def aligned_bytes(size: int, alignment: int) -> np.ndarray:
@@ -23,6 +24,8 @@ def aligned_bytes(size: int, alignment: int) -> np.ndarray:
 
 
 def strided_view(buffer: np.ndarray, offset: int, tensor: Tensor) -> np.ndarray:
+    if needs_storage_view(tensor.gtype):     # bf16, block types: raw storage, typed
+        return storage_view(buffer, offset, tensor.shape, tensor.strides, tensor.gtype)
     return np.ndarray(tensor.shape, dtype=tensor.np_dtype, buffer=buffer, offset=offset,
                       strides=tensor.strides)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import quants as _gguf_quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 # NumPy holds these directly; bf16 and the block types have no NumPy dtype.
@@ -63,3 +64,16 @@ PLAIN = ("f32", "f16", "i32")
 
 def ggml_type(name: str) -> GgmlType:
     return TYPES[name]
+
+
+# The block codecs, also from `gguf` (llama.cpp's reference code), so that this module stays
+# the one door to the gguf package. Both raise NotImplementedError where gguf has no codec.
+
+def decode_blocks(raw: np.ndarray, name: str) -> np.ndarray:
+    """Bytes of whole rows of type `name` (rows in the last axis) -> their values (f32)."""
+    return _gguf_quants.dequantize(raw, GGMLQuantizationType(TYPES[name].id))
+
+
+def encode_blocks(values: np.ndarray, name: str) -> np.ndarray:
+    """f32 rows -> their bytes as type `name` (the last axis a multiple of the block)."""
+    return _gguf_quants.quantize(values, GGMLQuantizationType(TYPES[name].id))

@@ -18,6 +18,7 @@ from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.sched.scheduler import Schedule
 from ggmlrun.core.util.fmt import align_up
 from ggmlrun.core.util.gcpause import gc_paused
+from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
 
 _HUGE = 2**62  # ggml's SIZE_MAX/2: a measure arena's tail block never runs out
 
@@ -156,8 +157,9 @@ class MemoryPlan:
 class GraphAllocator:
     """ggml_gallocr over several arenas (one per backend), measure mode only."""
 
-    def __init__(self, alignments: list[int]):
+    def __init__(self, alignments: list[int], ggml: GgmlVersion | str | None = None):
         self.alignments = alignments
+        self.ggml = ggml_version(ggml)
 
     def plan(self, leafs: list[tuple[Tensor, int]], entries: list[PlanEntry]) -> MemoryPlan:
         with gc_paused():
@@ -173,7 +175,8 @@ class GraphAllocator:
         self.event = 0
         self._owner: dict[Slot, Tensor | None] = {}   # ggml's `allocated` flag, per slot
         self.pinned = self._never_freed(entries, leafs)
-        self._inplace_ops = frozenset(name for name, spec in OPS.items() if spec.inplace)
+        self._inplace_ops = frozenset(name for name, spec in OPS.items()
+                                      if spec.inplace and name not in self.ggml.not_inplace)
 
         # 1. leafs first, so graph inputs never overlap one another or anything else
         for leaf, buffer in leafs:

@@ -25,6 +25,7 @@ from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
+from ggmlrun.core.util.ggml_version import GgmlVersion
 
 INF = 1 << 62
 PICO = 1e12  # costs become integer picoseconds for the flow
@@ -100,12 +101,13 @@ def owner(t: Tensor) -> Tensor:
 
 
 class CostPolicy:
-    def __init__(self, backends: list[BackendSpec]):
+    def __init__(self, backends: list[BackendSpec], ggml: GgmlVersion | str | None = None):
         self.backends = backends
+        self.ggml = ggml
         self.cpu = len(backends) - 1
 
     def place(self, graph: Graph, fits=None) -> PolicyOutcome:
-        base = Scheduler(self.backends).schedule(graph)
+        base = Scheduler(self.backends, ggml=self.ggml).schedule(graph)
         labels = {t: b for t, b in base.backend_of.items() if t.role != "copy"}
         fixed = self._fixed(graph, base)
         for _ in range(2):
@@ -124,7 +126,7 @@ class CostPolicy:
             if b != base.backend_of[node]:
                 moved.append(node)
             decided[node] = (b, "cost" if b != base.backend_of[node] else base.cause[node])
-        candidate = Scheduler(self.backends).schedule(graph, decided)
+        candidate = Scheduler(self.backends, ggml=self.ggml).schedule(graph, decided)
         self._explain(candidate, base, moved)
         ggml_time, cost_time = costs.modeled_time(base), costs.modeled_time(candidate)
         if not moved or sum(cost_time) >= sum(ggml_time):

@@ -23,8 +23,8 @@ from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.util.gcpause import gc_paused
+from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
 
-MAX_SPLIT_INPUTS = 30  # GGML_SCHED_MAX_SPLIT_INPUTS
 COPY, COMPUTE = "copy", "compute"
 
 
@@ -58,6 +58,7 @@ class Schedule:
     copy_source: dict[Tensor, Tensor]         # copy -> the tensor it copies
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
+    ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
 
     @property
     def copy_count(self) -> int:
@@ -96,8 +97,10 @@ def batch_size(node: Tensor) -> int:
 
 
 class Scheduler:
-    def __init__(self, backends: list[BackendSpec], op_offload: bool = True):
+    def __init__(self, backends: list[BackendSpec], op_offload: bool = True,
+                 ggml: GgmlVersion | str | None = None):
         self.backends = backends
+        self.ggml = ggml_version(ggml)
         self.n = len(backends)
         self.cpu = self.n - 1
         self.op_offload = op_offload
@@ -126,7 +129,8 @@ class Scheduler:
         self._pass4_remaining(graph.nodes)
         splits, srcs_of, copy_source = self._pass5_split(graph.nodes)
         return Schedule(graph=graph, backends=self.backends, backend_of=self.backend_of,
-                        cause=self.cause, splits=splits, srcs_of=srcs_of, copy_source=copy_source)
+                        cause=self.cause, splits=splits, srcs_of=srcs_of, copy_source=copy_source,
+                        ggml=self.ggml)
 
     # --- facts the passes use ---------------------------------------------------------------
     def _backend_index(self, name: str, tensor: Tensor, what: str) -> int:
@@ -233,8 +237,10 @@ class Scheduler:
                 file=_file(self.graph), line=node.line, culprit=node.describe())
         if node.role == "input":
             return self.cpu, "1.inp"
+        if node.op in self.ggml.weight_rule_skips:
+            return -1, ""
         for i, src in enumerate(node.src):
-            if node.op != "rope" and src.role == "weight":
+            if src.role == "weight":
                 src_b = self._from_buffer(src, node)
                 if self.op_offload and src_b == self.cpu:
                     for b in range(src_b):
@@ -357,7 +363,7 @@ class Scheduler:
             if src.role == "weight":
                 if self._get(src) != current and not self._buffer_supported(src, current):
                     return True
-            if len(split.inputs) == MAX_SPLIT_INPUTS:
+            if len(split.inputs) == self.ggml.max_split_inputs:
                 if (self._get(src) != current and (src, current) not in copy_of
                         and not self._buffer_supported(src, current)):
                     return True

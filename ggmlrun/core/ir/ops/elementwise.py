@@ -212,4 +212,5 @@ def _clamp_kernel(out, a, *, min, max):  # noqa: A002
 
 register(OpSpec(
     name="clamp", n_src=(1, 1), infer=_clamp_infer, kernel=_clamp_kernel,
-    params={"min": -math.inf, "max": math.inf}, summary="clip a to min..max (defaults ±inf)"))
+    params={"min": -math.inf, "max": math.inf}, inplace=True,   # ggml 0.25.3 (not 0.15.3)
+    summary="clip a to min..max (defaults ±inf)"))

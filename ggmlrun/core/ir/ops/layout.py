@@ -78,19 +78,32 @@ register(OpSpec(name="concat", n_src=(2, 2), infer=_concat_infer, kernel=_concat
 
 # --- cont ----------------------------------------------------------------------------------
 
-def _cont_infer(srcs):
+def _cont_infer(srcs, *, shape):
+    """ggml_cont_2d/3d/4d: the copy may take a new shape of the same element count."""
     (a,) = srcs
-    return OpResult(a.shape, a.dtype)
+    if shape is None:
+        return OpResult(a.shape, a.dtype)
+    dims = want_shape("cont", "shape", shape)
+    if math.prod(dims) != a.n_elements:
+        raise InputError(f"cont: shape {list(dims)} has {math.prod(dims)} elements, a "
+                         f"{fmt(a.shape)} has {a.n_elements}")
+    return OpResult(dims, a.dtype)
 
 
-@fast_path(lambda out, a: (np.copyto, (out, a)))
+def _cont_bind(out, a, *, shape):
+    return (np.copyto, (out, a)) if out.shape == a.shape else None
+
+
+@fast_path(_cont_bind)
 @quiet
-def _cont_kernel(out, a):
-    np.copyto(out, a)
+def _cont_kernel(out, a, *, shape):
+    """Elements pair up in row-major logical order, as ggml's dup does."""
+    np.copyto(out, a if a.shape == out.shape else a.reshape(out.shape))
 
 
 register(OpSpec(name="cont", n_src=(1, 1), infer=_cont_infer, kernel=_cont_kernel,
-                flops=_no_flops, summary="a contiguous copy of a"))
+                params={"shape": None}, flops=_no_flops,
+                summary="a contiguous copy of a, optionally with a new shape (same count)"))
 
 
 # --- cpy -----------------------------------------------------------------------------------
@@ -121,15 +134,19 @@ def _view_infer(srcs, *, shape, offset, strides):
     (a,) = srcs
     dims = want_shape("view", "shape", shape)
     off = want_int("view", "offset", offset, lo=0)
+    block = a.gtype.block_size             # block types: the innermost dim counts blocks
+    if block > 1 and dims[-1] % block:
+        raise InputError(f"view: a {who(a)} stores blocks of {block}; the last dim of shape "
+                         f"{list(dims)} must be a multiple of it")
     if strides is None:
-        st = contiguous_strides(dims, a.itemsize)
+        st = contiguous_strides(dims, a.itemsize, block)
     else:
         st = tuple(want_int_list("view", "strides", strides))
         if len(st) != len(dims):
             raise InputError(f"view: strides {list(st)} and shape {list(dims)} differ in length")
         if any(s < 0 for s in st):
             raise InputError(f"view: strides must be >= 0 bytes, got {list(st)}")
-    end = off + span_bytes(dims, st, a.itemsize)
+    end = off + span_bytes(dims, st, a.itemsize, block)
     if end > a.nbytes:
         raise InputError(f"view: shape {list(dims)}, strides {list(st)} at offset {off} reach "
                          f"byte {end}, past the end of a {who(a)} ({a.nbytes} bytes)")
@@ -160,7 +177,12 @@ def _reshape_infer(srcs, *, shape):
         raise InputError(f"reshape: a {fmt(a.shape)} has {a.n_elements} elements, shape "
                          f"{shape!r} has {known}")
     dims = tuple(dims)
-    return OpResult(dims, a.dtype, strides=contiguous_strides(dims, a.itemsize), view_of=0)
+    block = a.gtype.block_size
+    if dims[-1] % block:
+        raise InputError(f"reshape: a {who(a)} stores blocks of {block}; the last dim of "
+                         f"{list(dims)} must be a multiple of it")
+    return OpResult(dims, a.dtype, strides=contiguous_strides(dims, a.itemsize, block),
+                    view_of=0)
 
 
 register(OpSpec(name="reshape", n_src=(1, 1), infer=_reshape_infer, kernel=None, view_op=True,

@@ -1,7 +1,9 @@
 """mul_mat and get_rows: the ops that read a weight matrix.
 
-mul_mat follows ggml: result [.., N, M] = b @ aᵀ in f32, and when a is f16, b is rounded to
-f16 first (ggml converts b to a's "vec_dot_type") while sums stay f32. A source with fewer
+mul_mat follows ggml: result [.., N, M] = b @ aᵀ in f32, and b is first rounded the way ggml
+converts it to a's "vec_dot_type" (f16 for f16 a, bf16 for bf16, q8_0 for q4_0/q5_*/q8_0, q8_K
+for the k-quants) while sums stay f32. A bf16 or quantized a is decoded to f32 per call, one
+matrix at a time (no cache: memory stays bounded by the largest single weight). A source with fewer
 than 2 dims counts as one row. Batch broadcasting repeats each of a's batches r times in a
 row (b's batch j reads a's batch j // r), which differs from the "tiles" rule of add & co.
 """
@@ -12,7 +14,10 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ggmlrun.core.util.errors import InputError, RunError
+from ggmlrun.core.ir.graph import Tensor
+from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import F32, fmt, need_dtype, need_float, quiet, store, who
+from ggmlrun.core.ir.ops.quant import round_like_vec_dot, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 
@@ -22,9 +27,16 @@ def _padded(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
 
 # --- mul_mat -------------------------------------------------------------------------------
 
+def need_weight_type(op: str, a: Tensor) -> None:
+    """Weights may be any float or block type; integers are not matrices to multiply."""
+    gtype = TYPES[a.dtype]
+    if not (gtype.is_block or a.dtype in ("f32", "f16", "bf16")):
+        raise InputError(f"{op}: a {who(a)} must be f32 or f16 (or bf16, or a quantized type)")
+
+
 def _mul_mat_infer(srcs):
     a, b = srcs
-    need_float("mul_mat", a)
+    need_weight_type("mul_mat", a)
     need_float("mul_mat", b, "b")
     rank = max(len(a.shape), len(b.shape), 2)
     ap, bp = _padded(a.shape, rank), _padded(b.shape, rank)
@@ -57,12 +69,15 @@ def _split_batches(x: np.ndarray, groups: tuple[int, ...]) -> np.ndarray:
 @quiet
 def _mul_mat_kernel(out, a, b):
     rank = out.ndim
-    a = a.reshape(_padded(a.shape, rank))
+    weight_type = type_of(a)
+    a32 = to_f32(a)
+    a32 = a32.reshape(_padded(a32.shape, rank))
     b = b.reshape(_padded(b.shape, rank))
-    if a.dtype == np.float16:
-        b = b.astype(np.float16)
-    a32 = a if a.dtype == F32 else a.astype(F32)
-    b32 = b if b.dtype == F32 else b.astype(F32)
+    if weight_type == "f16":
+        b32 = b.astype(np.float16).astype(F32)
+    else:
+        b32 = round_like_vec_dot(to_f32(b), weight_type)
+    a = a32
     groups = a.shape[:-2]
     out_v = _split_batches(out, groups)
     b_v = _split_batches(b32, groups)
@@ -73,14 +88,14 @@ def _mul_mat_kernel(out, a, b):
 
 register(OpSpec(name="mul_mat", n_src=(2, 2), infer=_mul_mat_infer, kernel=_mul_mat_kernel,
                 flops=_mul_mat_flops,
-                summary="a [.., M, K], b [.., N, K] -> [.., N, M] = b @ aᵀ, f32"))
+                summary="a [.., M, K] (float or quantized), b [.., N, K] -> [.., N, M] = b @ aᵀ, f32"))
 
 
 # --- get_rows ------------------------------------------------------------------------------
 
 def _get_rows_infer(srcs):
     a, b = srcs
-    need_dtype("get_rows", b, ("i32",), "b (row indices)")
+    need_dtype("get_rows", b, ("i32", "i64"), "b (row indices)")
     if len(a.shape) == 2 and len(b.shape) == 1:
         shape = (b.shape[0], a.shape[1])
     elif len(a.shape) == 3 and len(b.shape) == 2 and a.shape[0] == b.shape[0]:
@@ -89,6 +104,14 @@ def _get_rows_infer(srcs):
         raise InputError(f"get_rows: a {who(a)} and b {who(b)} must be a [R, C] with b [N], "
                          f"or a [B, R, C] with b [B, N]")
     return OpResult(shape, "i32" if a.dtype == "i32" else "f32")
+
+
+def _picked_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Only the picked rows are decoded (a quantized token table stays quantized)."""
+    if a.ndim == 2:
+        return to_f32(a[b]) if getattr(a, "ggml_type", "") else a[b]
+    picked = a[np.arange(a.shape[0])[:, None], b]
+    return to_f32(picked) if getattr(a, "ggml_type", "") else picked
 
 
 def _get_rows_flops(out, srcs):
@@ -102,12 +125,9 @@ def _get_rows_kernel(out, a, b):
     if bad.any():
         raise RunError(f"get_rows: row index {int(b[bad].flat[0])} is out of range "
                        f"[0, {rows})")
-    if a.ndim == 2:
-        store(out, a[b])
-    else:
-        store(out, a[np.arange(a.shape[0])[:, None], b])
+    store(out, _picked_rows(a, b))
 
 
 register(OpSpec(name="get_rows", n_src=(2, 2), infer=_get_rows_infer, kernel=_get_rows_kernel,
                 flops=_get_rows_flops,
-                summary="rows of a [(B), R, C] picked by b i32 [(B), N]; f32 (i32 for i32 a)"))
+                summary="rows of a [(B), R, C] (any type) picked by b i32/i64 [(B), N]; f32 (i32 for i32 a)"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops.common import (
     F32, fmt, is_int, need_dtype, need_float, need_ndim, quiet, store, tile_split, tiles,
     want_int, want_number, who)
@@ -58,41 +59,84 @@ register(OpSpec(name="rms_norm", n_src=(1, 1), infer=_norm_infer("rms_norm"),
 
 # --- soft_max ------------------------------------------------------------------------------
 
-def _soft_max_infer(srcs, *, scale):
+def _soft_max_infer(srcs, *, scale, max_bias):
     a = srcs[0]
     need_float("soft_max", a)
     want_number("soft_max", "scale", scale)
+    want_number("soft_max", "max_bias", max_bias, nonneg=True)
     if len(srcs) == 2:
-        mask = srcs[1]
-        need_float("soft_max", mask, "mask")
-        tail_a = ((1, 1) + a.shape)[-2:]
-        tail_m = ((1, 1) + mask.shape)[-2:]
-        if tail_a != tail_m or not tiles(a.shape, mask.shape):
-            raise InputError(
-                f"soft_max: mask {fmt(mask.shape)} does not fit a {fmt(a.shape)}: its last two "
-                f"dims must equal a's and its leading dims must tile a's")
+        need_mask_fits("soft_max", srcs[1], a.shape)
+    elif max_bias > 0:
+        raise InputError("soft_max: max_bias > 0 (ALiBi) needs a mask")
     return OpResult(a.shape, a.dtype)
 
 
+def need_mask_fits(op: str, mask: Tensor, scores: tuple[int, ...]) -> None:
+    """ggml_soft_max_ext's rule: same row length, at least as many rows (ggml pads the mask's
+    rows; the extra ones are never read), leading dims tiling the scores'."""
+    need_float(op, mask, "mask")
+    rows_s, cols_s = ((1, 1) + tuple(scores))[-2:]
+    rows_m, cols_m = ((1, 1) + mask.shape)[-2:]
+    lead_s, lead_m = tuple(scores[:-2]), tuple(mask.shape[:-2])
+    if cols_m != cols_s or rows_m < rows_s or not tiles(lead_s + (1, 1), lead_m + (1, 1)):
+        raise InputError(
+            f"{op}: mask {fmt(mask.shape)} does not fit scores {fmt(scores)}: its last dim must "
+            f"equal theirs, it needs at least {rows_s} rows, and its leading dims must tile theirs")
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """Per-head mask multipliers as ggml's soft_max and flash_attn_ext form them (f32 powf)."""
+    if max_bias <= 0:
+        return np.ones(n_head, F32)
+    n_log2 = 1 << int(np.floor(np.log2(n_head)))
+    m0 = F32(2.0) ** F32(-max_bias / n_log2)
+    m1 = F32(2.0) ** F32(-(max_bias / 2.0) / n_log2)
+    h = np.arange(n_head)
+    return np.where(h < n_log2, m0 ** (h + 1).astype(F32),
+                    m1 ** (2 * (h - n_log2) + 1).astype(F32)).astype(F32)
+
+
+def masked_scores(x: np.ndarray, mask: np.ndarray | None, max_bias: float) -> None:
+    """x += slope(head)·mask in place; x [.., H, T, KV], the mask's first T rows used."""
+    if mask is None:
+        return
+    rows = x.shape[-2] if x.ndim >= 2 else 1
+    m = mask[..., :rows, :].astype(F32) if mask.ndim >= 2 else mask.astype(F32)
+    if max_bias > 0:
+        heads = x.shape[-3] if x.ndim >= 3 else 1
+        slopes = alibi_slopes(heads, max_bias)
+        m_full = np.empty(x.shape, F32)
+        out_v, m_v = tile_split(m_full, m)
+        np.copyto(out_v, m_v)
+        m_full *= slopes.reshape((heads, 1, 1))
+        m = m_full
+    x_v, m_v = tile_split(x, m)
+    np.add(x_v, m_v, out=x_v, dtype=F32, casting="same_kind")
+
+
 @quiet
-def _soft_max_kernel(out, a, mask=None, *, scale):
+def _soft_max_kernel(out, a, mask=None, *, scale, max_bias):
     if mask is not None and np.may_share_memory(mask, out):
         mask = mask.copy()     # ggml may give the node its mask's slot; read it before writing
     x = out if out.dtype == F32 else np.empty(out.shape, F32)
     np.multiply(a, F32(scale), out=x, dtype=F32, casting="same_kind")
-    if mask is not None:
-        x_v, m_v = tile_split(x, mask)
-        np.add(x_v, m_v, out=x_v, dtype=F32, casting="same_kind")
-    x -= np.max(x, axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x *= (1.0 / np.sum(x, axis=-1, keepdims=True, dtype=np.float64)).astype(F32)
+    masked_scores(x, mask, max_bias)
+    softmax_rows(x)
     if x is not out:
         store(out, x)
 
 
+def softmax_rows(x: np.ndarray) -> None:
+    """In place over the last dim, the sum in f64 as ggml's ggml_float."""
+    x -= np.max(x, axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x *= (1.0 / np.sum(x, axis=-1, keepdims=True, dtype=np.float64)).astype(F32)
+
+
 register(OpSpec(name="soft_max", n_src=(1, 2), infer=_soft_max_infer, kernel=_soft_max_kernel,
-                params={"scale": 1.0}, inplace=True, flops=_per_element(6),
-                summary="softmax over the last dim of a·scale + mask (optional 2nd src)"))
+                params={"scale": 1.0, "max_bias": 0.0}, inplace=True, flops=_per_element(6),
+                summary="softmax over the last dim of a·scale + slope·mask (optional 2nd src; "
+                        "ALiBi slopes when max_bias > 0)"))
 
 
 # --- diag_mask_inf -------------------------------------------------------------------------
@@ -119,9 +163,18 @@ register(OpSpec(name="diag_mask_inf", n_src=(1, 1), infer=_diag_mask_infer,
 
 
 # --- rope ----------------------------------------------------------------------------------
+# rope_ext's params (ggml_rope_ext): YaRN's ext_factor/attn_factor/beta_* and the optional
+# third source freq_factors (Llama 3's per-pair divisors of θ). With ext_factor 0,
+# attn_factor 1 and no factors it is the plain rotary embedding, bit for bit as before.
 
-def _rope_infer(srcs, *, n_dims, mode, freq_base, freq_scale):
-    a, pos = srcs
+_ROPE_PARAMS = {"n_dims": None, "mode": 0, "n_ctx_orig": 0, "freq_base": 10000.0,
+                "freq_scale": 1.0, "ext_factor": 0.0, "attn_factor": 1.0,
+                "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def _rope_infer(srcs, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                attn_factor, beta_fast, beta_slow):
+    a, pos = srcs[0], srcs[1]
     need_float("rope", a)
     need_ndim("rope", a, 3, 4)
     need_dtype("rope", pos, ("i32",), "b (positions)")
@@ -129,6 +182,7 @@ def _rope_infer(srcs, *, n_dims, mode, freq_base, freq_scale):
         raise InputError(f"rope: b (positions) {who(pos)} must be [T] = [{a.shape[-3]}] "
                          f"for a [(B), T, H, D] = {fmt(a.shape)}")
     d = a.shape[-1]
+    n = d
     if n_dims is not None:
         n = want_int("rope", "n_dims", n_dims, lo=2)
         if n % 2 or n > d:
@@ -137,17 +191,27 @@ def _rope_infer(srcs, *, n_dims, mode, freq_base, freq_scale):
         raise InputError(f"rope: D = {d} is odd; give an even n_dims <= D")
     if not is_int(mode) or mode not in (0, 2):
         raise InputError(f"rope: mode must be 0 (normal) or 2 (NeoX), got {mode!r}")
+    want_int("rope", "n_ctx_orig", n_ctx_orig, lo=0)
     want_number("rope", "freq_base", freq_base, positive=True)
     want_number("rope", "freq_scale", freq_scale, positive=True)
+    for key, value in (("ext_factor", ext_factor), ("attn_factor", attn_factor),
+                       ("beta_fast", beta_fast), ("beta_slow", beta_slow)):
+        want_number("rope", key, value)
+    if ext_factor != 0 and n_ctx_orig == 0:
+        raise InputError("rope: ext_factor != 0 (YaRN) needs n_ctx_orig > 0")
+    if len(srcs) == 3:
+        factors = srcs[2]
+        need_dtype("rope", factors, ("f32",), "c (freq_factors)")
+        if factors.shape != (n // 2,):
+            raise InputError(f"rope: c (freq_factors) {who(factors)} must be [n_dims/2] = "
+                             f"[{n // 2}]")
     return OpResult(a.shape, a.dtype)
 
 
-def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float,
-                freq_scale: float) -> np.ndarray:
-    """θ[t, i] in f32, formed as ggml forms it, so large positions agree with ggml.
+def _theta_extrap(pos: np.ndarray, n_dims: int, freq_base: float) -> np.ndarray:
+    """θ[t, i] in f32 before freq_scale, formed as ggml forms it (agreement at large positions).
 
-    ggml (rope cache): θ₀ = (float)p, θᵢ₊₁ = θᵢ·powf(base, −2/n) as f32 products, and each
-    angle is multiplied by freq_scale as it is used.
+    ggml (rope cache): θ₀ = (float)p, θᵢ₊₁ = θᵢ·powf(base, −2/n) as f32 products.
     """
     half = n_dims // 2
     # C's powf is correctly rounded here and NumPy's f32 power can be one ulp off, which the
@@ -157,17 +221,53 @@ def rope_angles(pos: np.ndarray, n_dims: int, freq_base: float,
     theta[:, 0] = pos.astype(F32)
     theta[:, 1:] = step
     np.multiply.accumulate(theta, axis=1, out=theta)
-    theta *= F32(freq_scale)
     return theta
 
 
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims, in f32 as ggml computes it."""
+    def corr_dim(n_rot: float) -> float:
+        return F32(n_dims) * np.log(F32(n_ctx_orig) / (F32(n_rot) * F32(2) * F32(np.pi)),
+                                    dtype=F32) / (F32(2) * np.log(F32(freq_base), dtype=F32))
+    start = np.floor(corr_dim(beta_fast))
+    end = np.ceil(corr_dim(beta_slow))
+    return float(max(0.0, start)), float(min(n_dims - 1.0, end))
+
+
+def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: float,
+                 ext_factor: float, attn_factor: float, corr: tuple[float, float],
+                 factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """ggml-cpu's rope cache (ggml_rope_cache_init + rope_yarn): cos and sin, [T, n/2]."""
+    theta_extrap = _theta_extrap(pos, n_dims, freq_base)
+    if factors is not None:
+        theta_extrap = theta_extrap / factors.astype(F32)
+    theta = F32(freq_scale) * theta_extrap
+    mscale = F32(attn_factor)
+    if ext_factor != 0.0:
+        i0 = np.arange(0, n_dims, 2)
+        y = (i0 // 2 - F32(corr[0])) / F32(max(0.001, corr[1] - corr[0]))
+        ramp_mix = (1 - np.minimum(1, np.maximum(0, y))).astype(F32) * F32(ext_factor)
+        theta = theta * (1 - ramp_mix) + theta_extrap * ramp_mix
+        mscale = F32(mscale * (F32(1) + F32(0.1) * np.log(F32(1) / F32(freq_scale), dtype=F32)))
+    cos, sin = np.cos(theta), np.sin(theta)
+    if mscale != 1:
+        cos, sin = cos * mscale, sin * mscale
+    return cos, sin
+
+
 @quiet
-def _rope_kernel(out, a, pos, *, n_dims, mode, freq_base, freq_scale):
+def _rope_kernel(out, a, pos, factors=None, *, n_dims, mode, n_ctx_orig, freq_base,
+                 freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
     d = a.shape[-1]
     n = d if n_dims is None else n_dims
     half = n // 2
-    theta = rope_angles(pos, n, freq_base, freq_scale)[:, None, :]   # [T, 1, n/2]
-    cos, sin = np.cos(theta), np.sin(theta)
+    corr = (0.0, 0.0)
+    if ext_factor != 0.0:
+        corr = yarn_corr_dims(n, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    cos, sin = rope_cos_sin(pos, n, freq_base, freq_scale, ext_factor, attn_factor, corr,
+                            factors)
+    cos, sin = cos[:, None, :], sin[:, None, :]                     # [T, 1, n/2]
     if mode == 0:
         first, second = np.s_[..., 0:n:2], np.s_[..., 1:n:2]
     else:
@@ -181,7 +281,7 @@ def _rope_kernel(out, a, pos, *, n_dims, mode, freq_base, freq_scale):
     store(out[second], new_v)
 
 
-register(OpSpec(name="rope", n_src=(2, 2), infer=_rope_infer, kernel=_rope_kernel,
-                params={"n_dims": None, "mode": 0, "freq_base": 10000.0, "freq_scale": 1.0},
-                inplace=True, flops=_per_element(6),
-                summary="rotary embedding of a [(B), T, H, D] at positions b i32 [T]"))
+register(OpSpec(name="rope", n_src=(2, 3), infer=_rope_infer, kernel=_rope_kernel,
+                params=dict(_ROPE_PARAMS), inplace=True, flops=_per_element(6),
+                summary="rotary embedding of a [(B), T, H, D] at positions b i32 [T]; "
+                        "rope_ext's YaRN params and optional freq_factors c f32 [n_dims/2]"))

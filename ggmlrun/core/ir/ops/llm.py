@@ -1,0 +1,232 @@
+"""The ops llama.cpp's graph adds: set_rows (KV cache writes), flash_attn_ext, glu and cast.
+
+Shapes are NumPy order (ggml's ne reversed). set_rows writes into its first source's memory
+and its result is a view of it, as ggml_set_rows returns `ggml_view_tensor(a)`: the allocator
+gives it no memory and later nodes read the cache's bytes. ggml lists set_rows' sources as
+(b, c, a) for legacy reasons; here they are (a, b, c) = (destination, rows, indices), which
+changes nothing the scheduler or allocator decides (the destination is never arena memory).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ggmlrun.core.util.errors import InputError, RunError
+from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.ir.ops.common import (
+    F32, FLOATS, fmt, need_dtype, need_float, need_ndim, quiet, store, want_number, who)
+from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits
+from ggmlrun.core.ir.ops.quant import can_encode, from_f32, round_like_vec_dot, to_f32, type_of
+from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
+
+
+def _pad(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+# --- set_rows ------------------------------------------------------------------------------
+
+def _set_rows_infer(srcs):
+    a, b, c = srcs
+    need_dtype("set_rows", b, FLOATS, "b (rows)")
+    need_dtype("set_rows", c, ("i32", "i64"), "c (row indices)")
+    need_ndim("set_rows", a, 2, 4, "a (destination)")
+    need_ndim("set_rows", b, 2, 4, "b (rows)")
+    need_ndim("set_rows", c, 1, 3, "c (row indices)")
+    if not (TYPES[a.dtype].is_float or TYPES[a.dtype].is_block):
+        raise InputError(f"set_rows: a (destination) {who(a)} must be a float or block type")
+    if not can_encode(a.dtype):
+        raise InputError(f"set_rows: cannot write rows as {a.dtype} (a {who(a)}): no encoder")
+    a4, b4, c3 = _pad(a.shape, 4), _pad(b.shape, 4), _pad(c.shape, 3)
+    if a4[-1] != b4[-1] or a4[:2] != b4[:2]:
+        raise InputError(f"set_rows: b (rows) {fmt(b.shape)} must match a {fmt(a.shape)} in "
+                         f"its last dim and in its dims before the rows")
+    if c3[-1] != b4[-2] or b4[1] % c3[1] or b4[0] % c3[0]:
+        raise InputError(f"set_rows: c (row indices) {fmt(c.shape)} must be [.., N] with N = "
+                         f"{b4[-2]} rows of b {fmt(b.shape)}, its leading dims dividing b's")
+    if TYPES[a.dtype].is_block and a.shape[-1] % TYPES[a.dtype].block_size:
+        raise InputError(f"set_rows: a {who(a)} rows are not whole blocks")
+    return OpResult(a.shape, a.dtype, strides=a.strides, view_of=0)
+
+
+@quiet
+def _set_rows_kernel(out, a, b, c):
+    """`out` is a's memory; row r of b (in its batch) goes to row c[r] of a (in that batch)."""
+    rows = out.shape[-2]
+    idx = np.asarray(c).astype(np.int64)
+    bad = (idx < 0) | (idx >= rows)
+    if bad.any():
+        raise RunError(f"set_rows: row index {int(idx[bad].flat[0])} is out of range [0, {rows})")
+    dst_type = type_of(out)
+    out4 = out[(np.newaxis,) * (4 - out.ndim)]          # a view: writes reach a's memory
+    b4 = b[(np.newaxis,) * (4 - b.ndim)]
+    c3 = idx.reshape(_pad(idx.shape, 3))
+    for i3 in range(b4.shape[0]):
+        for i2 in range(b4.shape[1]):
+            targets = c3[i3 % c3.shape[0], i2 % c3.shape[1]]
+            values = to_f32(b4[i3, i2])
+            out4[i3, i2, targets] = from_f32(values, dst_type)
+
+
+register(OpSpec(name="set_rows", n_src=(3, 3), infer=_set_rows_infer, kernel=_set_rows_kernel,
+                flops=lambda out, srcs: 0,
+                summary="rows of b written into a at row indices c (i32/i64), converted to "
+                        "a's type; the result is a view of a"))
+
+
+# --- flash_attn_ext ------------------------------------------------------------------------
+
+_FA_PARAMS = {"scale": REQUIRED, "max_bias": 0.0, "logit_softcap": 0.0, "prec": "f32"}
+
+
+def _fa_infer(srcs, *, scale, max_bias, logit_softcap, prec):
+    q, k, v = srcs[:3]
+    op = "flash_attn_ext"
+    need_float(op, q, "q")
+    for role, t in (("k", k), ("v", v)):
+        gtype = TYPES[t.dtype]
+        if not (gtype.is_block or t.dtype in ("f32", "f16", "bf16")):
+            raise InputError(f"{op}: {role} {who(t)} must be a float or quantized type")
+    for role, t in (("q", q), ("k", k), ("v", v)):
+        need_ndim(op, t, 4, 4, role)
+    s, h, t_len, d = q.shape
+    sk, hkv, kv, dk = k.shape
+    sv, hv, kv_v, dv = v.shape
+    if dk != d or sk != s or sv != s or kv_v != kv or hv != hkv:
+        raise InputError(f"{op}: q {fmt(q.shape)} [S, H, T, D], k {fmt(k.shape)} [S, Hkv, KV, D] "
+                         f"and v {fmt(v.shape)} [S, Hkv, KV, Dv] disagree")
+    if h % hkv:
+        raise InputError(f"{op}: q's {h} heads must be a multiple of k's {hkv} (GQA)")
+    want_number(op, "scale", scale)
+    want_number(op, "max_bias", max_bias, nonneg=True)
+    want_number(op, "logit_softcap", logit_softcap, nonneg=True)
+    if prec not in ("f32", "default"):
+        raise InputError(f"{op}: prec must be 'f32' or 'default', got {prec!r}")
+    if len(srcs) == 4:
+        mask = srcs[3]
+        need_dtype(op, mask, ("f16",), "mask")
+        need_mask_fits(op, mask, (s, h, t_len, kv))
+    elif max_bias > 0:
+        raise InputError(f"{op}: max_bias > 0 (ALiBi) needs a mask")
+    return OpResult((s, t_len, h, dv), "f32")
+
+
+def _fa_flops(out, srcs):
+    q, k, v = srcs[:3]
+    s, h, t_len, d = q.shape
+    kv, dv = k.shape[2], v.shape[3]
+    return s * h * t_len * kv * (2 * d + 2 * dv + 5)
+
+
+@quiet
+def _fa_kernel(out, q, k, v, mask=None, *, scale, max_bias, logit_softcap, prec):
+    """ggml-cpu's numerics where they matter: q rounded to k's vec_dot type (f16 for an f16
+    cache), scores and softmax in f32; one (sequence, kv head) at a time to bound memory."""
+    s_n, h_n, t_len, _ = q.shape
+    hkv = k.shape[1]
+    group = h_n // hkv
+    q32 = round_like_vec_dot(to_f32(q), type_of(k))
+    slopes = alibi_slopes(h_n, max_bias)
+    mask32 = None if mask is None else to_f32(mask)[..., :t_len, :]
+    kq_scale = F32(scale / logit_softcap) if logit_softcap else F32(scale)
+    for si in range(s_n):
+        for g in range(hkv):
+            k32 = to_f32(k[si, g])                                      # [KV, D]
+            v32 = to_f32(v[si, g])                                      # [KV, Dv]
+            heads = slice(g * group, (g + 1) * group)
+            scores = np.matmul(q32[si, heads], k32.T) * kq_scale        # [G, T, KV]
+            if logit_softcap:
+                scores = F32(logit_softcap) * np.tanh(scores)
+            if mask32 is not None:
+                m = mask32[si % mask32.shape[0]]                        # [M2, T, KV]
+                idx = np.arange(g * group, (g + 1) * group) % m.shape[0]
+                scores = scores + slopes[heads, None, None] * m[idx]
+            top = np.max(scores, axis=-1, keepdims=True)
+            weights = np.exp(scores - np.where(np.isneginf(top), F32(0), top))
+            total = np.sum(weights, axis=-1, keepdims=True, dtype=np.float64)
+            inv = np.where(total > 0, 1.0 / np.where(total > 0, total, 1.0), 0.0).astype(F32)
+            result = np.matmul(weights * inv, v32)                      # [G, T, Dv]
+            store(out[si, :, heads, :], np.swapaxes(result, 0, 1))
+
+
+register(OpSpec(name="flash_attn_ext", n_src=(3, 4), infer=_fa_infer, kernel=_fa_kernel,
+                params=dict(_FA_PARAMS), flops=_fa_flops,
+                summary="softmax(q·kᵀ·scale + mask)·v per head (GQA); q [S, H, T, D] -> "
+                        "f32 [S, T, H, Dv]"))
+
+
+# --- glu -----------------------------------------------------------------------------------
+
+_GATE = {
+    "swiglu": lambda x: x / (F32(1) + np.exp(-x)),
+    "geglu": lambda x: F32(0.5) * x * (F32(1) + np.tanh(
+        F32(math.sqrt(2 / math.pi)) * (x + F32(0.044715) * x * x * x))),
+    "reglu": lambda x: np.maximum(x, F32(0)),
+}
+
+
+def _glu_infer(srcs, *, op, swapped):
+    a = srcs[0]
+    need_float("glu", a)
+    if op not in _GATE:
+        raise InputError(f"glu: op must be one of {', '.join(_GATE)}, got {op!r}")
+    if not isinstance(swapped, bool):
+        raise InputError(f"glu: param 'swapped' must be true or false, got {swapped!r}")
+    if len(srcs) == 2:
+        b = srcs[1]
+        if b.shape != a.shape or b.dtype != a.dtype:
+            raise InputError(f"glu: b {who(b)} must have a's shape and dtype ({who(a)})")
+        return OpResult(a.shape, a.dtype)
+    if a.shape[-1] % 2:
+        raise InputError(f"glu: a {who(a)} has an odd last dim; one-source glu splits it "
+                         f"in halves")
+    return OpResult(a.shape[:-1] + (a.shape[-1] // 2,), a.dtype)
+
+
+@quiet
+def _glu_kernel(out, a, b=None, *, op, swapped):
+    if b is None:
+        half = a.shape[-1] // 2
+        x, g = a[..., :half], a[..., half:]
+    else:
+        x, g = a, b
+    if swapped:
+        x, g = g, x
+    x32, g32 = x.astype(F32), g.astype(F32)
+    store(out, _GATE[op](x32) * g32)
+
+
+register(OpSpec(name="glu", n_src=(1, 2), infer=_glu_infer, kernel=_glu_kernel,
+                params={"op": REQUIRED, "swapped": False},
+                flops=lambda out, srcs: 5 * out.n_elements,
+                summary="gated unit: act(x)·g with x, g = a, b (or a's halves); "
+                        "act silu|gelu|relu (swiglu|geglu|reglu)"))
+
+
+# --- cast ----------------------------------------------------------------------------------
+# ggml_cast: a new tensor of another type, computed by ggml's CPY op (with itself as the
+# destination, src[1] = result, which changes no allocation: see docs/format.md). llama.cpp
+# casts an f32 K/V cache view to f16 before flash attention.
+
+def _cast_infer(srcs, *, dtype):
+    (a,) = srcs
+    if dtype not in TYPES or not can_encode(dtype):
+        raise InputError(f"cast: dtype must be a type values can be written as (f32, f16, "
+                         f"bf16, q8_0, ...), got {dtype!r}")
+    need_float("cast", a)
+    if TYPES[dtype].is_block and a.shape[-1] % TYPES[dtype].block_size:
+        raise InputError(f"cast: a {who(a)} rows are not whole blocks of {dtype}")
+    return OpResult(a.shape, dtype)
+
+
+@quiet
+def _cast_kernel(out, a, *, dtype):
+    encoded = from_f32(to_f32(a), dtype)
+    np.copyto(out, encoded.reshape(out.shape), casting="unsafe")
+
+
+register(OpSpec(name="cast", n_src=(1, 1), infer=_cast_infer, kernel=_cast_kernel,
+                params={"dtype": REQUIRED}, flops=lambda out, srcs: 0,
+                summary="a converted to dtype, a new contiguous tensor (ggml_cast)"))

@@ -1,0 +1,170 @@
+"""Values of the types NumPy cannot hold: bf16 and the block (quantized) types.
+
+A tensor of such a type lives in memory as ggml lays it out, and kernels receive it as a
+`TypedArray`: a NumPy array of its raw storage (uint16 for bf16; for block types uint8, the
+last axis being the row's bytes) that remembers its ggml type. Kernels turn it into f32 with
+`to_f32` only where they use it (the rows get_rows picks, the one matrix a mul_mat reads), so
+a model's weights are never all held in f32 at once.
+
+Decoding uses `gguf.quants` (the reference code llama.cpp publishes), and encoding too where
+it has one. `round_like_vec_dot` reproduces what ggml does to mul_mat's `b` before the dot
+products: it converts b to the weight's "vec_dot type" (f16, bf16, q8_0 or q8_K) and back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.ir.types import TYPES, GgmlType, decode_blocks, encode_blocks
+
+F32 = np.float32
+QK_K = 256
+
+
+class TypedArray(np.ndarray):
+    """Raw storage of a bf16 or block-typed tensor; `ggml_type` names the type."""
+
+    ggml_type: str = ""
+
+    def __array_finalize__(self, obj):
+        self.ggml_type = getattr(obj, "ggml_type", "")
+
+
+def needs_storage_view(gtype: GgmlType) -> bool:
+    return gtype.numpy is None
+
+
+def storage_view(buffer: np.ndarray, offset: int, shape: tuple[int, ...],
+                 strides: tuple[int, ...], gtype: GgmlType) -> TypedArray:
+    """The raw view of a bf16/block tensor at `offset` in `buffer` (byte strides, NumPy order).
+
+    A block type's innermost dim is counted in bytes: rows are contiguous in ggml (its
+    innermost stride is one block), so a row is `row_bytes` consecutive bytes.
+    """
+    if gtype.is_block:
+        shape = tuple(shape[:-1]) + (gtype.row_bytes(shape[-1]),)
+        strides = tuple(strides[:-1]) + (1,)
+        dtype = np.uint8
+    else:
+        dtype = np.uint16 if gtype.type_size == 2 else np.uint8
+    arr = np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, strides=strides)
+    typed = arr.view(TypedArray)
+    typed.ggml_type = gtype.name
+    return typed
+
+
+def type_of(arr: np.ndarray) -> str:
+    """The ggml type name of a kernel argument (plain arrays: from their NumPy dtype)."""
+    name = getattr(arr, "ggml_type", "")
+    if name:
+        return name
+    return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}.get(arr.dtype,
+                                                                       str(arr.dtype))
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(F32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_bf16: round to nearest even, NaNs kept quiet."""
+    bits = np.ascontiguousarray(x, dtype=F32).view(np.uint32)
+    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (bits >> 16) | 64, rounded).astype(np.uint16)
+
+
+def to_f32(arr: np.ndarray) -> np.ndarray:
+    """Any kernel argument as f32 values of its logical shape."""
+    name = getattr(arr, "ggml_type", "")
+    if not name:
+        return arr if arr.dtype == F32 else arr.astype(F32)
+    raw = np.asarray(arr).view(np.ndarray)
+    if name == "bf16":
+        return bf16_to_f32(raw)
+    if not TYPES[name].is_block:
+        raise InputError(f"no f32 conversion for type {name}")
+    try:
+        return decode_blocks(np.ascontiguousarray(raw), name).astype(F32, copy=False)
+    except NotImplementedError:
+        raise InputError(f"type {name}: gguf.quants cannot decode it") from None
+
+
+def from_f32(values: np.ndarray, name: str) -> np.ndarray:
+    """f32 values encoded as type `name`'s storage (rows in the last dim)."""
+    values = np.asarray(values, dtype=F32)
+    if name == "f32":
+        return values
+    if name == "f16":
+        return values.astype(np.float16)
+    if name == "bf16":
+        return f32_to_bf16(values)
+    try:
+        return encode_blocks(np.ascontiguousarray(values), name)
+    except NotImplementedError:
+        raise InputError(f"cannot write values as {name}: gguf.quants has no encoder "
+                         f"for it") from None
+
+
+def can_encode(name: str) -> bool:
+    """Whether `from_f32` can produce this type (set_rows into a cache of it)."""
+    if name in ("f32", "f16", "bf16"):
+        return True
+    probe = np.zeros((1, TYPES[name].block_size), F32)
+    try:
+        encode_blocks(probe, name)
+    except (NotImplementedError, ValueError, KeyError):
+        return False
+    return True
+
+
+# --- what ggml does to mul_mat's b ----------------------------------------------------------
+
+# ggml-cpu's type_traits_cpu[type].vec_dot_type for the weight types
+_VEC_DOT = {"f16": "f16", "bf16": "bf16", "q4_0": "q8_0", "q4_1": "q8_1", "q5_0": "q8_0",
+            "q5_1": "q8_1", "q8_0": "q8_0", "q2_K": "q8_K", "q3_K": "q8_K", "q4_K": "q8_K",
+            "q5_K": "q8_K", "q6_K": "q8_K"}
+
+
+def vec_dot_type(weight_type: str) -> str:
+    return _VEC_DOT.get(weight_type, "f32")
+
+
+def _q8_0_round(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0 then dequantize: per 32 values, d = amax/127 (stored f16)."""
+    blocks = x.reshape(-1, 32)
+    amax = np.max(np.abs(blocks), axis=1, keepdims=True)
+    d = amax / F32(127)
+    inv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0))
+    q = np.rint(blocks * inv)   # ggml-cpu's SIMD from_float rounds half to even
+    return (q * d.astype(np.float16).astype(F32)).reshape(x.shape)
+
+
+def _q8_k_round(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K_ref then dequantize: per 256 values, iscale = -127/max (signed max),
+    q = nearest_int(iscale·x) capped at 127, d = 1/iscale kept in f32."""
+    blocks = x.reshape(-1, QK_K)
+    idx = np.argmax(np.abs(blocks), axis=1)
+    signed_max = blocks[np.arange(blocks.shape[0]), idx][:, None]
+    safe = np.where(signed_max != 0, signed_max, F32(1))
+    iscale = F32(-127) / safe
+    q = np.minimum(np.rint(blocks * iscale), F32(127))      # nearest_int rounds half to even
+    d = F32(1) / iscale
+    out = q * d
+    return np.where(signed_max != 0, out, F32(0)).reshape(x.shape).astype(F32)
+
+
+def round_like_vec_dot(b: np.ndarray, weight_type: str) -> np.ndarray:
+    """b (f32, rows in the last dim) after ggml's conversion to the weight's vec_dot type."""
+    target = vec_dot_type(weight_type)
+    if target == "f32":
+        return b
+    if target == "f16":
+        return b.astype(np.float16).astype(F32)
+    if target == "bf16":
+        return bf16_to_f32(f32_to_bf16(b)).reshape(b.shape)
+    b = np.ascontiguousarray(b, dtype=F32)
+    if target == "q8_K":
+        return _q8_k_round(b)
+    # q8_1 rounds the values as q8_0 does; its extra sum term only feeds the min offset
+    return _q8_0_round(b)

@@ -1,0 +1,283 @@
+"""The pieces of llama.cpp's llm_graph_context that a decoder-only graph is made of.
+
+`GraphBuilder` mirrors ggml's graph construction: tensors are created as ggml's calls create
+them (with ggml's derived names: "x (view)", "x (reshaped)", ...), `cb` renames them as
+llama.cpp's callback does ("Qcur-0", "result_output"), and `expand` adds them to the graph with
+ggml_visit_parents' depth-first walk, so the node order, the leaf order and the "node_%d" names
+of unnamed nodes are ggml's own. Nodes are built directly from the shapes ggml computes (no
+per-node shape inference: an 80-layer graph has thousands of nodes and `fit` builds several);
+tests re-infer every node through the op registry to keep the two in step.
+
+`LayerContext` holds what build_norm / build_ffn / build_attn need, so a second architecture is
+a short file of calls, as in llama.cpp's src/models/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ggmlrun.core.ir.graph import Graph, Tensor, contiguous_strides
+from ggmlrun.core.ir.ops import OPS
+from ggmlrun.core.ir.types import TYPES
+
+
+def ggml_set_rows_order(src: list[Tensor]) -> list[Tensor]:
+    """ggml_set_rows' src[] is (rows, indices, destination), "due to legacy reasons"."""
+    return [src[1], src[2], src[0]]
+
+
+def row_size(dtype: str, n: int) -> int:
+    return TYPES[dtype].row_bytes(n)
+
+
+def _params(op: str, params: dict) -> dict:
+    """Params as the op registry declares them (defaults filled in); unknown ops keep theirs."""
+    spec = OPS.get(op)
+    if spec is None:
+        return params
+    out = {k: v for k, v in spec.params.items()}
+    out.update((k, v) for k, v in params.items() if k in spec.params)
+    return out
+
+
+@dataclass
+class GraphBuilder:
+    nodes: list[Tensor] = field(default_factory=list)
+    leafs: list[Tensor] = field(default_factory=list)
+    pins: list[tuple[Tensor, str, int]] = field(default_factory=list)   # (node, cb name, il)
+    kqv_outs: list[Tensor] = field(default_factory=list)   # attention outputs (no flash attn)
+    _visited: set = field(default_factory=set)
+
+    # --- creating tensors --------------------------------------------------------------------
+    @staticmethod
+    def leaf(name: str, shape, dtype: str = "f32", role: str = "input") -> Tensor:
+        return Tensor(name=name, shape=tuple(shape), dtype=dtype, role=role)
+
+    @staticmethod
+    def op(kind: str, srcs: list[Tensor], dims, out_dtype: str = "f32", out_name: str = "",
+           **params) -> Tensor:
+        """A compute node: op `kind` with NumPy-order output dims and the op's params."""
+        return Tensor(name=out_name, shape=tuple(dims), dtype=out_dtype, op=kind, src=list(srcs),
+                      params=_params(kind, params))
+
+    @staticmethod
+    def _view_of(op: str, a: Tensor, layout: tuple, byte_offset: int, suffix: str,
+                 **params) -> Tensor:
+        """A view op on a: `layout` is (NumPy shape, byte strides)."""
+        dims, steps = layout
+        t = Tensor(name=f"{a.name} ({suffix})", shape=tuple(dims), dtype=a.dtype,
+                   strides=tuple(steps), op=op, src=[a], params=_params(op, params))
+        t.view_src = a.view_src or a
+        t.view_offset = a.view_offset + byte_offset
+        return t
+
+    def view(self, a: Tensor, shape, strides, offset: int = 0) -> Tensor:
+        """ggml_view_Nd: NumPy-order shape and byte strides, byte offset into a."""
+        return self._view_of("view", a, (shape, strides), offset, "view",
+                             shape=list(shape), offset=offset, strides=list(strides))
+
+    def reshape(self, a: Tensor, shape) -> Tensor:
+        g = TYPES[a.dtype]
+        steps = contiguous_strides(tuple(shape), g.type_size, g.block_size)
+        return self._view_of("reshape", a, (shape, steps), 0, "reshaped", shape=list(shape))
+
+    def permute(self, a: Tensor, axes) -> Tensor:
+        """`axes` in NumPy's transpose form (ggml_permute(0, 2, 1, 3) is [0, 2, 1, 3])."""
+        layout = ([a.shape[i] for i in axes], [a.strides[i] for i in axes])
+        return self._view_of("permute", a, layout, 0, "permuted", axes=list(axes))
+
+    def cont(self, a: Tensor, shape=None) -> Tensor:
+        params = {"shape": list(shape)} if shape is not None else {}
+        return self.op("cont", [a], shape or a.shape, a.dtype, f"{a.name} (cont)", **params)
+
+    def set_rows(self, dst: Tensor, src: Tensor, idx: Tensor) -> Tensor:
+        """ggml_set_rows(dst, src, idx): the result is a view of dst named "dst (view)".
+        Sources are in ggmlrun's order (dst, src, idx); ggml lists them (src, idx, dst), and
+        `expand` walks them in ggml's order so the graph's order is llama.cpp's."""
+        t = Tensor(name=f"{dst.name} (view)", shape=dst.shape, dtype=dst.dtype,
+                   strides=dst.strides, op="set_rows", src=[dst, src, idx],
+                   params=_params("set_rows", {}))
+        t.view_src = dst.view_src or dst
+        t.view_offset = dst.view_offset
+        return t
+
+    # --- naming (llama.cpp's graph callback) -----------------------------------------------
+    def cb(self, t: Tensor, name: str, il: int) -> Tensor:
+        t.name = f"{name}-{il}" if il >= 0 else name
+        if name == "norm" and il >= 0:
+            self.pins.append((t, name, il))
+        return t
+
+    # --- the graph (ggml_build_forward_expand) -----------------------------------------------
+    def expand(self, tensor: Tensor) -> None:
+        """ggml_visit_parents: sources left to right, depth first; a node after its sources."""
+        visited, nodes, leafs = self._visited, self.nodes, self.leafs
+        if tensor in visited:
+            return
+        stack = [(tensor, 0)]
+        while stack:
+            t, i = stack.pop()
+            if i == 0:
+                if t in visited:
+                    continue
+                visited.add(t)
+            srcs = t.src if t.op != "set_rows" else ggml_set_rows_order(t.src)
+            if i < len(srcs):
+                stack.append((t, i + 1))
+                src = srcs[i]
+                if src not in visited:
+                    stack.append((src, 0))
+                continue
+            if t.op is None:
+                leafs.append(t)
+            else:
+                if not t.name:
+                    t.name = f"node_{len(nodes)}"
+                nodes.append(t)
+
+    def graph(self, name: str, outputs: list[Tensor], extra_leafs: list[Tensor] = ()) -> Graph:
+        for t in outputs:
+            t.is_output = True
+        leafs = list(self.leafs) + [t for t in extra_leafs if t not in self._visited]
+        return Graph(name=name, leafs=leafs, nodes=list(self.nodes), outputs=list(outputs))
+
+
+@dataclass
+class LayerContext:
+    """What llm_graph_context carries for one ubatch: sizes and the builder."""
+
+    b: GraphBuilder
+    n_tokens: int
+    n_outputs: int
+    n_kv: int
+    kv_size: int
+    flash_attn: bool
+    norm_rms_eps: float
+
+    def build_norm(self, cur: Tensor, weight: Tensor, il: int) -> Tensor:
+        """LLM_NORM_RMS with a weight: rms_norm named "norm" (pinned by llama.cpp), then the mul."""
+        cur = self.b.cb(self.b.op("rms_norm", [cur], cur.shape, eps=self.norm_rms_eps), "norm", il)
+        return self.b.op("mul", [cur, weight], cur.shape)
+
+    def mul_mat(self, w: Tensor, cur: Tensor) -> Tensor:
+        """ggml_mul_mat(w, cur): w [.., M, K], cur [.., N, K] -> [.., N, M] in f32."""
+        batch = cur.shape[:-2] if len(cur.shape) >= len(w.shape) else w.shape[:-2]
+        return self.b.op("mul_mat", [w, cur], (*batch, cur.shape[-2], w.shape[-2]))
+
+    def build_ffn_swiglu(self, cur: Tensor, up: Tensor, gate: Tensor, down: Tensor,
+                         il: int) -> Tensor:
+        """build_ffn with LLM_FFN_SILU, LLM_FFN_PAR: up, gate, swiglu(gate, up), down."""
+        cb = self.b.cb
+        tmp = cb(self.mul_mat(up, cur), "ffn_up", il)
+        gated = cb(self.mul_mat(gate, cur), "ffn_gate", il)
+        act = cb(self.b.op("glu", [gated, tmp], gated.shape, op="swiglu", swapped=False),
+                 "ffn_swiglu", il)
+        return self.mul_mat(down, act)
+
+
+@dataclass
+class KVCache:
+    """llama_kv_cache for one stream: cache_k_l{il} / cache_v_l{il}, each [1, kv_size, n_embd_gqa]
+    (ggml ne [n_embd_gqa, kv_size, 1]); V is read transposed without flash attention."""
+
+    kv_type: str
+    kv_size: int
+    v_trans: bool
+    k: dict[int, Tensor] = field(default_factory=dict)
+    v: dict[int, Tensor] = field(default_factory=dict)
+
+    def add_layer(self, il: int, n_embd_k_gqa: int, n_embd_v_gqa: int) -> None:
+        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", (1, self.kv_size, n_embd_k_gqa),
+                                       self.kv_type, role="weight")
+        self.v[il] = GraphBuilder.leaf(f"cache_v_l{il}", (1, self.kv_size, n_embd_v_gqa),
+                                       self.kv_type, role="weight")
+
+    def cpy_k(self, b: GraphBuilder, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
+        n_tokens, n_head, hd = k_cur.shape[-3:]
+        rows = b.view(k_cur, (n_tokens, n_head * hd), (k_cur.strides[-3], k_cur.strides[-1]))
+        return b.set_rows(self.k[il], rows, k_idxs)
+
+    def cpy_v(self, b: GraphBuilder, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:
+        n_tokens, n_head, hd = v_cur.shape[-3:]
+        gqa = n_head * hd
+        if not self.v_trans:
+            rows = b.view(v_cur, (n_tokens, gqa), (v_cur.strides[-3], v_cur.strides[-1]))
+            return b.set_rows(self.v[il], rows, v_idxs)
+        v_cur = b.reshape(v_cur, (n_tokens, gqa))
+        cache = self.v[il]
+        v_view = b.reshape(cache, (cache.n_elements, 1))
+        v_cur = b.reshape(v_cur, (v_cur.n_elements, 1))
+        return b.set_rows(v_view, v_cur, v_idxs)
+
+    def get_k(self, b: GraphBuilder, il: int, n_kv: int, n_head_kv: int, hd: int) -> Tensor:
+        k = self.k[il]
+        gqa = k.shape[-1]
+        rs = lambda n: row_size(k.dtype, n)  # noqa: E731
+        return b.view(k, (1, n_kv, n_head_kv, hd),
+                      (rs(gqa * self.kv_size), rs(gqa), rs(hd), TYPES[k.dtype].type_size))
+
+    def get_v(self, b: GraphBuilder, il: int, n_kv: int, n_head_kv: int, hd: int) -> Tensor:
+        v = self.v[il]
+        gqa = v.shape[-1]
+        rs = lambda n: row_size(v.dtype, n)  # noqa: E731
+        item = TYPES[v.dtype].type_size
+        if not self.v_trans:
+            return b.view(v, (1, n_kv, n_head_kv, hd), (rs(gqa * self.kv_size), rs(gqa), rs(hd), item))
+        return b.view(v, (1, hd, n_head_kv, n_kv),
+                      (rs(self.kv_size * gqa), rs(self.kv_size), rs(self.kv_size * hd), item))
+
+
+def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor,
+                  q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int) -> Tensor:
+    """llm_graph_context::build_attn for llm_graph_input_attn_kv, with build_attn_mha inside:
+    store K and V through set_rows, then attend over the whole cache view."""
+    b = ctx.b
+    k_rot, v_rot = inputs.get("k_rot"), inputs.get("v_rot")
+    if k_rot is not None:
+        q_cur = mul_mat_hadamard(ctx, q_cur, k_rot)
+        k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
+    if v_rot is not None:
+        v_cur = mul_mat_hadamard(ctx, v_cur, v_rot)
+    b.expand(q_cur)
+    b.expand(v_cur)
+    b.expand(k_cur)
+    b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
+    b.expand(cache.cpy_v(b, v_cur, inputs["v_idxs"], il))
+    T, n_head, hd = q_cur.shape[-3:]
+    n_head_kv = k_cur.shape[-2]
+    k = cache.get_k(b, il, ctx.n_kv, n_head_kv, hd)
+    v = cache.get_v(b, il, ctx.n_kv, n_head_kv, v_cur.shape[-1])
+    mask = inputs["kq_mask"]
+    q = b.view(q_cur, (1, T, n_head, hd), (q_cur.strides[-3] * T, *q_cur.strides[-3:]))
+    q = b.permute(q, (0, 2, 1, 3))
+    k = b.permute(k, (0, 2, 1, 3))
+    v = b.permute(v, (0, 2, 1, 3))
+    if ctx.flash_attn:
+        dv = v.shape[-1]
+        cur = b.op("flash_attn_ext", [q, k, v, mask], (1, T, n_head, dv), scale=kq_scale,
+                   max_bias=0.0, logit_softcap=0.0, prec="f32")
+        cur = b.reshape(cur, (T, n_head * dv))
+    else:
+        kq = b.cb(ctx.mul_mat(k, q), "kq", il)
+        kq = b.cb(b.op("soft_max", [kq, mask], kq.shape, scale=kq_scale, max_bias=0.0),
+                  "kq_soft_max", il)
+        kqv = b.cb(ctx.mul_mat(v, kq), "kqv", il)
+        cur = b.permute(kqv, (0, 2, 1, 3))
+        cur = b.cont(cur, (T, n_head * kqv.shape[-1]))
+        b.kqv_outs.append(cur)      # pinned to the CPU under --no-kv-offload
+    b.expand(cur)
+    b.cb(cur, "kqv_out", il)
+    if v_rot is not None:
+        cur = mul_mat_hadamard(ctx, cur, v_rot)
+    return ctx.mul_mat(wo, cur)
+
+
+def mul_mat_hadamard(ctx: LayerContext, cur: Tensor, rot: Tensor) -> Tensor:
+    """llama_mul_mat_hadamard: rows of `n` rotated by the Walsh-Hadamard matrix (quantized KV
+    caches), then back to cur's shape as a 4-D reshape."""
+    b = ctx.b
+    n = rot.shape[-1]
+    flat = (cur.n_elements // n, n)
+    res = b.reshape(cur, flat) if cur.is_contiguous else b.cont(cur, flat)
+    res = ctx.mul_mat(rot, res)
+    return b.reshape(res, (1,) * (4 - len(cur.shape)) + tuple(cur.shape))

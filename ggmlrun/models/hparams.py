@@ -1,0 +1,104 @@
+"""A llama model's hyperparameters, read from GGUF metadata as llama.cpp's loader reads them.
+
+Keys are `{arch}.{name}` (llama.cpp's LLM_KV names). Defaults are llama.cpp's where a key is
+optional; a missing required key is an input error naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ggmlrun.core.util.errors import InputError
+
+
+@dataclass(frozen=True)
+class LlamaHParams:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    n_rot: int
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    norm_rms_eps: float = 1e-5
+    n_embd_head_k: int = 0          # 0: n_embd / n_head
+    n_embd_head_v: int = 0
+
+    def __post_init__(self):
+        if self.n_head <= 0 or self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
+            raise InputError(f"attention heads {self.n_head} must be a positive multiple of "
+                             f"the KV heads {self.n_head_kv}")
+        if not self.n_embd_head_k:
+            object.__setattr__(self, "n_embd_head_k", self.n_embd // self.n_head)
+        if not self.n_embd_head_v:
+            object.__setattr__(self, "n_embd_head_v", self.n_embd // self.n_head)
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_embd_head_k * self.n_head_kv
+
+    @property
+    def n_embd_v_gqa(self) -> int:
+        return self.n_embd_head_v * self.n_head_kv
+
+
+def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
+    """`fields`: GGUF key -> plain value (ints, floats, strings, lists)."""
+
+    def get(key: str, default=None, required: bool = True):
+        full = f"{arch}.{key}"
+        if full in fields:
+            return fields[full]
+        if required and default is None:
+            raise InputError(f"GGUF metadata lacks '{full}', which a {arch} model needs")
+        return default
+
+    n_embd = int(get("embedding_length"))
+    n_head = int(get("attention.head_count"))
+    n_vocab = get("vocab_size", required=False)
+    if n_vocab is None:
+        tokens = fields.get("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise InputError(f"GGUF metadata has neither '{arch}.vocab_size' nor "
+                             f"'tokenizer.ggml.tokens'; the vocabulary size is unknown")
+        n_vocab = len(tokens)
+    head_k = int(get("attention.key_length", 0) or 0) or n_embd // max(n_head, 1)
+    scale = 1.0
+    factor = get("rope.scaling.factor", 0.0) or 0.0
+    if factor and get("rope.scaling.type", "linear") == "linear":
+        scale = 1.0 / float(factor)
+    return LlamaHParams(
+        n_layer=int(get("block_count")), n_embd=n_embd, n_head=n_head,
+        n_head_kv=int(get("attention.head_count_kv", n_head)),
+        n_ff=int(get("feed_forward_length")), n_vocab=int(n_vocab),
+        n_ctx_train=int(get("context_length")),
+        n_rot=int(get("rope.dimension_count", head_k)),
+        rope_freq_base=float(get("rope.freq_base", 10000.0)),
+        rope_freq_scale=scale,
+        norm_rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        n_embd_head_k=head_k,
+        n_embd_head_v=int(get("attention.value_length", 0) or 0) or head_k)
+
+
+def llama_tensor_shapes(hp: LlamaHParams) -> dict[str, tuple[int, ...]]:
+    """Every tensor llama.cpp loads for a llama model, NumPy order (ggml's ne reversed).
+    `output.weight` is listed; a file without it ties the output to `token_embd.weight`."""
+    shapes = {"token_embd.weight": (hp.n_vocab, hp.n_embd),
+              "output_norm.weight": (hp.n_embd,),
+              "output.weight": (hp.n_vocab, hp.n_embd)}
+    q, kv = hp.n_embd_head_k * hp.n_head, hp.n_embd_k_gqa
+    for i in range(hp.n_layer):
+        p = f"blk.{i}."
+        shapes.update({p + "attn_norm.weight": (hp.n_embd,),
+                       p + "attn_q.weight": (q, hp.n_embd),
+                       p + "attn_k.weight": (kv, hp.n_embd),
+                       p + "attn_v.weight": (hp.n_embd_v_gqa, hp.n_embd),
+                       p + "attn_output.weight": (hp.n_embd, hp.n_embd_head_v * hp.n_head),
+                       p + "ffn_norm.weight": (hp.n_embd,),
+                       p + "ffn_gate.weight": (hp.n_ff, hp.n_embd),
+                       p + "ffn_up.weight": (hp.n_ff, hp.n_embd),
+                       p + "ffn_down.weight": (hp.n_embd, hp.n_ff)})
+    return shapes

@@ -1,0 +1,122 @@
+"""Where llama.cpp puts each weight and KV buffer, and which nodes it pins (llama_model::
+load_tensors, llama_model_loader::create_tensor, llama_kv_cache, llama_context's graph callback).
+
+- `--ngl N` counts the output layer as one: i_gpu_start = max(n_layer + 1 - N, 0); layers from
+  there on (and the output layer, index n_layer) go to the devices, split by `--tensor-split`
+  (default: by each device's memory, as llama.cpp splits by free memory) with llama.cpp's float
+  split points and upper_bound.
+- The input layer (token_embd) stays on the CPU; `--override-tensor REGEX=BACKEND` is tried on
+  every weight's name first, first match wins (std::regex_search).
+- A tied output (no output.weight) is token_embd duplicated into the output layer's buffer; on
+  the CPU it is the same tensor.
+- The KV cache of layer il lives on layer il's device unless `--no-kv-offload`.
+- Pins: the rms_norm named "norm-<il>" goes to layer il's device when the ubatch has fewer than
+  32 tokens or every layer is offloaded (ngl > n_layer); under --no-kv-offload the attention
+  output (no flash attention) is pinned to the CPU.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.models.hparams import LlamaHParams
+from ggmlrun.models.options import ModelOptions, gpu_layers
+
+
+@dataclass
+class Placement:
+    layer: list[int]                 # backend index per repeating layer
+    output: int                      # backend index of the output layer
+    kv: list[int]                    # backend index of each layer's KV cache
+    weights: dict[str, int]          # GGUF tensor name -> backend index
+    output_weight: int               # where result_output's weight lives
+    full_offload: bool
+    no_kv_offload: bool
+    cpu: int
+
+
+def _layer_name(name: str) -> int | None:
+    if name.startswith("blk."):
+        return int(name.split(".", 2)[1])
+    return None
+
+
+def split_points(devices: list[BackendSpec], tensor_split: tuple[float, ...] | None) -> list[float]:
+    """Cumulative, normalised split points in float32, as llama.cpp computes them."""
+    if tensor_split is not None and len(tensor_split) != len(devices):
+        raise InputError(f"--tensor-split has {len(tensor_split)} values but there are "
+                         f"{len(devices)} non-CPU backends")
+    if tensor_split is None or all(x == 0 for x in tensor_split):
+        raw = [float(d.memory) for d in devices]
+    else:
+        raw = list(tensor_split)
+    acc = np.float32(0.0)
+    points = []
+    for x in raw:
+        acc = np.float32(acc + np.float32(x))
+        points.append(acc)
+    return [float(np.float32(p / acc)) for p in points]
+
+
+def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
+          opts: ModelOptions) -> Placement:
+    cpu = len(backends) - 1
+    devices = list(range(cpu))
+    n_layer = hp.n_layer
+    ngl = gpu_layers(opts, n_layer)
+    if ngl < 0:
+        raise InputError(f"--ngl must be >= 0, got {ngl}")
+    points = split_points(backends[:cpu], opts.tensor_split) if devices else []
+    i_gpu_start = max(n_layer + 1 - ngl, 0)
+    act = min(ngl, n_layer + 1) if devices else 0
+
+    def layer_backend(il: int) -> int:
+        if il < i_gpu_start or il - i_gpu_start >= act:
+            return cpu
+        frac = float(np.float32(il - i_gpu_start) / np.float32(act))
+        return devices[min(bisect_right(points, frac), len(devices) - 1)]
+
+    layer = [layer_backend(il) for il in range(n_layer)]
+    output = layer_backend(n_layer)
+    index = {b.name: i for i, b in enumerate(backends)}
+    rules = []
+    for pattern, backend in opts.overrides:
+        if backend not in index:
+            raise InputError(f"--override-tensor {pattern}={backend}: unknown backend "
+                             f"'{backend}'; {did_you_mean(backend, index)}")
+        try:
+            rules.append((re.compile(pattern), index[backend]))
+        except re.error as err:
+            raise InputError(f"--override-tensor {pattern}={backend}: bad regex: {err}") from None
+
+    def where(name: str, default: int) -> int:
+        for rx, b in rules:
+            if rx.search(name):
+                return b
+        return default
+
+    weights = {}
+    for name in tensor_names:
+        il = _layer_name(name)
+        if il is not None:
+            default = layer[il] if il < n_layer else cpu
+        elif name.startswith("output"):
+            default = output
+        elif name.startswith("rope_freqs"):     # a repeating-layer tensor, made at layer 0
+            default = layer[0] if layer else cpu
+        else:                 # token_embd and anything else of the input layer
+            default = cpu
+        weights[name] = where(name, default)
+    output_weight = weights.get("output.weight")
+    if output_weight is None:
+        output_weight = where("token_embd.weight", output)
+    kv = [cpu if opts.no_kv_offload else layer[il] for il in range(n_layer)]
+    return Placement(layer=layer, output=output, kv=kv, weights=weights,
+                     output_weight=output_weight, full_offload=ngl > n_layer,
+                     no_kv_offload=opts.no_kv_offload, cpu=cpu)

@@ -1,0 +1,177 @@
+"""llama.cpp's buffers for a model and options, from the header alone.
+
+- Model buffers: on the CPU the weights are memory-mapped, and llama.cpp wraps the file range
+  from the first to the end of the last CPU tensor (llama_model_loader::get_mapping_range) in
+  one buffer; on a device each tensor takes its size rounded up to the device's alignment.
+- KV buffers: per backend, every cache tensor rounded up to the alignment.
+- Compute buffers: llama_context::sched_reserve reserves the worst-case graphs in the order
+  pp (n_tokens = n_ubatch, n_outputs = n_tokens, the whole cache), tg (1 token), pp again; ggml's
+  allocator only grows, so each backend's buffer is its largest of the three. Each graph is
+  scheduled with ggml's rules and planned with ggml's allocator (planner "ggml").
+`n_nodes` / `n_splits` are the pp graph's, the numbers llama.cpp logs first.
+
+Graphs are built once per shape and re-placed for each call (placement only changes where
+weights live and which nodes are pinned), so a search over --ngl costs scheduling and
+allocation only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence
+from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.sched.scheduler import Schedule, Scheduler
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.gcpause import gc_paused
+from ggmlrun.models.llama import ModelGraph, build_llama
+from ggmlrun.models.modelfile import ModelFile
+from ggmlrun.models.options import (KV_TYPES, ModelOptions, context_size, gpu_layers, kv_size,
+                                     ubatch_size)
+from ggmlrun.models.placement import Placement, place
+
+GGUF_ALIGNMENT = 32
+
+
+@dataclass
+class BackendFigures:
+    name: str
+    kind: str
+    weights_bytes: int
+    kv_bytes: int
+    arena_bytes: int
+    memory_bytes: int
+
+
+@dataclass
+class ModelMeasure:
+    n_nodes: int
+    n_splits: int
+    ctx: int
+    ubatch: int
+    ngl: int
+    backends: list[BackendFigures]
+    schedule: Schedule            # the last reserve's (pp)
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+_GRAPHS: dict[tuple, ModelGraph] = {}
+
+
+def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
+                flash_attn: bool, kv_type: str) -> ModelGraph:
+    """The graph for one ubatch shape, built once per model and shape."""
+    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type)
+    graph = _GRAPHS.get(key)
+    if graph is None or graph.graph.name != model.name:
+        if len(_GRAPHS) > 16:
+            _GRAPHS.clear()
+        graph = _GRAPHS[key] = build_llama(model, n_tokens, n_outputs, n_kv, kv, flash_attn,
+                                           kv_type)
+    return graph
+
+
+def apply_placement(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> None:
+    """Weights and caches into their buffers, llama.cpp's pins onto their nodes."""
+    names = [b.name for b in backends]
+    for name, leaf in mg.weights.items():
+        leaf.backend = names[placement.weights[name]]
+    mg.output_weight.backend = names[placement.output_weight]
+    for il, leaf in mg.cache.k.items():
+        leaf.backend = mg.cache.v[il].backend = names[placement.kv[il]]
+    pin = mg.n_tokens < 32 or placement.full_offload
+    for node, il in mg.norm_pins:
+        b = placement.layer[il]
+        node.backend = names[b] if pin and backends[b].supports_op(node.op) else None
+    for node in mg.kqv_outs:
+        node.backend = names[placement.cpu] if placement.no_kv_offload else None
+
+
+def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> None:
+    if opts.kv_type not in KV_TYPES:
+        raise InputError(f"--kv-type {opts.kv_type}: choose one of {', '.join(KV_TYPES)}")
+    if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block and not opts.flash_attn:
+        raise InputError(f"--kv-type {opts.kv_type} needs --flash-attn on (llama.cpp: a "
+                         f"quantized V cache requires flash attention)")
+    if opts.ctx is not None and opts.ctx < 1:
+        raise InputError(f"--ctx must be >= 1, got {opts.ctx}")
+    if opts.ubatch < 1:
+        raise InputError(f"--ubatch must be >= 1, got {opts.ubatch}")
+    if not backends or backends[-1].kind != "cpu":
+        raise InputError("the last backend must be a CPU")
+
+
+def weights_bytes(model: ModelFile, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    sizes = [0] * len(backends)
+    cpu_range: list[int] = []
+    placed = list(placement.weights.items())
+    if "output.weight" not in model.tensors and placement.output_weight != placement.weights.get(
+            "token_embd.weight"):
+        placed.append(("token_embd.weight", placement.output_weight))
+    for name, b in placed:
+        info = model.tensors[name]
+        nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))
+        if backends[b].kind == "cpu" and info.offset is not None:
+            cpu_range += [info.offset, info.offset + nbytes]
+        elif backends[b].kind == "cpu":
+            sizes[b] += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
+        else:
+            sizes[b] += _align(nbytes, backends[b].alignment)
+    if cpu_range:
+        sizes[placement.cpu] += max(cpu_range) - min(cpu_range)
+    return sizes
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    sizes = [0] * len(backends)
+    for il, k in mg.cache.k.items():
+        b = placement.kv[il]
+        for t in (k, mg.cache.v[il]):
+            sizes[b] += _align(t.nbytes, backends[b].alignment)
+    return sizes
+
+
+def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
+    check_options(model, backends, opts)
+    with gc_paused():
+        return _measure(model, backends, opts)
+
+
+def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
+    hp = model.hparams
+    kv = kv_size(opts, hp.n_ctx_train)
+    n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
+    placement = place(hp, model.tensors, backends, opts)
+    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
+    allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml)
+    arena = [0] * len(backends)
+    reserved = []
+    # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
+    # deterministic allocator sizes exactly as before, so its result is reused
+    for tokens in (n_tokens, 1):
+        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type)
+        apply_placement(mg, placement, backends)
+        sched = scheduler.schedule(mg.graph)
+        plan = allocator.plan(*allocation_sequence(sched))
+        arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
+        reserved.append((mg, sched))
+    (pp, sched), _ = reserved
+    weights = weights_bytes(model, placement, backends)
+    kvb = kv_bytes(pp, placement, backends)
+    figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
+                              arena_bytes=arena[i], memory_bytes=b.memory)
+               for i, b in enumerate(backends)]
+    return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
+                        ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
+                        ngl=gpu_layers(opts, hp.n_layer), backends=figures, schedule=sched)

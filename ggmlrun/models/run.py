@@ -1,0 +1,108 @@
+"""Evaluate a real model file: the prompt as one ubatch, llama.cpp's graph, real weights.
+
+Weights come memory-mapped from the GGUF (a NumPy memmap of the file; block types stay raw
+bytes, as the quantized kernels take them), the KV cache starts empty (zeros), and the inputs
+are the ones llama.cpp's set_input fills for a first batch in sequence 0: positions 0..T-1,
+cache cells 0..T-1, a causal mask over the n_kv cells attended to, and the last token's row as
+the only output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.engine import check_capacity, execute, plan_memory
+from ggmlrun.core.ir.graph import Tensor
+from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.run.exec import RunResult
+from ggmlrun.core.sched.scheduler import Scheduler
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.llama import ModelGraph, build_llama
+from ggmlrun.models.modelfile import ModelFile
+from ggmlrun.models.options import ModelOptions, context_size, kv_size
+from ggmlrun.models.placement import place
+from ggmlrun.models.reserve import apply_placement, check_options
+
+KV_PAD = 256
+
+
+def storage_shape(shape: tuple[int, ...], dtype: str) -> tuple[tuple[int, ...], np.dtype]:
+    """How a tensor's bytes are held in NumPy: plain types as themselves, bf16 as uint16 and
+    block types as uint8 rows of their bytes."""
+    g = TYPES[dtype]
+    if g.numpy is not None:
+        return shape, g.numpy
+    if g.is_block:
+        return (*shape[:-1], g.row_bytes(shape[-1])), np.dtype(np.uint8)
+    return shape, np.dtype(np.uint16)
+
+
+def weight_values(model: ModelFile, mg: ModelGraph) -> dict[Tensor, np.ndarray]:
+    if model.path is None:
+        raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
+    data = np.memmap(model.path, dtype=np.uint8, mode="r")
+    values = {}
+    leaves = list(mg.weights.items())
+    if "output.weight" not in mg.weights:       # tied: the duplicate reads token_embd's bytes
+        leaves.append(("token_embd.weight", mg.output_weight))
+    for name, leaf in leaves:
+        info = model.tensors[name]
+        shape, dtype = storage_shape(info.shape, info.dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        values[leaf] = data[info.offset:info.offset + nbytes].view(dtype).reshape(shape)
+    for cache in (mg.cache.k, mg.cache.v):
+        for leaf in cache.values():
+            shape, dtype = storage_shape(leaf.shape, leaf.dtype)
+            values[leaf] = np.zeros(shape, dtype)
+    return values
+
+
+def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
+                 n_embd: int, n_embd_v_gqa: int) -> dict[Tensor, np.ndarray]:
+    T = len(tokens)
+    inp = mg.inputs
+    cells = np.arange(T, dtype=np.int64)
+    if inp["v_idxs"].shape[0] == T:
+        v_idxs = cells
+    else:       # transposed V: one row per element, element e of token t at e * kv_size + t
+        v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
+                  + cells[:, None]).reshape(-1)
+    mask = np.full((T, n_kv), -np.inf, dtype=np.float32)
+    mask[np.tril_indices(T)] = 0.0
+    mask_t = inp["kq_mask"]
+    return {inp["tokens"]: np.asarray(tokens, dtype=np.int32),
+            inp["embd"]: np.zeros((T, n_embd), np.float32),
+            inp["pos"]: np.arange(T, dtype=np.int32),
+            inp["k_idxs"]: cells,
+            inp["v_idxs"]: v_idxs,
+            mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape),
+            inp["out_ids"]: np.array([T - 1], dtype=np.int32)}
+
+
+def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
+              tokens: list[int]) -> tuple[np.ndarray, RunResult]:
+    check_options(model, backends, opts)
+    hp = model.hparams
+    if not tokens:
+        raise InputError("--tokens is empty; give at least one token id")
+    bad = [t for t in tokens if not 0 <= t < hp.n_vocab]
+    if bad:
+        raise InputError(f"token id {bad[0]} is outside the vocabulary 0..{hp.n_vocab - 1}")
+    cells = kv_size(opts, hp.n_ctx_train)
+    if len(tokens) > context_size(opts, hp.n_ctx_train):
+        raise InputError(f"{len(tokens)} tokens do not fit the context of "
+                         f"{context_size(opts, hp.n_ctx_train)}; raise --ctx")
+    T = len(tokens)
+    n_kv = min(cells, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
+    mg = build_llama(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type)
+    placement = place(hp, model.tensors, backends, opts)
+    apply_placement(mg, placement, backends)
+    sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
+    plan, memory = plan_memory(sched, "ggml")
+    check_capacity(sched, memory)
+    values = weight_values(model, mg)
+    values.update(input_values(mg, tokens, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa))
+    result = execute(sched, plan, values)
+    logits = np.asarray(result.outputs["result_output"], dtype=np.float32).reshape(1, hp.n_vocab)
+    return logits, result
