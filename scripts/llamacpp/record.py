@@ -152,8 +152,9 @@ def start_rpc_server() -> tuple[subprocess.Popen, str]:
 # ---------------------------------------------------------------- one configuration (child)
 
 def run_config(cfg: dict, endpoint: str) -> dict:
-    """Loads the model with llama.cpp as `llama-cli -c CTX -ub UB -fa on|off -ngl N` would,
-    decodes TOKENS as one batch, and returns the logged figures and the last logits."""
+    """Loads the model with llama.cpp as `llama-cli -c CTX -ub UB -fa on|off -ngl N ...` would,
+    decodes TOKENS as one batch and returns llama.cpp's log (for its node and split counts) and
+    the last token's logits; the shim writes the bytes meanwhile."""
     libs = load_ggml(llama_cpp_dir() / "lib")
     ggml, rpc = libs["libggml.so.0"], libs["libggml-rpc.so.0"]
     rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
