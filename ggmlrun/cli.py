@@ -41,6 +41,146 @@ GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), defau
                          "0.15.3.")
 
 
+
+# --- model options (GGUF files and model cards; SPEC section 5) --------------------------------
+class _NglType(click.ParamType):
+    name = "N|all"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value is None:
+            return value
+        if str(value).lower() == "all":
+            return None
+        try:
+            n = int(value)
+        except ValueError:
+            n = -1
+        if n < 0:
+            self.fail(f"{value!r} is neither a layer count (0 or more) nor 'all'", param, ctx)
+        return n
+
+
+class _SplitType(click.ParamType):
+    name = "A,B,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            parts = tuple(float(v) for v in str(value).replace("/", ",").split(","))
+        except ValueError:
+            self.fail(f"{value!r}: give one non-negative number per device, e.g. 3,1", param, ctx)
+        if any(not (p >= 0 and p < float("inf")) for p in parts) or not sum(parts) > 0:
+            self.fail(f"{value!r}: the proportions must be non-negative, finite and not all 0",
+                      param, ctx)
+        return parts
+
+
+class _OverrideType(click.ParamType):
+    name = "REGEX=BACKEND"
+
+    def convert(self, value, param, ctx):
+        import re
+
+        if isinstance(value, tuple):
+            return value
+        pattern, eq, backend = str(value).rpartition("=")
+        if not eq or not pattern or not backend:
+            self.fail(f"{value!r}: write REGEX=BACKEND, e.g. 'ffn_.*=CPU'", param, ctx)
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            self.fail(f"{value!r}: bad regular expression: {err}", param, ctx)
+        return (pattern, backend)
+
+
+MODEL_OPTIONS = {
+    "ctx_size": click.option("--ctx", "ctx_size", type=click.IntRange(min=1), default=None,
+                             help="[models] Context length (llama.cpp -c); default the model's, "
+                                  "at most 4096."),
+    "ubatch": click.option("--ubatch", type=click.IntRange(min=1), default=None,
+                           help="[models] Tokens the graph is reserved for (-ub); default 512, "
+                                "at most --ctx."),
+    "flash_attn": click.option("--flash-attn", type=click.Choice(["on", "off"]), default=None,
+                               help="[models] Flash attention (-fa); default off."),
+    "ngl": click.option("--ngl", type=_NglType(), default=None,
+                        help="[models] Layers on the devices (-ngl), or 'all' (the default); "
+                             "the output layer counts as one."),
+    "no_kv_offload": click.option("--no-kv-offload", is_flag=True, default=False,
+                                  help="[models] Keep the KV cache on the CPU (-nkvo)."),
+    "kv_type": click.option("--kv-type", type=click.Choice(["f16", "f32", "q8_0"]), default=None,
+                            help="[models] KV cache type (-ctk/-ctv); default f16."),
+    "overrides": click.option("--override-tensor", "overrides", type=_OverrideType(),
+                              multiple=True, help="[models] Weights matching REGEX go to BACKEND "
+                              "(-ot), repeatable; the first match wins."),
+    "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
+                                 help="[models] Layer proportions over the non-CPU backends in "
+                                      "order (-ts); default by device memory."),
+    "no_op_offload": click.option("--no-op-offload", is_flag=True, default=False,
+                                  help="Never move a CPU weight's op to a device (-nopo)."),
+}
+MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
+               "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
+               "overrides": "--override-tensor", "tensor_split": "--tensor-split",
+               "no_op_offload": "--no-op-offload", "tokens": "--tokens"}
+
+
+def model_options(skip=()):
+    """Every model option (SPEC section 5), defined once, on any command that takes a model."""
+    def apply(func):
+        for key, option in reversed(MODEL_OPTIONS.items()):
+            if key not in skip:
+                func = option(func)
+        return func
+    return apply
+
+
+def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: str = "0.25",
+                 policy: str = "ggml"):
+    """(model, backends, options) when GRAPH is a GGUF file or a card; None for a graph file,
+    which must then not carry model options. A model is placed as llama.cpp places it, so
+    only ggml's policy applies."""
+    from ggmlrun.models.load import load_model
+
+    model = load_model(path)
+    if model is None:
+        given = [flag for key, flag in MODEL_FLAGS.items()
+                 if model_kw.get(key) not in (None, (), False)]
+        if given:
+            raise InputError(f"{given[0]} applies to models (GGUF files and model cards), not "
+                             f"to graph files", file=str(path))
+        return None
+    if policy != "ggml":
+        raise InputError(f"--policy {policy} applies to graph files; a model is placed as "
+                         f"llama.cpp places it", file=str(path))
+    backends = load_backends(backends_file) if backends_file else None
+    return model, *_model_setup(model, backends, {**model_kw, "ggml": ggml})
+
+
+def _model_setup(model, backends, kw: dict):
+    from ggmlrun.core.backends.spec import default_backends
+    from ggmlrun.models.options import ModelOptions
+
+    backends = backends or default_backends()
+    names = [b.name for b in backends]
+    devices = [b for b in backends if b.kind != "cpu"]
+    for pattern, backend in kw.get("overrides") or ():
+        if backend not in names:
+            raise InputError(f"--override-tensor {pattern}={backend}: no backend '{backend}'; "
+                             f"backends: {', '.join(names)}")
+    split = kw.get("tensor_split")
+    if split is not None and len(split) != len(devices):
+        raise InputError(f"--tensor-split has {len(split)} proportions, one per device, but "
+                         f"there are {len(devices)} devices ({', '.join(d.name for d in devices) or 'none'})")
+    opts = ModelOptions(ctx=kw.get("ctx_size"), ubatch=kw.get("ubatch") or 512,
+                        flash_attn=kw.get("flash_attn") == "on", ngl=kw.get("ngl"),
+                        no_kv_offload=bool(kw.get("no_kv_offload")),
+                        kv_type=kw.get("kv_type") or "f16",
+                        overrides=tuple(kw.get("overrides") or ()), tensor_split=split,
+                        op_offload=not kw.get("no_op_offload"),
+                        ggml=kw.get("ggml") or "0.25")
+    return backends, opts
+
 def emit_json(data: dict) -> None:
     click.echo(json.dumps(data, indent=2, default=_json_default))
 
@@ -73,6 +213,9 @@ def cli():
 @DEBUG
 def validate(graph, backends_file, as_json):
     """Load and check a graph file only (backend names and pins included)."""
+    model = _model_input(graph, backends_file, {})
+    if model:
+        return _validate_model(*model, as_json)
     g, _ = _prepare(graph, backends_file)
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
@@ -91,10 +234,12 @@ def validate(graph, backends_file, as_json):
               help="With --dump-splits: rich tables, or ggml's GGML_SCHED_DEBUG text.")
 @POLICY
 @GGML
+@model_options()
 @DEBUG
-def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml):
+def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, **model_kw):
     """Schedule only: the splits, their inputs, and why every node went where it did."""
-    _, sched = _prepare(graph, backends_file, policy, ggml)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy)
+    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
     if as_json:
         emit_json(report.plan_dict(sched))
         return
@@ -115,10 +260,15 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml):
 @POLICY
 @PLANNER
 @GGML
+@model_options()
 @DEBUG
-def measure(graph, backends_file, as_json, policy, planner, ggml):
+def measure(graph, backends_file, as_json, policy, planner, ggml, **model_kw):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
     from ggmlrun import visual
+
+    model = _model_input(graph, backends_file, model_kw, ggml, policy)
+    if model:
+        return _measure_model(*model, as_json)
     from ggmlrun.core.observe.occupancy import occupancy
 
     with visual.busy(stderr, "planning"):
@@ -149,10 +299,16 @@ def measure(graph, backends_file, as_json, policy, planner, ggml):
 @POLICY
 @PLANNER
 @GGML
+@click.option("--tokens", metavar="1,2,3", help="[models] Token ids evaluated as one batch; the "
+              "output is the last token's logits, `result_output`.")
+@model_options()
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
-        trace_file, show_profile, ggml):
+        trace_file, show_profile, ggml, tokens, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
+    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy)
+    if model:
+        return _run_model(*model, tokens, as_json, out_file)
     from ggmlrun.core.frontend import data
     from ggmlrun.core.run import results
 
@@ -207,15 +363,18 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
 @click.option("-o", "--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
               help="FILE.svg/.png/.pdf: rendered by Graphviz's `dot` when it is on PATH (else "
                    "FILE.dot is written); any other name: DOT text. Default: DOT on stdout.")
+@GGML
+@model_options()
 @DEBUG
-def dot_command(graph, backends_file, policy, out_file):
+def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     """The schedule as a Graphviz graph: nodes by backend, splits as clusters, copies dashed."""
     import shutil
 
     from ggmlrun.core.observe.dot import RENDERED, render, to_dot
     from ggmlrun.core.run.results import write_atomic, write_text
 
-    _, sched = _prepare(graph, backends_file, policy)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy)
+    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
     text = to_dot(sched)
     if out_file is None:
         click.echo(text, nl=False)
@@ -359,6 +518,142 @@ def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
         raise InputError(f"--offload {offload} is more than --layers {layers}")
     _write_text(mlp(layers, dim, hidden, batch, dtype, offload, device, name), out)
 
+
+# --- models: GGUF files and model cards (SPEC section 5) -----------------------------------------
+def _validate_model(model, backends, opts, as_json):
+    summary = report.model_summary(model)
+    if as_json:
+        emit_json({"model": model.name, "valid": True, **summary})
+    else:
+        click.echo(f"{model.path}: ok ({summary['architecture']}, {summary['n_layer']} layers, "
+                   f"{summary['tensors']} tensors, {summary['weights_bytes']:,} bytes of weights)")
+
+
+def _model_schedule(model, backends, opts):
+    from ggmlrun.models.reserve import measure_model
+
+    return measure_model(model, backends, opts).schedule
+
+
+def _measure_model(model, backends, opts, as_json):
+    from ggmlrun.models.reserve import measure_model
+
+    figures = measure_model(model, backends, opts)
+    _, memory = engine.plan_memory(figures.schedule, "ggml")
+    if as_json:
+        emit_json(report.model_measure_dict(model, figures, memory))
+    else:
+        report.print_tables(stdout, report.model_measure_table(model, figures))
+
+
+def _parse_tokens(text: str | None, n_vocab: int) -> list[int]:
+    if not text:
+        raise InputError("run MODEL needs --tokens, e.g. --tokens 1,15043,3186")
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",")]
+    except ValueError:
+        raise InputError(f"--tokens {text!r}: give token ids separated by commas") from None
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise InputError(f"--tokens: id {bad[0]} is outside the vocabulary [0, {n_vocab})")
+    return tokens
+
+
+def _run_model(model, backends, opts, tokens, as_json, out_file):
+    from ggmlrun.core.run import results
+
+    ids = _parse_tokens(tokens, model.hparams.n_vocab)
+    if any(t.offset is None for t in model.tensors.values()):
+        raise InputError("a model card has no weights to run; run a GGUF file",
+                         file=str(model.path))
+    ctx = opts.ctx if opts.ctx is not None else min(model.hparams.n_ctx_train, 4096)
+    if len(ids) > ctx:
+        raise InputError(f"--tokens: {len(ids)} tokens do not fit the context of {ctx} (--ctx)")
+    from ggmlrun.models.run import run_model
+
+    logits, result = run_model(model, backends, opts, ids)
+    outputs = {"result_output": logits}
+    summaries = {name: results.summarize(arr) for name, arr in outputs.items()}
+    if out_file:
+        results.write_npz(out_file, outputs)
+    if as_json:
+        emit_json(report.model_run_dict(result, summaries))
+    else:
+        report.print_tables(stdout, report.timing_table(result),
+                            report.outputs_table(summaries, None))
+
+
+class _CtxType(click.ParamType):
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int) or value == "auto":
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            n = 0
+        if n < 1:
+            self.fail(f"{value!r} is neither a context length (1 or more) nor 'auto'", param, ctx)
+        return n
+
+
+@cli.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
+@BACKENDS
+@JSON
+@click.option("--ctx", "fit_ctx", type=_CtxType(), default=None,
+              help="Context length, or 'auto': the largest (a multiple of 256, up to the "
+                   "model's) that fits with the most layers; default the model's, at most 4096.")
+@click.option("--min-ctx", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="With --ctx auto: the context kept while layers are fitted (llama.cpp -fitc).")
+@click.option("--margin", metavar="SIZE", default=None,
+              help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "
+                   "one SIZE for devices, or DEVICES,CPU (e.g. 512MiB,2GiB).")
+@GGML
+@model_options(skip=("ctx_size", "ngl"))
+@DEBUG
+def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, **model_kw):
+    """The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."""
+    from ggmlrun.core.util.errors import RunError
+    from ggmlrun.models.fit import fit_model
+
+    model = _model_input(model_path, backends_file, model_kw, ggml)
+    if model is None:
+        raise InputError("fit takes a model: a GGUF file or a model card", file=str(model_path))
+    margin_device, margin_cpu = _parse_margins(margin)
+    model_file, backends, opts = model
+    if isinstance(fit_ctx, int):
+        from dataclasses import replace
+
+        opts = replace(opts, ctx=fit_ctx)
+    result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
+                       min_ctx=min_ctx)
+    if as_json:
+        emit_json(report.fit_dict(model_file, result))
+    else:
+        report.print_tables(stdout, report.fit_table(model_file, result))
+        click.echo(report.fit_line(result))
+    if not result.fits:
+        raise RunError(result.advice)
+
+
+def _parse_margins(text: str | None) -> tuple[int, int]:
+    from ggmlrun.core.frontend.loader import parse_size
+    from ggmlrun.core.backends.spec import GiB
+
+    if text is None:
+        return GiB, 0
+    parts = text.split(",")
+    if len(parts) > 2:
+        raise InputError(f"--margin {text!r}: one SIZE, or DEVICES,CPU")
+    sizes = []
+    for part in parts:
+        try:
+            sizes.append(0 if part.strip() in ("0", "0B") else parse_size(part.strip()))
+        except ValueError as err:
+            raise InputError(f"--margin: {err}") from None
+    return sizes[0], sizes[1] if len(sizes) > 1 else 0
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv

@@ -1,0 +1,249 @@
+"""Model cards: a model described in a few lines of YAML, for models not downloaded yet.
+
+`measure` and `fit` need only a model's header: its hyperparameters and every tensor's shape
+and type. A card gives the hyperparameters and the weight type the way users name a file
+(`Q4_K_M`); the per-tensor types are then the ones llama.cpp's quantizer picks for that
+mixture (src/llama-quant.cpp of the reference llama.cpp), so the bytes match the real file:
+
+    architecture: llama
+    name: Meta-Llama-3-8B Q4_K_M
+    hparams: {n_layer: 32, n_embd: 4096, n_head: 32, n_head_kv: 8, n_ff: 14336,
+              n_vocab: 128256, n_ctx_train: 8192, rope_freq_base: 500000}
+    weights: q4_K_M           # a llama.cpp file type (ftype): f16, q8_0, q4_K_M, ...
+    types: {output: q8_0}     # optional: a type per tensor class, over the mixture's choice
+
+Card tensors carry no data (`offset` None): a card can be measured and fitted, not run.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ggmlrun.core.frontend.yamlfile import (describe_value, is_int, is_number, read_yaml, shown,
+                                            unknown_keys)
+from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.util.errors import did_you_mean
+from ggmlrun.models.hparams import llama_tensor_shapes
+from ggmlrun.models.modelfile import ModelFile, TensorInfo
+
+CARDS_DIR = Path(__file__).parent / "cards"
+TOP_KEYS = ("architecture", "name", "hparams", "weights", "types", "tied_embeddings")
+ARCHITECTURES = ("llama",)
+
+# card key -> (GGUF metadata key under the architecture, required, default)
+HPARAMS = {
+    "n_layer": ("block_count", True, None),
+    "n_embd": ("embedding_length", True, None),
+    "n_head": ("attention.head_count", True, None),
+    "n_head_kv": ("attention.head_count_kv", False, None),     # default: n_head (no GQA)
+    "n_ff": ("feed_forward_length", True, None),
+    "n_vocab": ("vocab_size", True, None),
+    "n_ctx_train": ("context_length", True, None),
+    "n_rot": ("rope.dimension_count", False, None),            # default: n_embd / n_head
+    "rope_freq_base": ("rope.freq_base", False, 10000.0),
+    "norm_rms_eps": ("attention.layer_norm_rms_epsilon", False, 1e-5),
+}
+FLOAT_HPARAMS = ("rope_freq_base", "norm_rms_eps")
+MAX_DIM = 2**24                   # far past any real model; guards typos like 40960000
+
+TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", "attn_k",
+                  "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.weight\Z")
+
+
+# --- llama.cpp's quantization mixtures ----------------------------------------------------------
+@dataclass(frozen=True)
+class Mixture:
+    """One llama.cpp file type: the default weight type and whether its rules apply."""
+    default: str
+    quantized: bool
+
+
+MIXTURES = {
+    "f32": Mixture("f32", False), "f16": Mixture("f16", False), "bf16": Mixture("bf16", False),
+    "q8_0": Mixture("q8_0", True), "q4_0": Mixture("q4_0", True), "q4_1": Mixture("q4_1", True),
+    "q5_0": Mixture("q5_0", True), "q5_1": Mixture("q5_1", True), "q6_K": Mixture("q6_K", True),
+    "q4_K_S": Mixture("q4_K", True), "q4_K_M": Mixture("q4_K", True),
+    "q5_K_S": Mixture("q5_K", True), "q5_K_M": Mixture("q5_K", True),
+}
+_BY_LOWER = {k.lower(): k for k in MIXTURES}
+
+# tensor_type_fallback: a k-quant whose rows are not a whole number of 256-blocks
+FALLBACK = {"q2_K": "q4_0", "q3_K": "q4_0", "q4_K": "q5_0", "q5_K": "q5_1", "q6_K": "q8_0"}
+
+
+def _more_bits(i_layer: int, n_layer: int) -> bool:
+    """llama-quant.cpp's use_more_bits: the first and last eighth, and every third between."""
+    return (i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8
+            or (i_layer - n_layer // 8) % 3 == 2)
+
+
+def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool) -> str:
+    """The type llama.cpp's quantizer gives tensor class `cls` of `layer` (llama_tensor_get_type).
+
+    Norms stay f32 (1-D tensors are never quantized); a plain float file type is uniform. For
+    llama there is one attn_v and one ffn_down per layer, so the quantizer's running counters
+    equal the layer index.
+    """
+    mix = MIXTURES[ftype]
+    if cls.endswith("norm"):
+        return "f32"
+    if not mix.quantized:
+        return mix.default
+    new = mix.default
+    if cls == "output":
+        return new if new == "q8_0" else "q6_K"
+    if cls == "attn_v":
+        if ftype in ("q4_K_M", "q5_K_M") and _more_bits(layer, n_layer):
+            new = "q6_K"
+        elif ftype == "q4_K_S" and layer < 4:
+            new = "q5_K"
+        if is_70b and new in ("q3_K", "q4_K"):
+            new = "q5_K"          # 8 heads share attn_v in the 70B: more bits cost little
+    elif cls == "ffn_down":
+        if ftype in ("q4_K_M", "q5_K_M") and _more_bits(layer, n_layer):
+            new = "q6_K"
+        elif ftype == "q4_K_S" and layer < n_layer // 8:
+            new = "q5_K"
+    return new
+
+
+def fit_row(dtype: str, row: int) -> str:
+    """tensor_type_fallback: a type whose block does not divide the row becomes a smaller one."""
+    if row % TYPES[dtype].block_size == 0:
+        return dtype
+    smaller = FALLBACK.get(dtype, dtype)
+    return smaller if row % TYPES[smaller].block_size == 0 else "f16"
+
+
+# --- reading a card -----------------------------------------------------------------------------
+def is_card(data) -> bool:
+    return isinstance(data, dict) and "architecture" in data
+
+
+def read_card(path: Path) -> ModelFile:
+    data, doc = read_yaml(path)
+    return card_model(data, doc, Path(path))
+
+
+def bundled_cards() -> list[Path]:
+    return sorted(CARDS_DIR.glob("*.yaml"))
+
+
+def card_model(data, doc, path: Path | None) -> ModelFile:
+    """A checked card as a ModelFile whose tensors have llama.cpp's shapes and types."""
+    if not is_card(data):
+        raise doc.error("a model card is a mapping with 'architecture:', 'hparams:' and 'weights:'")
+    unknown_keys(doc, data, TOP_KEYS, (), None, "top-level key")
+    arch = data["architecture"]
+    if arch not in ARCHITECTURES:
+        raise doc.error(f"architecture {shown(arch)} is not supported; "
+                        f"{did_you_mean(str(arch), ARCHITECTURES)}", ("architecture",))
+    name = data.get("name", path.stem if path else "card")
+    if not isinstance(name, str) or not name.strip() or "\n" in name:
+        raise doc.error(f"name must be a one-line string, got {describe_value(name)}", ("name",))
+    for key in ("hparams", "weights"):
+        if key not in data:
+            raise doc.error(f"missing '{key}:'")
+    values = _hparams(doc, data["hparams"])
+    tied = data.get("tied_embeddings", False)
+    if not isinstance(tied, bool):
+        raise doc.error(f"tied_embeddings must be true or false, got {describe_value(tied)}",
+                        ("tied_embeddings",))
+    ftype = _ftype(doc, data["weights"])
+    overrides = _type_overrides(doc, data.get("types", {}))
+    hparams = _build_hparams(doc, arch, values)
+    is_70b = values["n_layer"] == 80 and values["n_head"] != values["n_head_kv"]
+    tensors = {}
+    for tname, shape in llama_tensor_shapes(hparams).items():
+        if tied and tname == "output.weight":
+            continue
+        match = _CLASS_RE.match(tname)
+        cls, layer = match.group(2), int(match.group(1) or 0)
+        dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, values["n_layer"],
+                                                   is_70b=is_70b)
+        if tied and cls == "token_embd" and "token_embd" not in overrides:
+            dtype = mixture_type(ftype, "output", 0, values["n_layer"], is_70b=is_70b)
+        tensors[tname] = TensorInfo(name=tname, shape=tuple(shape), dtype=fit_row(dtype, shape[-1]),
+                                    offset=None)
+    return ModelFile(path=path, arch=arch, name=name, hparams=hparams, tensors=tensors)
+
+
+def _hparams(doc, raw) -> dict:
+    path = ("hparams",)
+    if not isinstance(raw, dict):
+        raise doc.error(f"hparams must be a mapping, got {describe_value(raw)}", path)
+    unknown_keys(doc, raw, tuple(HPARAMS), path, None, "hyperparameter")
+    values = {}
+    for key, (_, required, default) in HPARAMS.items():
+        if key not in raw:
+            if required:
+                raise doc.error(f"missing hyperparameter '{key}'", path)
+            values[key] = default
+            continue
+        value = raw[key]
+        if key in FLOAT_HPARAMS:
+            if not is_number(value) or not math.isfinite(value) or value <= 0:
+                raise doc.error(f"{key} must be a positive number, got {describe_value(value)}",
+                                path + (key,))
+            values[key] = float(value)
+        else:
+            if not is_int(value) or not 1 <= value <= MAX_DIM:
+                raise doc.error(f"{key} must be an integer from 1 to {MAX_DIM}, got "
+                                f"{describe_value(value)}", path + (key,))
+            values[key] = value
+    if values["n_head_kv"] is None:
+        values["n_head_kv"] = values["n_head"]
+    if values["n_embd"] % values["n_head"]:
+        raise doc.error(f"n_embd {values['n_embd']} is not a multiple of n_head {values['n_head']}",
+                        path + ("n_embd",))
+    if values["n_head"] % values["n_head_kv"]:
+        raise doc.error(f"n_head {values['n_head']} is not a multiple of n_head_kv "
+                        f"{values['n_head_kv']}", path + ("n_head_kv",))
+    head = values["n_embd"] // values["n_head"]
+    if values["n_rot"] is None:
+        values["n_rot"] = head
+    if values["n_rot"] > head or values["n_rot"] % 2:
+        raise doc.error(f"n_rot {values['n_rot']} must be even and at most the head size {head}",
+                        path + ("n_rot",))
+    return values
+
+
+def _build_hparams(doc, arch: str, values: dict):
+    """Through the GGUF metadata path, so a card and a file with the same numbers agree."""
+    from ggmlrun.core.util.errors import InputError
+    from ggmlrun.models.hparams import from_metadata
+
+    fields = {"general.architecture": arch}
+    for key, (gguf_key, _, _) in HPARAMS.items():
+        value = values[key]
+        if value is None:
+            continue
+        fields[f"{arch}.{gguf_key}"] = value
+    try:
+        return from_metadata(fields, arch)
+    except InputError as err:
+        raise doc.error(err.message, ("hparams",)) from None
+
+
+def _ftype(doc, raw) -> str:
+    if not isinstance(raw, str) or raw.lower() not in _BY_LOWER:
+        raise doc.error(f"weights {shown(raw)} is not a file type this tool knows; "
+                        f"{did_you_mean(str(raw), MIXTURES)}", ("weights",))
+    return _BY_LOWER[raw.lower()]
+
+
+def _type_overrides(doc, raw) -> dict[str, str]:
+    path = ("types",)
+    if not isinstance(raw, dict):
+        raise doc.error(f"types must be a mapping of tensor class to type, got "
+                        f"{describe_value(raw)}", path)
+    unknown_keys(doc, raw, TENSOR_CLASSES, path, None, "tensor class")
+    for cls, dtype in raw.items():
+        if dtype not in TYPES:
+            raise doc.error(f"unknown type {shown(dtype)} for {cls}; "
+                            f"{did_you_mean(str(dtype), TYPES)}", path + (cls,))
+    return dict(raw)

@@ -1,0 +1,269 @@
+"""`fit`: the largest -ngl (and context) whose weights, KV cache and compute buffers fit.
+
+Every answer is checked on llama.cpp's own figures (`measure_model`: the real graph, scheduled
+and reserved as llama.cpp does it), but a reserve of an 80-layer graph is far too slow to try
+every -ngl. So the search guesses first and measures only to confirm:
+
+* device memory only grows with -ngl and the CPU's only shrinks, so the answer is the largest
+  -ngl whose devices fit, provided the CPU fits there too (else nothing fits);
+* weights per layer are known from the header, KV bytes per layer from one reserve, and the
+  compute buffers barely move with -ngl, so a guess from the last reserve lands on or next to
+  the answer;
+* the guess is confirmed by measuring it and the -ngl above it (fits, does not fit), and a
+  guess that misses narrows a bracket that bisection finishes, so the answer is exact whatever
+  the guess was worth.
+
+With `--ctx auto` the context is searched the same way (KV and compute grow with it), after
+-ngl: like llama.cpp's own `--fit`, layers come first down to a minimum context (4096), then
+the context grows as far as it fits with those layers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.models.modelfile import ModelFile
+from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
+
+CTX_STEP = 256                    # llama.cpp pads the KV cache to 256 cells
+MIN_CTX = 4096                    # llama.cpp's --fit-ctx default
+
+
+@dataclass
+class FitBackend(BackendFigures):
+    """llama.cpp's figures for one backend, with the margin the fit keeps free on it."""
+    margin_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes + self.arena_bytes
+
+    @property
+    def free_bytes(self) -> int:
+        """What is left of the memory after the total and the margin (negative: short)."""
+        return self.memory_bytes - self.margin_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.free_bytes >= 0
+
+
+@dataclass
+class FitResult:
+    ngl: int | None               # None: nothing fits
+    ctx: int
+    n_layer: int
+    shown_ngl: int                # the -ngl of `backends`: the answer, or the nearest miss
+    backends: list[FitBackend]
+    measure: ModelMeasure | None
+    probes: list[tuple[int, int]] = field(default_factory=list)   # (ngl, ctx) measured
+    seconds: float = 0.0
+    advice: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.ngl is not None
+
+
+class _Prober:
+    """measure_model per (ngl, ctx), each measured once, as FitBackend rows."""
+
+    def __init__(self, model, backends, opts, margins):
+        self.model, self.backends, self.opts, self.margins = model, backends, opts, margins
+        self.seen: dict[tuple[int, int], tuple[list[FitBackend], ModelMeasure]] = {}
+        self.order: list[tuple[int, int]] = []
+
+    def __call__(self, ngl: int, ctx: int) -> list[FitBackend]:
+        return self.full(ngl, ctx)[0]
+
+    def full(self, ngl: int, ctx: int):
+        key = (ngl, ctx)
+        if key not in self.seen:
+            m = measure_model(self.model, self.backends, replace(self.opts, ngl=ngl, ctx=ctx))
+            rows = [FitBackend(**vars(f), margin_bytes=margin)
+                    for f, margin in zip(m.backends, self.margins)]
+            self.seen[key] = (rows, m)
+            self.order.append(key)
+        return self.seen[key]
+
+
+def _devices_fit(rows: list[FitBackend]) -> bool:
+    return all(r.fits for r in rows if r.kind != "cpu")
+
+
+def _all_fit(rows: list[FitBackend]) -> bool:
+    return all(r.fits for r in rows)
+
+
+def _device_room(rows: list[FitBackend]) -> int:
+    return sum(r.free_bytes for r in rows if r.kind != "cpu")
+
+
+def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
+              margin_device: int, margin_cpu: int, ctx_auto: bool, *,
+              min_ctx: int = MIN_CTX) -> FitResult:
+    start = time.perf_counter()
+    hp = model.hparams
+    n_max = hp.n_layer + 1
+    margins = [margin_cpu if b.kind == "cpu" else margin_device for b in backends]
+    probe = _Prober(model, backends, opts, margins)
+    costs = _layer_costs(model)
+    ctx_top = _ctx_top(hp.n_ctx_train)
+    if ctx_auto:
+        ctx = min(ctx_top, max(CTX_STEP, min_ctx // CTX_STEP * CTX_STEP))
+    else:
+        ctx = opts.ctx if opts.ctx is not None else min(hp.n_ctx_train, 4096)
+    device_ngl = _device_ngl(probe, ctx, n_max, costs)
+    ngl = device_ngl if device_ngl is not None and _all_fit(probe(device_ngl, ctx)) else None
+    if ngl is not None and ctx_auto:
+        ctx = _largest_ctx(probe, ngl, ctx, ctx_top)
+    shown = ngl if ngl is not None else device_ngl or 0
+    advice = "" if ngl is not None else _advice(probe, ctx, device_ngl, n_max, costs)
+    rows, m = probe.full(shown, ctx)
+    return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer, shown_ngl=shown, backends=rows,
+                     measure=m, probes=list(probe.order), advice=advice,
+                     seconds=time.perf_counter() - start)
+
+
+def _ctx_top(n_ctx_train: int) -> int:
+    return max(CTX_STEP, n_ctx_train // CTX_STEP * CTX_STEP) if n_ctx_train >= CTX_STEP \
+        else n_ctx_train
+
+
+def _layer_costs(model: ModelFile) -> dict[int, int]:
+    """Weight bytes per layer from the header (the output layer as layer n_layer): what the
+    guess moves between the CPU and the devices."""
+    from ggmlrun.core.ir.types import TYPES
+
+    n_layer = model.hparams.n_layer
+    sizes: dict[int, int] = {}
+    for info in model.tensors.values():
+        if info.name.startswith("blk."):
+            layer = int(info.name.split(".")[1])
+        elif info.name.startswith("output"):
+            layer = n_layer
+        else:
+            continue
+        sizes[layer] = sizes.get(layer, 0) + TYPES[info.dtype].row_bytes(math.prod(info.shape))
+    return sizes
+
+
+def _device_ngl(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int]) -> int | None:
+    """The largest ngl in [0, n_max] whose devices fit (the CPU is the caller's to check)."""
+    rows = probe(n_max, ctx)
+    if _devices_fit(rows):
+        return n_max
+    kv = sum(r.kv_bytes for r in rows) / max(1, n_max - 1)
+    fit_lo, miss_hi = -1, n_max          # devices fit at fit_lo (-1: none known), not at miss_hi
+    last = (n_max, rows)
+    while miss_hi - fit_lo > 1:
+        guess = _guess(*last, costs, kv, n_max)
+        if not fit_lo < guess < miss_hi:
+            guess = (fit_lo + miss_hi) // 2
+        for ngl in (guess, guess + 1 if guess > fit_lo and guess + 1 < miss_hi else None):
+            if ngl is None or not fit_lo < ngl < miss_hi:
+                continue
+            rows = probe(ngl, ctx)
+            last = (ngl, rows)
+            if _devices_fit(rows):
+                fit_lo = ngl     # and confirm the edge above right away: the guess is usually it
+            else:
+                miss_hi = ngl
+                break
+    return fit_lo if fit_lo >= 0 else None
+
+
+def _guess(ngl: int, rows: list[FitBackend], costs: dict[int, int], kv: float, n_max: int) -> int:
+    """Move layers onto (or off) the devices until the room measured at `ngl` is used up.
+    Going from ngl to ngl + 1 moves layer n_layer - ngl (layer n_layer is the output layer)."""
+    n_layer = n_max - 1
+    room = _device_room(rows)
+
+    def cost(il: int) -> float:
+        return costs.get(il, 0) + (kv if il < n_layer else 0)
+
+    while room >= 0 and ngl < n_max and room - cost(n_layer - ngl) >= 0:
+        room -= cost(n_layer - ngl)
+        ngl += 1
+    while room < 0 and ngl > 0:
+        room += cost(n_layer - ngl + 1)
+        ngl -= 1
+    return ngl
+
+
+def _largest_ctx(probe: _Prober, ngl: int, lo: int, top: int) -> int:
+    """The largest context (a multiple of 256) in [lo, top] that fits with `ngl`; lo fits.
+
+    A context is known to miss without a reserve when even its KV cache (exactly linear) on
+    top of a smaller context's compute buffer (which only grows with the context) is too much."""
+    fit_lo, miss_hi = lo, top + CTX_STEP
+    low_rows, high_rows = probe(ngl, lo), None
+    after_fit = False
+    while miss_hi - fit_lo > CTX_STEP:
+        miss_hi = min(miss_hi, _kv_bound(low_rows, fit_lo, miss_hi) + CTX_STEP)
+        if miss_hi - fit_lo <= CTX_STEP:
+            break
+        if after_fit:
+            guess = fit_lo + CTX_STEP          # confirm the edge: the guess is usually it
+        elif high_rows is None:
+            guess = miss_hi - CTX_STEP         # the most the KV bound allows
+        else:
+            guess = _ctx_guess(fit_lo, low_rows, miss_hi, high_rows)
+            if not fit_lo < guess < miss_hi:
+                guess = (fit_lo + miss_hi) // 2 // CTX_STEP * CTX_STEP
+        here = probe(ngl, guess)
+        after_fit = _all_fit(here)
+        if after_fit:
+            fit_lo, low_rows = guess, here
+        else:
+            miss_hi, high_rows = guess, here
+    return fit_lo
+
+
+def _kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
+    """The largest context under `below` that the KV growth alone from `ctx` leaves possible."""
+    best = ctx
+    for c in range(ctx + CTX_STEP, below, CTX_STEP):
+        if any(r.total_bytes + r.kv_bytes * (c - ctx) // ctx > r.memory_bytes - r.margin_bytes
+               for r in rows):
+            break
+        best = c
+    return best
+
+
+def _ctx_guess(c0: int, rows0, c1: int, rows1) -> int:
+    """Linear in the context between two measured points: KV is, compute nearly is."""
+    best = c1
+    for r0, r1 in zip(rows0, rows1):
+        if r1.fits:
+            continue
+        slope = (r1.total_bytes - r0.total_bytes) / (c1 - c0)
+        if slope <= 0:
+            continue
+        reach = c0 + (r0.memory_bytes - r0.margin_bytes - r0.total_bytes) / slope
+        best = min(best, int(reach) // CTX_STEP * CTX_STEP)
+    return best
+
+
+def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs) -> str:
+    """Who is short at the nearest miss, by how much, and what would fit instead."""
+    ngl = device_ngl or 0
+    short = [r for r in probe(ngl, ctx) if not r.fits]
+    where = (f"with -ngl {ngl}, the most the devices hold," if device_ngl is not None
+             else "even with -ngl 0,")
+    parts = [f"{r.name} needs {human_bytes(r.total_bytes)} (weights {human_bytes(r.weights_bytes)}"
+             f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but has "
+             f"{human_bytes(r.memory_bytes - r.margin_bytes)} after the margin" for r in short]
+    message = f"nothing fits: {where} " + "; ".join(parts)
+    if ctx > CTX_STEP:
+        small = _device_ngl(probe, CTX_STEP, n_max, costs)
+        if small is not None and _all_fit(probe(small, CTX_STEP)):
+            best = _largest_ctx(probe, small, CTX_STEP, (ctx - 1) // CTX_STEP * CTX_STEP)
+            return message + f"; a smaller context fits: --ctx {best} with -ngl {small}"
+    need = ", ".join(f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short)
+    return message + f"; it needs {need} (or a smaller --margin)"

@@ -1,0 +1,44 @@
+"""What a GRAPH argument names: a GGUF model, a model card, or a YAML graph.
+
+A GGUF file is known by its magic, never by its name; a YAML file is a model card when its
+top level has `architecture:` and a graph file otherwise. A card is parsed once, here, so its
+errors keep their lines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ggmlrun.core.frontend.loader import load_graph
+from ggmlrun.core.frontend.yamlfile import read_yaml
+from ggmlrun.core.ir.graph import Graph
+from ggmlrun.models.cards import card_model, is_card
+from ggmlrun.models.modelfile import ModelFile, is_gguf, read_gguf
+
+
+def load_input(path: Path) -> Graph | ModelFile:
+    model = load_model(path)
+    return model if model is not None else load_graph(path)
+
+
+def load_model(path: Path) -> ModelFile | None:
+    """The model a GGUF file or a card holds; None for anything else (a graph file)."""
+    path = Path(path)
+    if path.is_file() and is_gguf(path):
+        return read_gguf(path)
+    if path.is_file() and _looks_like_card(path):
+        data, doc = read_yaml(path)
+        if is_card(data):
+            return card_model(data, doc, path)
+    return None
+
+
+def _looks_like_card(path: Path) -> bool:
+    """A cheap look for a top-level `architecture:` key before parsing the whole file (graph
+    files can be large; cards are a few lines)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 16)
+    except OSError:
+        return False
+    return any(line.startswith(b"architecture:") for line in head.splitlines())

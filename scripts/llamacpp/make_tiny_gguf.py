@@ -1,0 +1,154 @@
+"""Tiny random llama GGUF files that real llama.cpp loads, for conformance tests and the README.
+
+They exist so that llama.cpp itself can be the oracle for ggmlrun's model graphs: each file is
+small enough to commit, yet covers what distinguishes real models (MHA and GQA, f32 / f16 /
+q8_0 weights, tied output). The weights are random with a fixed seed per model, so rerunning
+the script rewrites byte-identical files and the recorded llama.cpp figures stay valid.
+
+    python3 scripts/llamacpp/make_tiny_gguf.py [--out examples/models]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
+from gguf import quants
+
+N_VOCAB = 320          # <unk> <s> </s>, 256 byte tokens, 61 fillers; a multiple of 32
+N_CTX_TRAIN = 2048
+ROPE_FREQ_BASE = 10000.0
+RMS_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """One file's shape and weight type; `tied` drops output.weight, as many small models do."""
+    name: str
+    weight_type: str       # "f32" | "f16" | "q8_0": every 2-D weight; norms stay f32
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_layer: int = 4
+    tied: bool = False
+    seed: int = 0
+
+
+MODELS = [
+    TinyModel("tiny-llama-f32", "f32", n_embd=64, n_head=4, n_head_kv=4, n_ff=128, seed=1),
+    TinyModel("tiny-llama-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=2),
+    TinyModel("tiny-llama-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=3),
+    TinyModel("tiny-llama-tied-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+              tied=True, seed=4),
+]
+
+FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
+              "q8_0": LlamaFileType.MOSTLY_Q8_0}
+
+
+def vocabulary() -> tuple[list[bytes], list[float], list[int]]:
+    """An SPM vocabulary llama.cpp accepts: specials, the 256 byte fallbacks, then fillers."""
+    tokens = [b"<unk>", b"<s>", b"</s>"]
+    types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
+    tokens += [f"<0x{b:02X}>".encode() for b in range(256)]
+    types += [TokenType.BYTE] * 256
+    fillers = N_VOCAB - len(tokens)
+    tokens += [f"\u2581w{i}".encode() for i in range(fillers)]
+    types += [TokenType.NORMAL] * fillers
+    scores = [0.0] * 3 + [0.0] * 256 + [-float(i + 1) for i in range(fillers)]
+    return tokens, scores, [int(t) for t in types]
+
+
+def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    head_dim = m.n_embd // m.n_head
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd)}
+    for i in range(m.n_layer):
+        shapes[f"blk.{i}.attn_norm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.attn_q.weight"] = (m.n_head * head_dim, m.n_embd)
+        shapes[f"blk.{i}.attn_k.weight"] = (m.n_head_kv * head_dim, m.n_embd)
+        shapes[f"blk.{i}.attn_v.weight"] = (m.n_head_kv * head_dim, m.n_embd)
+        shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * head_dim)
+        shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, m.n_embd)
+        shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, m.n_embd)
+        shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, m.n_ff)
+    shapes["output_norm.weight"] = (m.n_embd,)
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, m.n_embd)
+    return shapes
+
+
+def random_weight(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Norm gains near 1 and matrices scaled by 1/sqrt(fan-in), so activations stay O(1)
+    through the layers and the logits are spread enough to compare meaningfully."""
+    if len(shape) == 1:
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+
+def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str) -> None:
+    """Stores 1-D tensors as f32 always, as llama.cpp's converters do."""
+    if data.ndim == 1 or weight_type == "f32":
+        writer.add_tensor(name, data)
+    elif weight_type == "f16":
+        writer.add_tensor(name, data.astype(np.float16))
+    else:
+        qtype = GGMLQuantizationType[weight_type.upper()]
+        writer.add_tensor(name, quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+def write_model(m: TinyModel, out_dir: Path) -> Path:
+    """Writes to a temporary name first so a reader never sees half a file."""
+    path = out_dir / f"{m.name}.gguf"
+    tmp = path.with_suffix(".gguf.tmp")
+    writer = GGUFWriter(str(tmp), "llama")
+    writer.add_name(m.name)
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(m.n_embd)
+    writer.add_block_count(m.n_layer)
+    writer.add_feed_forward_length(m.n_ff)
+    writer.add_head_count(m.n_head)
+    writer.add_head_count_kv(m.n_head_kv)
+    writer.add_rope_dimension_count(m.n_embd // m.n_head)
+    writer.add_rope_freq_base(ROPE_FREQ_BASE)
+    writer.add_layer_norm_rms_eps(RMS_EPS)
+    writer.add_vocab_size(N_VOCAB)
+    writer.add_file_type(FILE_TYPES[m.weight_type])
+    tokens, scores, types = vocabulary()
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    rng = np.random.default_rng(m.seed)
+    for name, shape in tensor_shapes(m).items():
+        add_weight(writer, name, random_weight(rng, shape), m.weight_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("examples/models"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for m in MODELS:
+        path = write_model(m, args.out)
+        print(f"{path}  {path.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

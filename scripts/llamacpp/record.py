@@ -1,0 +1,446 @@
+"""Records real llama.cpp's figures for the tiny models, the ground truth ggmlrun is tested on.
+
+llama.cpp (llama-cpp-python 0.3.36 built with -DGGML_RPC=ON) runs every model x ctx x ubatch x
+flash-attn x ngl configuration with one RPC server on 127.0.0.1 standing for a device. Each
+configuration runs in a child process with shim.c preloaded, which reports the exact bytes
+llama.cpp only logs in MiB (model, KV and compute buffers per backend) and dumps every graph
+the scheduler reserves or computes, with each node's backend. llama.cpp's own log gives
+"graph nodes" and "graph splits"; llama_get_logits_ith gives the last token's logits.
+
+    python3 scripts/llamacpp/record.py [--only SUBSTRING] [--fresh]
+
+Resumable: configurations already in the figures file are skipped (--fresh redoes all).
+Writes tests/data/llamacpp/figures.json, one graph dump per configuration (--graphs DIR,
+default /work/oracle-out/graphs when it exists) and gzipped dumps of a few configurations
+to tests/data/llamacpp/graphs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gzip
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import os
+import re
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS_DIR = REPO / "examples" / "models"
+FIGURES = REPO / "tests" / "data" / "llamacpp" / "figures.json"
+COMMITTED_GRAPHS = REPO / "tests" / "data" / "llamacpp" / "graphs"
+ORACLE_OUT = Path("/work/oracle-out")
+
+MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16"]
+CTXS = [256, 1024]
+UBATCHES = [32, 512]
+FLASH_ATTN = [False, True]
+NGLS: list[int | str] = [0, 2, "all"]
+TOKENS = [1, 15, 100, 7, 42]
+N_THREADS = 2
+N_BATCH = 2048          # llama.cpp's default -b; the graph depends on the ubatch only
+CHILD_MEMORY = 4 << 30  # address-space cap for the server and each child
+# The committed dumps: one per kind of placement, enough to read llama.cpp's graph offline.
+COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub32/fa1/ngl2",
+                 "tiny-llama-q8_0/c1024/ub512/fa0/ngl0", "tiny-llama-tied-f16/c256/ub512/fa1/nglall"}
+GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
+
+
+# Beyond the grid: the other placement options of SPEC section 5 that one RPC device can show.
+# (model, suffix of the id, options); the base is ctx 256, ubatch 32, flash-attn off. A q8_0 KV
+# cache cannot be shown: llama.cpp needs head_dim (16 here) to be a multiple of q8_0's block of 32.
+EXTRAS: list[tuple[str, str, dict]] = [
+    ("tiny-llama-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-llama-f16", "nkvo", {"ngl": "all", "no_kv_offload": True, "flash_attn": True}),
+    ("tiny-llama-f16", "nkvo", {"ngl": 2, "no_kv_offload": True}),
+    ("tiny-llama-q8_0", "nkvo", {"ngl": "all", "no_kv_offload": True, "ubatch": 512}),
+    ("tiny-llama-f16", "", {"ngl": 1}),
+    ("tiny-llama-f16", "", {"ngl": 3}),
+    ("tiny-llama-f16", "", {"ngl": 4}),
+    ("tiny-llama-f16", "kvf32", {"ngl": "all", "kv_type": "f32"}),
+    ("tiny-llama-f16", "kvf32", {"ngl": 2, "kv_type": "f32", "flash_attn": True}),
+    ("tiny-llama-f16", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]]}),
+    ("tiny-llama-f16", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]], "ubatch": 512}),
+    ("tiny-llama-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+]
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
+
+
+def config_id(model: str, ctx: int, ubatch: int, flash_attn: bool, ngl: int | str,
+              suffix: str = "") -> str:
+    return f"{model}/c{ctx}/ub{ubatch}/fa{int(flash_attn)}/ngl{ngl}" + (f"/{suffix}" if suffix else "")
+
+
+def all_configs() -> list[dict]:
+    """The grid the issue asks for, then the extras; options absent mean llama.cpp's defaults."""
+    grid = [{"model": m, "ctx": c, "ubatch": u, "flash_attn": fa, "ngl": n}
+            for m, c, u, fa, n in itertools.product(MODELS, CTXS, UBATCHES, FLASH_ATTN, NGLS)]
+    extras = [dict({"model": m, "ctx": 256, "ubatch": 32, "flash_attn": False, "suffix": suffix},
+                   **opts) for m, suffix, opts in EXTRAS]
+    configs = []
+    for cfg in grid + extras:
+        cfg = {"no_kv_offload": False, "kv_type": "f16", "overrides": [], "suffix": ""} | cfg
+        cfg["id"] = config_id(cfg["model"], cfg["ctx"], cfg["ubatch"], cfg["flash_attn"], cfg["ngl"],
+                              cfg["suffix"])
+        configs.append(cfg)
+    return configs
+
+
+def llama_cpp_dir() -> Path:
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        sys.exit("record.py: llama_cpp is not installed (pip install llama-cpp-python==0.3.36 "
+                 "with CMAKE_ARGS=-DGGML_RPC=ON)")
+    return Path(spec.origin).parent
+
+
+def cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
+
+
+def load_ggml(lib_dir: Path) -> dict[str, ctypes.CDLL]:
+    """The `.so.0` names, globally: libllama links against those, so the RPC device registered
+    here is the one llama.cpp sees (the plain `.so` copies would be a second registry)."""
+    return {name: ctypes.CDLL(str(lib_dir / name), mode=ctypes.RTLD_GLOBAL) for name in GGML_LIBS}
+
+
+# ---------------------------------------------------------------- RPC server (child process)
+
+def serve_rpc(endpoint: str) -> None:
+    """Serves this machine's CPU as an RPC device until killed."""
+    libs = load_ggml(llama_cpp_dir() / "lib")
+    ggml, rpc = libs["libggml.so.0"], libs["libggml-rpc.so.0"]
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    cpu = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                                  ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
+    devices = (ctypes.c_void_p * 1)(cpu)
+    rpc.ggml_backend_rpc_start_server(endpoint.encode(), None, N_THREADS, 1, devices)
+
+
+def start_rpc_server() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, __file__, "--serve-rpc", endpoint],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=cap_memory)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, endpoint
+        except OSError:
+            if server.poll() is not None:
+                break
+            time.sleep(0.2)
+    server.kill()
+    sys.exit("record.py: the RPC server did not start")
+
+
+# ---------------------------------------------------------------- one configuration (child)
+
+def run_config(cfg: dict, endpoint: str) -> dict:
+    """Loads the model with llama.cpp as `llama-cli -c CTX -ub UB -fa on|off -ngl N ...` would,
+    decodes TOKENS as one batch and returns llama.cpp's log (for its node and split counts) and
+    the last token's logits; the shim writes the bytes meanwhile."""
+    libs = load_ggml(llama_cpp_dir() / "lib")
+    ggml, rpc = libs["libggml.so.0"], libs["libggml-rpc.so.0"]
+    rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
+    rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
+    ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server(endpoint.encode()))
+    shim = ctypes.CDLL(None)
+    shim.shim_mark.argtypes = [ctypes.c_char_p]
+
+    import llama_cpp  # after the registration, on the same ggml
+
+    log: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def keep_log(level, text, user_data):
+        log.append(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(keep_log, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    n_layer = cfg["n_layer"]
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = n_layer + 1 if cfg["ngl"] == "all" else cfg["ngl"]
+    overrides = buffer_overrides(ggml, cfg["overrides"])
+    if cfg["overrides"]:
+        mparams.tensor_buft_overrides = ctypes.addressof(overrides)
+    shim.shim_mark(b"load")
+    model = llama_cpp.llama_model_load_from_file(cfg["path"].encode(), mparams)
+    if not model:
+        raise RuntimeError("llama.cpp could not load " + cfg["path"] + "\n" + "".join(log[-20:]))
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = cfg["ctx"]
+    cparams.n_batch = N_BATCH
+    cparams.n_ubatch = cfg["ubatch"]
+    cparams.n_threads = cparams.n_threads_batch = N_THREADS
+    cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
+    cparams.offload_kqv = not cfg["no_kv_offload"]
+    cparams.type_k = cparams.type_v = KV_TYPES[cfg["kv_type"]]
+    shim.shim_mark(b"context")
+    ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        raise RuntimeError("llama.cpp could not make a context\n" + "".join(log[-20:]))
+    shim.shim_mark(b"decode")
+    tokens = (llama_cpp.llama_token * len(TOKENS))(*TOKENS)
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, len(TOKENS))) != 0:
+        raise RuntimeError("llama_decode failed")
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    row = llama_cpp.llama_get_logits_ith(ctx, -1)
+    logits = [float(f"{row[i]:.7g}") for i in range(n_vocab)]
+    shim.shim_mark(b"done")
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return {"log": "".join(log), "logits": logits}
+
+
+class BuftOverride(ctypes.Structure):
+    """llama_model_tensor_buft_override: -ot REGEX=BUFFER_TYPE, a NULL-terminated array."""
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def buffer_overrides(ggml: ctypes.CDLL, overrides: list[list[str]]) -> ctypes.Array:
+    """ggmlrun's backend names mapped to the device buffer types llama.cpp's -ot takes."""
+    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    ggml.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    device_types = {"CPU": 0, "RPC0": 1}   # GGML_BACKEND_DEVICE_TYPE_CPU, _GPU (the RPC device)
+    array = (BuftOverride * (len(overrides) + 1))()
+    for slot, (pattern, backend) in zip(array, overrides):
+        slot.pattern = pattern.encode()
+        slot.buft = ggml.ggml_backend_dev_buffer_type(ggml.ggml_backend_dev_by_type(device_types[backend]))
+    return array
+
+
+# ---------------------------------------------------------------- reading what the child left
+
+def backend_key(llama_name: str) -> str:
+    """ggmlrun's backend for a llama.cpp buffer or backend name (graphs/backends/llamacpp_rpc.yaml)."""
+    if llama_name.startswith("RPC"):
+        return "RPC0"
+    if llama_name.startswith("CPU"):
+        return "CPU"
+    raise ValueError(f"unexpected llama.cpp backend {llama_name!r}")
+
+
+def numpy_shape(ne: list[int]) -> list[int]:
+    n_dims = max([i + 1 for i, n in enumerate(ne) if n != 1], default=1)
+    return ne[:n_dims][::-1]
+
+
+def ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")] if text else []
+
+
+def names(field: str) -> list[str | None]:
+    return [s or None for s in field.split("|")] if field else []
+
+
+def parse_shim(text: str) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, str, int]], list[dict]]:
+    """(buffers [(phase, fn, name, bytes)], sched sizes [(phase, backend, bytes)], graphs)."""
+    text = RPC_NAME.sub("RPC0", text)  # the endpoint's port changes from run to run
+    phase, buffers, sizes, graphs = "", [], [], []
+    graph: dict | None = None
+    for line in text.splitlines():
+        f = line.split("\t")
+        if f[0] == "M":
+            phase = f[1]
+        elif f[0] == "B":
+            buffers.append((phase, f[1], f[2], int(f[3])))
+        elif f[0] == "S":
+            sizes.append((phase, f[1], int(f[2])))
+        elif f[0] == "G" and f[1] == "begin":
+            graph = {"kind": f[2], "phase": phase, "n_nodes": int(f[3]), "n_splits": int(f[4]),
+                     "leaves": [], "nodes": []}
+        elif f[0] == "G":
+            graphs.append(graph)
+            graph = None
+        elif f[0] == "L":
+            ne = ints(f[4])
+            graph["leaves"].append({"name": f[1], "op": f[2], "type": f[3], "ne": ne,
+                                    "shape": numpy_shape(ne), "nb": ints(f[5]), "backend": f[6],
+                                    "flags": int(f[7]), "view_src": f[8], "buffer": f[9]})
+        elif f[0] == "N":
+            ne = ints(f[5])
+            graph["nodes"].append({"i": int(f[1]), "name": f[2], "op": f[3], "type": f[4], "ne": ne,
+                                   "shape": numpy_shape(ne), "nb": ints(f[6]), "backend": f[7],
+                                   "flags": int(f[8]), "view_src": f[9], "view_offs": int(f[10]),
+                                   "op_params": ints(f[11]), "src": names(f[12]),
+                                   "sched_src": names(f[13])})
+    return buffers, sizes, graphs
+
+
+RPC_NAME = re.compile(r"RPC0\[[0-9.:]+\]")
+GRAPH_LINE = re.compile(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?, "
+                        r"splits = (\d+)(?: / (\d+))?")
+
+
+def figures_of(cfg: dict, child: dict, shim_text: str) -> tuple[dict, dict]:
+    """(the figures.json entry, the graph dump) of one configuration."""
+    buffers, sizes, graphs = parse_shim(shim_text)
+    backends: dict[str, dict[str, int]] = {}
+
+    def add(name: str, key: str, nbytes: int) -> None:
+        entry = backends.setdefault(backend_key(name), {"weights_bytes": 0, "kv_bytes": 0,
+                                                        "arena_bytes": 0})
+        entry[key] += nbytes
+
+    output_bytes = 0
+    for phase, fn, name, nbytes in buffers:
+        if phase == "load":
+            add(name, "weights_bytes", nbytes)
+        elif phase == "context" and fn == "alloc_ctx_tensors":
+            add(name, "kv_bytes", nbytes)
+        elif phase == "context" and fn == "buft_alloc_buffer":
+            output_bytes += nbytes   # the logits/embeddings output buffer, host memory
+    arena = {backend_key(name): nbytes for phase, name, nbytes in sizes if phase == "context"}
+    for name, nbytes in arena.items():
+        backends.setdefault(name, {"weights_bytes": 0, "kv_bytes": 0, "arena_bytes": 0})
+        backends[name]["arena_bytes"] = nbytes
+    match = GRAPH_LINE.search(child["log"])
+    if not match:
+        raise RuntimeError(f"{cfg['id']}: no 'graph nodes' line in llama.cpp's log")
+    n_nodes_pp, n_nodes_tg, n_splits_pp, n_splits_tg = match.groups()
+    entry = {
+        "id": cfg["id"], "model": cfg["model"] + ".gguf",
+        "options": {"ctx": cfg["ctx"], "ubatch": cfg["ubatch"], "flash_attn": cfg["flash_attn"],
+                    "ngl": cfg["ngl"], "kv_type": cfg["kv_type"],
+                    "no_kv_offload": cfg["no_kv_offload"], "overrides": cfg["overrides"]},
+        "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
+        "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
+        "backends": {k: backends[k] for k in sorted(backends, key=lambda k: k == "CPU")},
+        "buffers": [[fn, name, nbytes] for phase, fn, name, nbytes in buffers
+                    if phase in ("load", "context") and nbytes],   # the dummy 0-byte ones dropped
+        "output_buffer_bytes": output_bytes,
+        "logits": child["logits"],
+    }
+    reserves = [g for g in graphs if g["kind"] == "reserve" and g["phase"] == "context"]
+    for label, g in zip(["pp", "tg", "pp_again"] if len(reserves) == 3 else [], reserves):
+        g["label"] = label
+    debug = [line for line in RPC_NAME.sub("RPC0", child["log"]).splitlines()
+             if line.startswith("## SPLIT") or line.startswith("node #")]
+    dump = {"id": cfg["id"], "options": entry["options"], "graphs": graphs,
+            "sched_debug": "\n".join(debug)}
+    return entry, dump
+
+
+# ---------------------------------------------------------------- driver
+
+def compile_shim(workdir: Path) -> Path:
+    include = llama_cpp_dir().parent / "include"
+    out = workdir / "shim.so"
+    subprocess.run(["cc", "-O1", "-shared", "-fPIC", f"-I{include}", str(Path(__file__).parent / "shim.c"),
+                    "-o", str(out), "-ldl"], check=True)
+    return out
+
+
+def model_layers(path: Path) -> int:
+    from gguf import GGUFReader
+    field = GGUFReader(path).fields["llama.block_count"]
+    return int(field.parts[field.data[0]][0])
+
+
+def write_json_atomic(path: Path, data, compress: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    text = json.dumps(data, separators=(",", ":"))
+    if compress:
+        tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        tmp.write_text(text)
+    tmp.replace(path)
+
+
+def record_one(cfg: dict, endpoint: str, shim: Path, workdir: Path) -> tuple[dict, dict]:
+    shim_log = workdir / "shim.log"
+    shim_log.unlink(missing_ok=True)
+    env = dict(os.environ, LD_PRELOAD=str(shim), SHIM_LOG=str(shim_log), GGML_SCHED_DEBUG="2",
+               OMP_NUM_THREADS=str(N_THREADS))
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg), "--endpoint", endpoint],
+                          env=env, capture_output=True, text=True, timeout=300, preexec_fn=cap_memory)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cfg['id']}: llama.cpp child failed:\n{proc.stderr[-3000:]}")
+    child = json.loads(proc.stdout.strip().splitlines()[-1])
+    return figures_of(cfg, child, shim_log.read_text())
+
+
+def versions() -> dict:
+    return {"llama_cpp_python": importlib.metadata.version("llama-cpp-python"),
+            "ggml": next(p.name.split(".so.")[1] for p in (llama_cpp_dir() / "lib").glob("libggml.so.*.*")),
+            "gguf": importlib.metadata.version("gguf")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=FIGURES)
+    parser.add_argument("--models", type=Path, default=MODELS_DIR)
+    parser.add_argument("--graphs", type=Path,
+                        default=ORACLE_OUT / "graphs" if ORACLE_OUT.is_dir() else None)
+    parser.add_argument("--committed-graphs", type=Path, default=COMMITTED_GRAPHS,
+                        help="where the gzipped dumps of the committed configurations go")
+    parser.add_argument("--only", default="", help="record only configurations whose id contains this")
+    parser.add_argument("--fresh", action="store_true", help="redo configurations already recorded")
+    parser.add_argument("--serve-rpc", help=argparse.SUPPRESS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_rpc:
+        serve_rpc(args.serve_rpc)
+        return 0
+    if args.child:
+        print(json.dumps(run_config(json.loads(args.child), args.endpoint)))
+        return 0
+
+    data = json.loads(args.out.read_text()) if args.out.exists() else {}
+    recorded = {c["id"]: c for c in data.get("configs", [])}
+    todo = [c for c in all_configs() if args.only in c["id"] and (args.fresh or c["id"] not in recorded)]
+    data.update(versions(), tokens=TOKENS, n_threads=N_THREADS, n_batch=N_BATCH,
+                backends_file="graphs/backends/llamacpp_rpc.yaml")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        shim = compile_shim(workdir)
+        server, endpoint = start_rpc_server()
+        try:
+            for cfg in todo:
+                path = args.models / f"{cfg['model']}.gguf"
+                cfg = dict(cfg, path=str(path), n_layer=model_layers(path))
+                t0 = time.monotonic()
+                entry, dump = record_one(cfg, endpoint, shim, workdir)
+                recorded[cfg["id"]] = entry
+                data["configs"] = [recorded[c["id"]] for c in all_configs() if c["id"] in recorded]
+                write_json_atomic(args.out, data)
+                stem = cfg["id"].replace("/", "_")
+                if args.graphs:
+                    write_json_atomic(args.graphs / f"{stem}.json", dump)
+                if cfg["id"] in COMMITTED_IDS:
+                    write_json_atomic(args.committed_graphs / f"{stem}.json.gz", dump, compress=True)
+                sizes = " ".join(f"{k}:w{v['weights_bytes']}/kv{v['kv_bytes']}/c{v['arena_bytes']}"
+                                 for k, v in entry["backends"].items())
+                print(f"{cfg['id']:45s} nodes {entry['n_nodes']:4d} splits {entry['n_splits']:2d} "
+                      f"{sizes}  ({time.monotonic() - t0:.1f}s)", flush=True)
+        finally:
+            server.kill()
+            server.wait()
+    print(f"recorded {len(todo)} configurations in {time.monotonic() - started:.1f}s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

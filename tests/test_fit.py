@@ -1,0 +1,232 @@
+"""fit's search: exact against brute force over every -ngl (and context), on measured figures.
+
+The search guesses and confirms; these tests hold it to the brute-force answer on figures
+shaped like llama.cpp's (weights and KV per layer, a compute buffer that jumps when the output
+layer moves), including budgets where the guess is wrong, and on the real tiny GGUF models.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.models import fit as fitmod
+from ggmlrun.models.cards import read_card
+from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.reserve import BackendFigures
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 2**20
+
+
+def tiny_card(tmp_path, n_layer=12, weights="q4_K_M") -> Path:
+    path = tmp_path / "card.yaml"
+    path.write_text(f"""architecture: llama
+hparams: {{n_layer: {n_layer}, n_embd: 256, n_head: 8, n_head_kv: 2, n_ff: 768, n_vocab: 4096,
+          n_ctx_train: 4096}}
+weights: {weights}
+""")
+    return path
+
+
+@dataclass
+class Figures:
+    backends: list
+
+
+def fake_measure(model, layer_costs):
+    """llama.cpp-shaped figures: the last ngl-1 layers and the output layer on the device, KV
+    linear in the context, a compute buffer that grows with the context and jumps with the
+    output layer (the logits) on the device."""
+    n_layer = model.hparams.n_layer
+
+    def measure(model_, backends, opts):
+        ngl = n_layer + 1 if opts.ngl is None else opts.ngl
+        start = max(n_layer + 1 - ngl, 0)
+        kv_layer = 2 * 64 * opts.ctx
+        dev_w = sum(layer_costs.get(il, 0) for il in range(start, n_layer + 1))
+        cpu_w = sum(layer_costs.get(il, 0) for il in range(0, start)) + 5 * MiB
+        on_dev = n_layer - start
+        dev_kv, cpu_kv = kv_layer * on_dev, kv_layer * (n_layer - on_dev)
+        dev_c = (3 * MiB if ngl > n_layer else MiB) + 50 * opts.ctx if ngl else 0
+        cpu_c = 2 * MiB + 20 * opts.ctx
+        return Figures([BackendFigures("DEV", "sim", dev_w, dev_kv, dev_c, backends[0].memory),
+                        BackendFigures("CPU", "cpu", cpu_w, cpu_kv, cpu_c, backends[1].memory)])
+    return measure
+
+
+def brute_ngl(measure, model, backends, opts, margins, ctx):
+    best = None
+    for ngl in range(model.hparams.n_layer + 2):
+        rows = measure(model, backends, replace(opts, ngl=ngl, ctx=ctx)).backends
+        if all(r.weights_bytes + r.kv_bytes + r.arena_bytes <= r.memory_bytes - m
+               for r, m in zip(rows, margins)):
+            best = ngl
+    return best
+
+
+def backends_with(dev_mem, cpu_mem):
+    return [BackendSpec("DEV", "sim", dev_mem, 32), BackendSpec("CPU", "cpu", cpu_mem, 32)]
+
+
+def test_search_equals_brute_force_on_many_budgets(tmp_path, monkeypatch):
+    model = read_card(tiny_card(tmp_path))
+    measure = fake_measure(model, fitmod._layer_costs(model))
+    monkeypatch.setattr(fitmod, "measure_model", measure)
+    rng = random.Random(7)
+    total = sum(fitmod._layer_costs(model).values())
+    for _ in range(150):
+        dev = rng.randint(0, total + 6 * MiB)
+        cpu = rng.choice([2**40, rng.randint(4 * MiB, total + 12 * MiB)])
+        margin = rng.choice([0, MiB // 2])
+        backends = backends_with(dev, cpu)
+        opts = ModelOptions(ctx=1024)
+        got = fitmod.fit_model(model, backends, opts, margin, 0, ctx_auto=False)
+        want = brute_ngl(measure, model, backends, opts, [margin, 0], 1024)
+        assert got.ngl == want, (dev, cpu, margin)
+        if want is not None:
+            assert all(b.fits for b in got.backends)
+            assert len(got.probes) <= 8       # a guess and its confirmation, not every ngl
+        else:
+            assert got.advice.startswith("nothing fits: ")
+            assert got.backends == fitmod._Prober(model, backends, opts, [margin, 0])(
+                got.shown_ngl, 1024)
+
+
+def test_ctx_auto_equals_brute_force(tmp_path, monkeypatch):
+    model = read_card(tiny_card(tmp_path))
+    measure = fake_measure(model, fitmod._layer_costs(model))
+    monkeypatch.setattr(fitmod, "measure_model", measure)
+    rng = random.Random(11)
+    total = sum(fitmod._layer_costs(model).values())
+    for _ in range(60):
+        backends = backends_with(rng.randint(total // 2, total + 16 * MiB), 2**40)
+        opts = ModelOptions()
+        got = fitmod.fit_model(model, backends, opts, 0, 0, ctx_auto=True, min_ctx=1024)
+        ngl = brute_ngl(measure, model, backends, opts, [0, 0], 1024)
+        assert got.ngl == ngl
+        if ngl is None:
+            continue
+        ctxs = [c for c in range(1024, 4097, 256)
+                if brute_ngl(measure, model, backends, opts, [0, 0], c) is not None
+                and all(r.weights_bytes + r.kv_bytes + r.arena_bytes <= r.memory_bytes
+                        for r in measure(model, backends,
+                                         replace(opts, ngl=ngl, ctx=c)).backends)]
+        assert got.ctx == max(ctxs)
+
+
+# --- on llama.cpp's figures (measure_model), a small model --------------------------------------
+SMALL = """architecture: llama
+hparams: {n_layer: 6, n_embd: 128, n_head: 4, n_head_kv: 2, n_ff: 256, n_vocab: 512,
+          n_ctx_train: 2048}
+weights: q8_0
+"""
+
+
+def real_rows(model, backends, opts, margins):
+    from ggmlrun.models.reserve import measure_model
+
+    m = measure_model(model, backends, opts)
+    return [(f.weights_bytes + f.kv_bytes + f.arena_bytes, b.memory - margin)
+            for f, b, margin in zip(m.backends, backends, margins)]
+
+
+def test_exact_against_every_ngl_on_measured_figures(tmp_path):
+    model = read_card(write_small(tmp_path))
+    big = backends_with(2**40, 2**40)
+    opts = ModelOptions(ctx=512, ubatch=64)
+    totals = {ngl: real_rows(model, big, replace(opts, ngl=ngl), [0, 0])
+              for ngl in range(model.hparams.n_layer + 2)}
+    device_totals = sorted({rows[0][0] for rows in totals.values()})
+    # every budget between two measured totals, and just at and just under each
+    budgets = sorted({t + d for t in device_totals for d in (-1, 0, 1)})
+    for budget in budgets:
+        backends = backends_with(budget, 2**40)
+        want = max((n for n, rows in totals.items() if rows[0][0] <= budget), default=None)
+        got = fitmod.fit_model(model, backends, opts, 0, 0, ctx_auto=False)
+        assert got.ngl == want, budget
+        if want is not None:
+            assert got.backends[0].total_bytes == totals[want][0][0]
+
+
+def test_device_totals_grow_with_ngl_and_cpu_totals_shrink(tmp_path):
+    """The premise of the search, checked on llama.cpp's figures."""
+    model = read_card(write_small(tmp_path))
+    big = backends_with(2**40, 2**40)
+    opts = ModelOptions(ctx=512, ubatch=64)
+    rows = [real_rows(model, big, replace(opts, ngl=n), [0, 0])
+            for n in range(model.hparams.n_layer + 2)]
+    dev = [r[0][0] for r in rows]
+    cpu = [r[1][0] for r in rows]
+    assert dev == sorted(dev) and cpu == sorted(cpu, reverse=True)
+
+
+def test_compute_buffers_grow_with_the_context(tmp_path):
+    """What lets fit rule a context out from its KV cache alone."""
+    from ggmlrun.models.reserve import measure_model
+
+    model = read_card(write_small(tmp_path))
+    big = backends_with(2**40, 2**40)
+    for ngl in (0, 3, 7):
+        arenas = [[f.arena_bytes for f in measure_model(
+            model, big, ModelOptions(ctx=c, ubatch=64, ngl=ngl)).backends]
+            for c in range(256, 2049, 256)]
+        for backend in zip(*arenas):
+            assert list(backend) == sorted(backend)
+
+
+def test_nothing_fits_exits_1_with_advice(tmp_path):
+    from clikit import invoke
+
+    card = write_small(tmp_path)
+    be = tmp_path / "be.yaml"
+    be.write_text("backends:\n  - {name: GPU, kind: sim, alignment: 32, memory: 1MiB}\n"
+                  "  - {name: CPU, kind: cpu, alignment: 32, memory: 1MiB}\n")
+    code, out, err = invoke("fit", card, "--backends", be, "--margin", "0")
+    assert code == 1
+    assert "nothing fits: even with -ngl 0, GPU needs" in err and "CPU needs" in err
+    assert "llama.cpp: nothing fits" in out
+
+
+def test_fit_json_keys_and_timing_printed(tmp_path):
+    import json
+
+    from clikit import invoke
+
+    code, out, err = invoke("fit", write_small(tmp_path), "--json", "--ctx", "auto",
+                            "--min-ctx", "256")
+    assert code == 0, err
+    data = json.loads(out)
+    assert {"ngl", "ctx", "backends", "seconds", "probes"} <= set(data)
+    assert data["ngl"] == 7 and data["ctx"] == 2048
+    for b in data["backends"]:
+        assert {"name", "weights_bytes", "kv_bytes", "arena_bytes", "total_bytes",
+                "memory_bytes", "fits"} <= set(b)
+        assert b["total_bytes"] == b["weights_bytes"] + b["kv_bytes"] + b["arena_bytes"]
+    print(f"fit on a 6-layer card: {data['seconds']:.3f} s, {len(data['probes'])} reserves")
+
+
+def write_small(tmp_path) -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    return path
+
+
+def test_nothing_fits_names_the_largest_context_that_would(tmp_path):
+    model = read_card(write_small(tmp_path))
+    opts = ModelOptions(ctx=2048, ubatch=64)
+
+    def cpu_total(ctx):
+        return real_rows(model, [BackendSpec("CPU", "cpu", 2**40, 32)], replace(opts, ctx=ctx),
+                         [0])[0][0]
+    budget = cpu_total(1024) + 1
+    result = fitmod.fit_model(model, [BackendSpec("CPU", "cpu", budget, 32)], opts, 0, 0,
+                              ctx_auto=False)
+    assert result.ngl is None
+    want = max(c for c in range(256, 2048, 256) if cpu_total(c) <= budget)
+    assert want == 1024
+    assert result.advice.endswith(f"a smaller context fits: --ctx {want} with -ngl 7")

@@ -1,0 +1,126 @@
+"""ggmlrun against real llama.cpp's own figures for the bundled tiny models (issue 9 item 7).
+
+tests/data/llamacpp/figures.json was recorded by scripts/llamacpp/record.py from llama.cpp
+(llama-cpp-python 0.3.36, ggml 0.25.3) with an RPC device standing for a GPU; the backends file
+graphs/backends/llamacpp_rpc.yaml describes that same pair. Every recorded configuration must
+give llama.cpp's bytes exactly (model, KV and compute buffer per backend), its node and split
+counts, and its last-token logits within SPEC section 5's tolerance.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.clikit import invoke
+
+REPO = Path(__file__).resolve().parents[1]
+FIGURES_FILE = REPO / "tests" / "data" / "llamacpp" / "figures.json"
+MODELS_DIR = REPO / "examples" / "models"
+BACKENDS_FILE = REPO / "graphs" / "backends" / "llamacpp_rpc.yaml"
+FIGURES = json.loads(FIGURES_FILE.read_text())
+CONFIGS = FIGURES["configs"]
+IDS = [cfg["id"] for cfg in CONFIGS]
+QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K")
+
+
+def model_options(cfg: dict) -> list[str]:
+    """The ggmlrun options that mean what llama.cpp was given for this configuration."""
+    opts = cfg["options"]
+    args = ["--backends", str(BACKENDS_FILE), "--ctx", str(opts["ctx"]),
+            "--ubatch", str(opts["ubatch"]), "--flash-attn", "on" if opts["flash_attn"] else "off",
+            "--ngl", str(opts["ngl"]), "--kv-type", opts["kv_type"]]
+    if opts["no_kv_offload"]:
+        args.append("--no-kv-offload")
+    for pattern, backend in opts["overrides"]:
+        args += ["--override-tensor", f"{pattern}={backend}"]
+    return args
+
+
+def model_path(cfg: dict) -> Path:
+    return MODELS_DIR / cfg["model"]
+
+
+def logits_tolerance(cfg: dict) -> float:
+    """SPEC section 5: 2e-3 of the largest logit for float weights, 2e-2 for quantized ones."""
+    return 2e-2 if any(q in cfg["model"] for q in QUANTIZED) else 2e-3
+
+
+def measured(cfg: dict) -> dict:
+    code, out, err = invoke("measure", model_path(cfg), "--json", *model_options(cfg))
+    assert code == 0, err
+    return json.loads(out)
+
+
+def compare_measure(cfg: dict, got: dict) -> list[str]:
+    """Every difference from llama.cpp's figures, as readable lines (empty when equal)."""
+    diffs = [f"{key}: ggmlrun {got.get(key)} llama.cpp {cfg[key]}"
+             for key in ("n_nodes", "n_splits") if got.get(key) != cfg[key]]
+    by_name = {b["name"]: b for b in got["backends"]}
+    for name, want in cfg["backends"].items():
+        have = by_name.get(name)
+        if have is None:
+            diffs.append(f"{name}: missing from ggmlrun's backends {sorted(by_name)}")
+            continue
+        diffs += [f"{name}.{key}: ggmlrun {have.get(key)} llama.cpp {value}"
+                  for key, value in want.items() if have.get(key) != value]
+    return diffs
+
+
+def run_logits(cfg: dict, out_file: Path) -> np.ndarray:
+    tokens = ",".join(str(t) for t in FIGURES["tokens"])
+    code, out, err = invoke("run", model_path(cfg), "--tokens", tokens, "--json", "--out", out_file,
+                            *model_options(cfg))
+    assert code == 0, err
+    summary = json.loads(out)["outputs"]["result_output"]
+    assert summary["shape"] == [1, len(cfg["logits"])]
+    with np.load(out_file, allow_pickle=False) as outputs:
+        return outputs["result_output"]
+
+
+def compare_logits(cfg: dict, logits: np.ndarray) -> float:
+    """The largest difference from llama.cpp's logits, relative to its largest logit."""
+    want = np.asarray(cfg["logits"], dtype=np.float64)
+    got = np.asarray(logits, dtype=np.float64).reshape(want.shape)
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def test_the_recording_covers_the_whole_grid():
+    """A recording cut short would silently test less: every model x ctx x ubatch x fa x ngl
+    (the extras beyond the grid, other ngl values, -nkvo, -ctk f32 and -ot, come on top)."""
+    grid = {(m, c, u, fa, str(n)) for m in ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0",
+                                            "tiny-llama-tied-f16")
+            for c in (256, 1024) for u in (32, 512) for fa in (False, True) for n in (0, 2, "all")}
+    plain = [cfg["options"] | {"model": cfg["model"]} for cfg in CONFIGS
+             if not cfg["options"]["no_kv_offload"] and cfg["options"]["kv_type"] == "f16"
+             and not cfg["options"]["overrides"]]
+    seen = {(o["model"].removesuffix(".gguf"), o["ctx"], o["ubatch"], o["flash_attn"], str(o["ngl"]))
+            for o in plain}
+    assert grid <= seen
+    assert (FIGURES["llama_cpp_python"], FIGURES["ggml"]) == ("0.3.36", "0.25.3")
+    assert all(set(cfg["backends"]) == {"RPC0", "CPU"} for cfg in CONFIGS)
+
+
+def test_bundled_models_are_what_the_script_makes(tmp_path):
+    """The figures hold only for these exact bytes: the script must still produce them."""
+    script = REPO / "scripts" / "llamacpp" / "make_tiny_gguf.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True,
+                   capture_output=True)
+    made = sorted(p.name for p in tmp_path.glob("*.gguf"))
+    assert made == sorted({cfg["model"] for cfg in CONFIGS})
+    for name in made:
+        assert (tmp_path / name).read_bytes() == (MODELS_DIR / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_measure_equals_llamacpp(cfg):
+    assert compare_measure(cfg, measured(cfg)) == []
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_run_logits_equal_llamacpp(cfg, tmp_path):
+    error = compare_logits(cfg, run_logits(cfg, tmp_path / "out.npz"))
+    assert error <= logits_tolerance(cfg), f"logits differ by {error:.2e} of the largest"
