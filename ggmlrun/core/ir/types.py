@@ -12,6 +12,7 @@ Byte strides of a block-typed tensor follow ggml's `nb`: the innermost stride is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,10 @@ class GgmlType:
         """Bytes of n contiguous elements (ggml_row_size); n must be a multiple of the block."""
         return n // self.block_size * self.type_size
 
+    def contiguous_bytes(self, shape) -> int:
+        """Bytes of a contiguous tensor of this shape (ggml_nbytes without strides)."""
+        return self.row_bytes(math.prod(shape))
+
 
 def _ggml_name(member: GGMLQuantizationType) -> str:
     name = member.name.lower()
@@ -63,3 +68,16 @@ PLAIN = ("f32", "f16", "i32")
 
 def ggml_type(name: str) -> GgmlType:
     return TYPES[name]
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype that holds a plain type's values (KeyError for block types)."""
+    dtype = TYPES[name].numpy
+    if dtype is None:
+        raise KeyError(f"ggml type {name} has no NumPy dtype")
+    return dtype
+
+
+def type_name(dtype: np.dtype) -> str:
+    """ggml's name for the type NumPy holds as `dtype` (any byte order)."""
+    return BY_NUMPY[np.dtype(dtype).newbyteorder("=")]
