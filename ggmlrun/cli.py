@@ -16,7 +16,7 @@ from rich.console import Console
 from ggmlrun import report
 from ggmlrun.core import engine
 from ggmlrun.core.util.errors import CheckError, GgmlrunError, InputError
-from ggmlrun.core.frontend.loader import load_backends, load_graph
+from ggmlrun.core.frontend.loader import load_backends
 
 # piped output gets a wide fixed width so tables are not squeezed into 80 columns
 stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
@@ -37,20 +37,9 @@ PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default
 
 
 def emit_json(data: dict) -> None:
-    click.echo(json.dumps(data, indent=2, default=_json_default))
+    from ggmlrun.core.run.results import json_default
 
-
-def _json_default(value):
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml"):
-    graph = load_graph(graph_path)
-    override = load_backends(backends_file) if backends_file else None
-    backends = engine.resolve_backends(graph, override)
-    return graph, engine.schedule(graph, backends, policy)
+    click.echo(json.dumps(data, indent=2, default=json_default))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,7 +56,7 @@ def cli():
 @DEBUG
 def validate(graph, backends_file, as_json):
     """Load and check a graph file only (backend names and pins included)."""
-    g, _ = _prepare(graph, backends_file)
+    g, _ = engine.prepare(graph, backends_file)
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
@@ -87,7 +76,7 @@ def validate(graph, backends_file, as_json):
 @DEBUG
 def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
     """Schedule only: the splits, their inputs, and why every node went where it did."""
-    _, sched = _prepare(graph, backends_file, policy)
+    _, sched = engine.prepare(graph, backends_file, policy)
     if as_json:
         emit_json(report.plan_dict(sched))
         return
@@ -114,7 +103,7 @@ def measure(graph, backends_file, as_json, policy, planner):
     from ggmlrun.core.observe.occupancy import occupancy
 
     with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
+        g, sched = engine.prepare(graph, backends_file, policy)
         plan_, memory = engine.plan_memory(sched, planner)
     if as_json:
         emit_json(report.measure_dict(memory))
@@ -144,51 +133,31 @@ def measure(graph, backends_file, as_json, policy, planner):
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
         trace_file, show_profile):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
-    from ggmlrun.core.frontend import data
-    from ggmlrun.core.run import results
-
     from ggmlrun import visual
 
-    with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
-        inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
-        plan_, memory = engine.plan_memory(sched, planner)
-    engine.check_capacity(sched, memory)
-    leaf_values = engine.leaf_values(g)
-    with visual.run_progress(stderr, repeat) as progress:
-        result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat,
-                                progress=progress, record_events=bool(trace_file or show_profile))
-    prof = None
-    if show_profile:
-        from ggmlrun.core.observe.profile import profile
-
-        prof = profile(sched, result)
+    request = engine.RunRequest(graph_path=graph, backends_path=backends_file,
+                                input_specs=input_specs, repeat=repeat, check=check,
+                                policy=policy, planner=planner, trace_path=trace_file,
+                                out_path=out_file, profile=show_profile)
+    outcome = engine.run_pipeline(request, planning=lambda: visual.busy(stderr, "planning"),
+                                  progress=lambda: visual.run_progress(stderr, repeat))
     if trace_file:
-        from ggmlrun.core.observe.trace import build_trace
-
-        results.write_text(trace_file, json.dumps(build_trace(sched, plan_, result),
-                                                  default=_json_default))
         click.echo(f"wrote {trace_file}", err=True)
-    summaries = {name: results.summarize(arr) for name, arr in result.outputs.items()}
-    errors = results.compare_with_reference(g, leaf_values, inputs, result.outputs) if check else None
-    if out_file:
-        results.write_npz(out_file, result.outputs)
+    sched, result, errors, prof = outcome.schedule, outcome.result, outcome.errors, outcome.profile
     if as_json:
-        payload = report.run_dict(sched, memory, result, summaries)
+        payload = report.run_dict(sched, outcome.memory, result, outcome.summaries)
         if errors is not None:
-            payload["check"] = {"max_rel_err": errors, "passed": results.check_passed(g, errors)}
+            payload["check"] = {"max_rel_err": errors, "passed": outcome.check_failure is None}
         if prof is not None:
             payload["profile"] = prof.as_dict()
         emit_json(payload)
     else:
         report.print_tables(stdout, report.split_table(sched), report.timing_table(result),
-                            report.outputs_table(summaries, errors))
+                            report.outputs_table(outcome.summaries, errors))
         if prof is not None:
             report.print_tables(stdout, *visual.profile_tables(prof))
-    if errors is not None and not results.check_passed(g, errors):
-        worst = max(errors, key=errors.get)
-        raise CheckError(f"output '{worst}' differs from the reference evaluator by "
-                                 f"{errors[worst]:.3e} (relative)")
+    if outcome.check_failure:
+        raise CheckError(outcome.check_failure)
 
 
 @cli.command("dot")
@@ -206,7 +175,7 @@ def dot_command(graph, backends_file, policy, out_file):
     from ggmlrun.core.observe.dot import RENDERED, render, to_dot
     from ggmlrun.core.run.results import write_atomic, write_text
 
-    _, sched = _prepare(graph, backends_file, policy)
+    _, sched = engine.prepare(graph, backends_file, policy)
     text = to_dot(sched)
     if out_file is None:
         click.echo(text, nl=False)

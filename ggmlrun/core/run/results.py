@@ -57,3 +57,10 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_atomic(path, lambda handle: handle.write(text.encode()))
+
+
+def json_default(value):
+    """NumPy scalars as JSON numbers (json.dumps `default=`)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
