@@ -105,6 +105,9 @@ def test_a_failing_kernel_is_reported_with_its_node():
         raise ValueError("boom")
     steps[steps.index(victim)] = replace(victim, fn=broken)
     executor.steps = steps
-    with pytest.raises(RunError, match=rf"while executing node '{victim.planned.tensor.name}' "
-                                       rf"\({victim.planned.tensor.op}\) on \w+: ValueError: boom"):
+    message = (rf"while executing node '{victim.planned.tensor.name}' "
+               rf"\({victim.planned.tensor.op}\) on \w+: ValueError: boom")
+    with pytest.raises(RunError, match=message):
         executor.run({t: values[t] for t in sched.graph.inputs})
+    with pytest.raises(RunError, match=message):
+        executor.run_node(steps[steps.index(victim)])
