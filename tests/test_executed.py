@@ -99,15 +99,16 @@ def test_a_failing_kernel_is_reported_with_its_node():
     plan, _ = engine.plan_memory(sched)
     executor = Executor(sched, plan, values)
     steps = executor._compile()
-    victim = next(s for s in steps if s.planned.kind != COPY)
+    at = next(i for i, s in enumerate(steps) if s.planned.kind != COPY)
+    victim = steps[at]
 
     def broken(*args):
         raise ValueError("boom")
-    steps[steps.index(victim)] = replace(victim, fn=broken)
+    steps[at] = replace(victim, fn=broken)
     executor.steps = steps
     message = (rf"while executing node '{victim.planned.tensor.name}' "
                rf"\({victim.planned.tensor.op}\) on \w+: ValueError: boom")
     with pytest.raises(RunError, match=message):
         executor.run({t: values[t] for t in sched.graph.inputs})
     with pytest.raises(RunError, match=message):
-        executor.run_node(steps[steps.index(victim)])
+        executor.run_node(steps[at])
