@@ -214,3 +214,14 @@ def test_support_is_asked_per_op_and_source_types():
     bk[0].unsupported_types = {}
     assert placed(engine.schedule(graph, bk))["b"] == ("SIM0", "1.off")
     run_matches_reference(sched)
+
+
+def test_a_pin_refused_for_a_source_type_says_so():
+    x = Tensor("x", (32, 64), role="input")
+    w16 = Tensor("w16", (64, 64), dtype="f16", role="weight")
+    b = make_node("b", "mul_mat", [w16, x], backend="SIM0")
+    b.is_output = True
+    bk = backends()
+    bk[0].unsupported_types = {"mul_mat": frozenset({"f16"})}
+    with pytest.raises(InputError, match="does not support op 'mul_mat' on sources of type f16, f32"):
+        engine.schedule(Graph("pin", [x, w16], [b], [b]), bk)

@@ -220,8 +220,11 @@ class Scheduler:
                 continue
             b = self._backend_index(tensor.backend, tensor, "its pin")
             if not self._supports(b, tensor):
-                raise InputError(f"pinned to {tensor.backend}, which does not support op "
-                                 f"'{tensor.op}'; pin it elsewhere or drop it from that backend's "
+                what = f"op '{tensor.op}'"
+                if self.backends[b].supports_op(tensor.op):      # refused for a source type
+                    what += f" on sources of type {', '.join(s.dtype for s in tensor.src)}"
+                raise InputError(f"pinned to {tensor.backend}, which does not support {what}; "
+                                 f"pin it elsewhere or drop it from that backend's "
                                  f"unsupported list", file=_file(graph), line=tensor.line,
                                  culprit=tensor.describe())
             self._set(tensor, b, "usr")
