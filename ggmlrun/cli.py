@@ -16,7 +16,7 @@ from rich.console import Console
 from ggmlrun import report
 from ggmlrun.core import engine
 from ggmlrun.core.util.errors import CheckError, GgmlrunError, InputError
-from ggmlrun.core.frontend.loader import load_backends, load_graph
+from ggmlrun.core.frontend.loader import load_backends
 
 # piped output gets a wide fixed width so tables are not squeezed into 80 columns
 stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
@@ -182,21 +182,9 @@ def _model_setup(model, backends, kw: dict):
     return backends, opts
 
 def emit_json(data: dict) -> None:
-    click.echo(json.dumps(data, indent=2, default=_json_default))
+    from ggmlrun.core.run.results import json_default
 
-
-def _json_default(value):
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
-             ggml: str | None = None):
-    graph = load_graph(graph_path)
-    override = load_backends(backends_file) if backends_file else None
-    backends = engine.resolve_backends(graph, override)
-    return graph, engine.schedule(graph, backends, policy, ggml)
+    click.echo(json.dumps(data, indent=2, default=json_default))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -216,7 +204,7 @@ def validate(graph, backends_file, as_json):
     model = _model_input(graph, backends_file, {})
     if model:
         return _validate_model(*model, as_json)
-    g, _ = _prepare(graph, backends_file)
+    g, _ = engine.prepare(graph, backends_file)
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
@@ -239,7 +227,7 @@ def validate(graph, backends_file, as_json):
 def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, **model_kw):
     """Schedule only: the splits, their inputs, and why every node went where it did."""
     model = _model_input(graph, backends_file, model_kw, ggml, policy)
-    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
+    sched = _model_schedule(*model) if model else engine.prepare(graph, backends_file, policy, ggml)[1]
     if as_json:
         emit_json(report.plan_dict(sched))
         return
@@ -272,7 +260,7 @@ def measure(graph, backends_file, as_json, policy, planner, ggml, **model_kw):
     from ggmlrun.core.observe.occupancy import occupancy
 
     with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy, ggml)
+        g, sched = engine.prepare(graph, backends_file, policy, ggml)
         plan_, memory = engine.plan_memory(sched, planner)
     if as_json:
         emit_json(report.measure_dict(memory))
@@ -309,51 +297,31 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy)
     if model:
         return _run_model(*model, tokens, as_json, out_file)
-    from ggmlrun.core.frontend import data
-    from ggmlrun.core.run import results
-
     from ggmlrun import visual
 
-    with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy, ggml)
-        inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
-        plan_, memory = engine.plan_memory(sched, planner)
-    engine.check_capacity(sched, memory)
-    leaf_values = engine.leaf_values(g)
-    with visual.run_progress(stderr, repeat) as progress:
-        result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat,
-                                progress=progress, record_events=bool(trace_file or show_profile))
-    prof = None
-    if show_profile:
-        from ggmlrun.core.observe.profile import profile
-
-        prof = profile(sched, result)
+    request = engine.RunRequest(graph_path=graph, backends_path=backends_file,
+                                input_specs=input_specs, repeat=repeat, check=check,
+                                policy=policy, planner=planner, trace_path=trace_file,
+                                out_path=out_file, profile=show_profile, ggml=ggml)
+    outcome = engine.run_pipeline(request, planning=lambda: visual.busy(stderr, "planning"),
+                                  progress=lambda: visual.run_progress(stderr, repeat))
     if trace_file:
-        from ggmlrun.core.observe.trace import build_trace
-
-        results.write_text(trace_file, json.dumps(build_trace(sched, plan_, result),
-                                                  default=_json_default))
         click.echo(f"wrote {trace_file}", err=True)
-    summaries = {name: results.summarize(arr) for name, arr in result.outputs.items()}
-    errors = results.compare_with_reference(g, leaf_values, inputs, result.outputs) if check else None
-    if out_file:
-        results.write_npz(out_file, result.outputs)
+    sched, result, errors, prof = outcome.schedule, outcome.result, outcome.errors, outcome.profile
     if as_json:
-        payload = report.run_dict(sched, memory, result, summaries)
+        payload = report.run_dict(sched, outcome.memory, result, outcome.summaries)
         if errors is not None:
-            payload["check"] = {"max_rel_err": errors, "passed": results.check_passed(g, errors)}
+            payload["check"] = {"max_rel_err": errors, "passed": outcome.check_failure is None}
         if prof is not None:
             payload["profile"] = prof.as_dict()
         emit_json(payload)
     else:
         report.print_tables(stdout, report.split_table(sched), report.timing_table(result),
-                            report.outputs_table(summaries, errors))
+                            report.outputs_table(outcome.summaries, errors))
         if prof is not None:
             report.print_tables(stdout, *visual.profile_tables(prof))
-    if errors is not None and not results.check_passed(g, errors):
-        worst = max(errors, key=errors.get)
-        raise CheckError(f"output '{worst}' differs from the reference evaluator by "
-                                 f"{errors[worst]:.3e} (relative)")
+    if outcome.check_failure:
+        raise CheckError(outcome.check_failure)
 
 
 @cli.command("dot")
@@ -374,7 +342,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     from ggmlrun.core.run.results import write_atomic, write_text
 
     model = _model_input(graph, backends_file, model_kw, ggml, policy)
-    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml)[1]
+    sched = _model_schedule(*model) if model else engine.prepare(graph, backends_file, policy, ggml)[1]
     text = to_dot(sched)
     if out_file is None:
         click.echo(text, nl=False)

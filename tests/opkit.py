@@ -5,14 +5,15 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ggmlrun.core.ir.graph import DTYPE_NAMES, Tensor
+from ggmlrun.core.ir.graph import Tensor
+from ggmlrun.core.ir.types import type_name
 from ggmlrun.core.ir.ops import get_op, make_node
 
 RNG = np.random.default_rng(1234)
 
 
 def leaf_for(name: str, arr: np.ndarray) -> Tensor:
-    return Tensor(name=name, shape=arr.shape, dtype=DTYPE_NAMES[arr.dtype],
+    return Tensor(name=name, shape=arr.shape, dtype=type_name(arr.dtype),
                   strides=arr.strides, role="input")
 
 

@@ -53,6 +53,12 @@ def test_cost_policy_keeps_a_cheap_op_on_the_device_to_avoid_two_copies():
         ("SIM0", ["x"]), ("SIM0", ["bias"])]
     assert cost.copy_bytes == 16 * 512 * 4 + 2048 * 4 < ggml.copy_bytes
     assert total(cost) < total(ggml)
+    # ggml's placement by hand: the two mul_mats are bound by reading a 4 MiB weight at 1 TB/s,
+    # the CPU's mul by 256 KiB + 8 KiB at 20 GB/s; three copies cross the 25 GB/s link
+    mat = (2048 * 512 * 4 + 16 * 2048 * 4 + 16 * 512 * 4) / 1e12
+    mul = (2 * 16 * 2048 * 4 + 2048 * 4) / 20e9
+    link = 3 * 10e-6 + (16 * 512 * 4 + 2 * 16 * 2048 * 4) / 25e9
+    assert cost.policy.ggml_time == pytest.approx((2 * mat + mul, link))
     assert cost.policy.kept == "cost"
     rng = np.random.default_rng(0)
     values = leaf_values(g, rng)
@@ -68,7 +74,6 @@ def test_on_bundled_graphs_cost_is_never_worse_and_outputs_equal_the_reference(p
     ggml = engine.schedule(g, backends, "ggml")
     cost = engine.schedule(g, backends, "cost")
     assert total(cost) <= total(ggml) + 1e-15
-    assert cost.policy.ggml_time == pytest.approx(costs.modeled_time(ggml))
     values = engine.leaf_values(g)
     plan, _ = engine.plan_memory(cost, "best")
     got = engine.execute(cost, plan, dict(values)).outputs

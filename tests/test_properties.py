@@ -14,7 +14,9 @@ from ggmlrun.core.backends.spec import default_cpu, default_sim
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import make_node
 from ggmlrun.core.run.reference import evaluate
+from ggmlrun.core.run.exec import Executor
 from ggmlrun.core.run.results import relative_error
+from tests.executed import copy_problems, lifetime_problems
 
 R, C = 4, 8
 UNARY = ["neg", "abs", "sqr", "relu", "silu", "sigmoid", "tanh", "gelu", "exp"]
@@ -163,8 +165,10 @@ def check(graph, backends, values, policy, planner):
     assert plan.overlaps() == []
     for m in memory:
         assert m.lower_bound_bytes <= m.arena_bytes <= m.ggml_arena_bytes
-    result = engine.execute(sched, plan, dict(values))
-    assert (result.copied_count, result.copied_bytes) == (sched.copy_count, sched.copy_bytes)
+    executor = Executor(sched, plan, dict(values))
+    result = executor.run({t: values[t] for t in graph.inputs})
+    assert copy_problems(sched, result) == []
+    assert lifetime_problems(executor) == []
     want = evaluate(graph, dict(values))
     for name, arr in result.outputs.items():
         assert relative_error(arr, want[name]) <= 1e-6, name

@@ -9,6 +9,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.run.reference import evaluate
 from ggmlrun.core.ir.ops import make_node
+from tests.executed import copy_problems
 from tests.randgraph import leaf_values, random_backends, random_graph
 
 
@@ -59,7 +60,7 @@ def test_full_offload_with_a_user_pin():
     assert split_summary(sched) == [("SIM0", ["h", "a", "y0"], ["x"]), ("CPU", ["y"], ["y0"])]
     assert sched.copy_count == 2 and sched.copy_bytes == 2 * 32 * 64 * 4
     result = run_matches_reference(sched)
-    assert (result.copied_count, result.copied_bytes) == (sched.copy_count, sched.copy_bytes)
+    assert copy_problems(sched, result) == []
 
 
 def test_without_the_pin_the_residual_add_spreads_to_the_device():
@@ -190,4 +191,37 @@ def test_random_graphs_and_backend_sets_match_the_reference(seed):
     for m in memory:
         assert m.arena_bytes >= m.lower_bound_bytes
     result = run_matches_reference(sched, seed)
-    assert (result.copied_count, result.copied_bytes) == (sched.copy_count, sched.copy_bytes)
+    assert copy_problems(sched, result) == []
+
+
+def test_support_is_asked_per_op_and_source_types():
+    """A device that runs mul_mat on f32 but not on f16: the f16 product stays on the CPU
+    (its CPU weight's backend, 1.wgt0, since no device may take it), the f32 one offloads."""
+    x = Tensor("x", (32, 64), role="input")
+    w32 = Tensor("w32", (64, 64), role="weight")
+    w16 = Tensor("w16", (64, 64), dtype="f16", role="weight")
+    a = make_node("a", "mul_mat", [w32, x])
+    b = make_node("b", "mul_mat", [w16, a])
+    b.is_output = True
+    graph = Graph("types", [x, w32, w16], [a, b], [b])
+    bk = backends()
+    bk[0].unsupported_types = {"mul_mat": frozenset({"f16"})}
+    assert bk[0].supports_op("mul_mat", ("f32", "f32"))
+    assert not bk[0].supports_op("mul_mat", ("f16", "f32"))
+    assert bk[0].supports_op("mul_mat")              # by name alone: some types are fine
+    sched = engine.schedule(graph, bk)
+    assert placed(sched) == {"a": ("SIM0", "1.off"), "b": ("CPU", "1.wgt0")}
+    bk[0].unsupported_types = {}
+    assert placed(engine.schedule(graph, bk))["b"] == ("SIM0", "1.off")
+    run_matches_reference(sched)
+
+
+def test_a_pin_refused_for_a_source_type_says_so():
+    x = Tensor("x", (32, 64), role="input")
+    w16 = Tensor("w16", (64, 64), dtype="f16", role="weight")
+    b = make_node("b", "mul_mat", [w16, x], backend="SIM0")
+    b.is_output = True
+    bk = backends()
+    bk[0].unsupported_types = {"mul_mat": frozenset({"f16"})}
+    with pytest.raises(InputError, match="does not support op 'mul_mat' on sources of type f16, f32"):
+        engine.schedule(Graph("pin", [x, w16], [b], [b]), bk)

@@ -1,21 +1,27 @@
 """The pipeline in one place: backends -> schedule -> memory plan -> capacity -> execution.
 
-The CLI calls these in order; each returns plain result objects the report layer renders.
+`prepare` and `plan_memory` are the first stages every command shares; `run_pipeline` is the
+whole of `ggmlrun run`. Each returns plain result objects the report layer renders; the CLI
+only parses options and renders what comes back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from ggmlrun.core.memory.alloc import GraphAllocator, MemoryPlan, allocation_sequence, layout_weights
 from ggmlrun.core.backends.spec import BackendSpec, default_backends
+from ggmlrun.core.frontend.loader import load_backends, load_graph
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.memory.alloc import GraphAllocator, MemoryPlan, allocation_sequence, layout_weights
+from ggmlrun.core.run.exec import Executor, RunResult
+from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 from ggmlrun.core.util.errors import CapacityError
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.core.run.exec import Executor, RunResult
-from ggmlrun.core.ir.graph import Graph, Tensor
-from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 from ggmlrun.core.util.ggml_version import GgmlVersion
 
 
@@ -35,6 +41,14 @@ class BackendMemory:
 def resolve_backends(graph: Graph, override: list[BackendSpec] | None) -> list[BackendSpec]:
     """--backends wins over the file's `backends:`, which wins over the default set."""
     return override or graph.backends or default_backends()
+
+
+def prepare(graph_path: Path, backends_path: Path | None = None, policy: str = "ggml",
+            ggml: GgmlVersion | str | None = None) -> tuple[Graph, Schedule]:
+    """Load a graph file (and a backends file, when given) and schedule it."""
+    graph = load_graph(graph_path)
+    override = load_backends(backends_path) if backends_path else None
+    return graph, schedule(graph, resolve_backends(graph, override), policy, ggml)
 
 
 POLICIES = ("ggml", "cost")
@@ -75,10 +89,9 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
         from ggmlrun.core.memory.planner import best_plan
 
         plan = best_plan(ggml_plan)
-    location = {w: sched.backend_of[w] for w in sched.graph.weights}
-    _, weights_bytes = layout_weights(sched.graph.weights, location, alignments)
+    plan.weights = layout_weights(sched)        # the one layout: the executor binds to it
     memory = [BackendMemory(name=spec.name, kind=spec.kind, arena_bytes=plan.arena_bytes[i],
-                            weights_bytes=weights_bytes[i], lower_bound_bytes=plan.lower_bound(i),
+                            weights_bytes=plan.weights.bytes[i], lower_bound_bytes=plan.lower_bound(i),
                             no_reuse_bytes=plan.no_reuse_bytes(i), memory=spec.memory,
                             ggml_arena_bytes=ggml_plan.arena_bytes[i], planner=planner)
               for i, spec in enumerate(sched.backends)]
@@ -123,10 +136,89 @@ def execute(sched: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndar
 def blas_threads(threads: int | None):
     """The CPU backend's `threads` caps BLAS threads for the run (one BLAS serves every
     backend here, since sim devices compute with the same kernels)."""
-    import contextlib
-
     if threads is None:
         return contextlib.nullcontext()
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=threads, user_api="blas")
+
+
+# --- `ggmlrun run`: the whole pipeline ------------------------------------------------------
+@dataclass
+class RunRequest:
+    """What `ggmlrun run` was asked to do, options parsed, nothing yet read."""
+
+    graph_path: Path
+    backends_path: Path | None = None
+    input_specs: tuple[str, ...] = ()        # NAME=FILE.npy
+    repeat: int = 1
+    check: bool = False
+    policy: str = "ggml"
+    planner: str = "best"
+    trace_path: Path | None = None
+    out_path: Path | None = None
+    profile: bool = False
+    ggml: str | None = None                  # whose rules: "0.15" | "0.25"
+
+
+@dataclass
+class RunOutcome:
+    graph: Graph
+    schedule: Schedule
+    plan: MemoryPlan
+    memory: list[BackendMemory]
+    result: RunResult
+    summaries: dict[str, dict]               # per output: shape, dtype, sum, l2
+    errors: dict[str, float] | None = None   # per output, with `check`: relative error
+    profile: object | None = None            # observe.profile.Profile, with `profile`
+
+    @property
+    def check_failure(self) -> str | None:
+        """Why `--check` fails (the worst output), or None when it passes or was not asked."""
+        from ggmlrun.core.run.results import check_passed
+
+        if self.errors is None or check_passed(self.graph, self.errors):
+            return None
+        worst = max(self.errors, key=self.errors.get)
+        return (f"output '{worst}' differs from the reference evaluator by "
+                f"{self.errors[worst]:.3e} (relative)")
+
+
+def run_pipeline(request: RunRequest, planning=contextlib.nullcontext,
+                 progress=lambda: contextlib.nullcontext()) -> RunOutcome:
+    """Load, schedule, measure, check capacity, compute, then summarise and write outputs.
+
+    `planning()` wraps the steps before any memory is taken (a spinner); `progress()` wraps the
+    compute and yields a `progress(done)` callback or None (a bar): the caller owns the screen.
+    """
+    from ggmlrun.core.frontend.data import load_input_override
+    from ggmlrun.core.run import results
+
+    with planning():
+        graph, sched = prepare(request.graph_path, request.backends_path, request.policy,
+                               request.ggml)
+        inputs = dict(load_input_override(graph, spec) for spec in request.input_specs)
+        plan, memory = plan_memory(sched, request.planner)
+    check_capacity(sched, memory)
+    values = leaf_values(graph)
+    with progress() as report_progress:
+        result = execute(sched, plan, values, inputs=inputs, repeat=request.repeat,
+                         progress=report_progress,
+                         record_events=bool(request.trace_path or request.profile))
+    outcome = RunOutcome(graph=graph, schedule=sched, plan=plan, memory=memory, result=result,
+                         summaries={name: results.summarize(arr)
+                                    for name, arr in result.outputs.items()})
+    if request.profile:
+        from ggmlrun.core.observe.profile import profile
+
+        outcome.profile = profile(sched, result)
+    if request.trace_path:
+        from ggmlrun.core.observe.trace import build_trace
+
+        results.write_text(request.trace_path, json.dumps(build_trace(sched, plan, result),
+                                                          default=results.json_default))
+    if request.check:
+        outcome.errors = results.compare_with_reference(graph, values, inputs, result.outputs)
+    if request.out_path:
+        results.write_npz(request.out_path, result.outputs)
+    return outcome

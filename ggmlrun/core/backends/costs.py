@@ -7,6 +7,8 @@ bytes / link_bw per link. The CPU has no link; its compute model is ggmlrun's ow
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op
@@ -31,13 +33,33 @@ def copy_s(src: BackendSpec, dst: BackendSpec, nbytes: int) -> float:
     return sum(legs)
 
 
-def modeled_time(sched) -> tuple[float, float]:
-    """(compute seconds, copy seconds) of one compute of a schedule, run serially as ggml does."""
-    compute = copy = 0.0
+@dataclass
+class Modeled:
+    """One backend's modeled seconds per compute; None where nothing of that kind happens."""
+
+    copy_s: float | None = None      # copies into it across a link (CPU to CPU has none)
+    compute_s: float | None = None   # the nodes it computes
+
+
+def modeled_by_backend(sched) -> list[Modeled]:
+    """Per backend, the modeled seconds of one compute of a schedule (copies charged to the
+    backend they go to). The executor's modeled columns and `modeled_time` both read this."""
+    out = [Modeled() for _ in sched.backends]
     for split in sched.splits:
         dst = sched.backends[split.backend]
-        for original, copied in zip(split.inputs, split.copies):
-            copy += copy_s(sched.backends[sched.backend_of[original]], dst, copied.nbytes)
+        here = out[split.backend]
+        for source, copy in split.copy_of.items():
+            src = sched.backends[sched.backend_of[source]]
+            if src.kind != "cpu" or dst.kind != "cpu":
+                here.copy_s = (here.copy_s or 0.0) + copy_s(src, dst, copy.nbytes)
         for node in split.nodes:
-            compute += compute_s(sched.backends[sched.backend_of[node]], node)
-    return compute, copy
+            if not get_op(node.op).view_op:
+                here.compute_s = (here.compute_s or 0.0) + compute_s(dst, node)
+    return out
+
+
+def modeled_time(sched) -> tuple[float, float]:
+    """(compute seconds, copy seconds) of one compute of a schedule, run serially as ggml does."""
+    per_backend = modeled_by_backend(sched)
+    return (sum(m.compute_s or 0.0 for m in per_backend),
+            sum(m.copy_s or 0.0 for m in per_backend))

@@ -24,6 +24,8 @@ class BackendSpec:
     threads: int | None = None             # cpu: caps BLAS threads
     supports: frozenset[str] | None = None  # None: every op not in `unsupported`
     unsupported: frozenset[str] = field(default_factory=frozenset)
+    # op -> source types it refuses on this backend ("mul_mat on q4_K but not on iq2_xxs")
+    unsupported_types: dict[str, frozenset[str]] = field(default_factory=dict)
     offload_min_batch: int = 32
     flops: float = 50e12                   # sim cost model
     mem_bw: float = 1e12
@@ -44,15 +46,24 @@ class BackendSpec:
                        flops=100e9, mem_bw=20e9, line=line)
         return cls(name=name, kind=kind, memory=16 * GiB, alignment=128, line=line)
 
-    def supports_op(self, op: str) -> bool:
-        """View ops compute nothing, so every backend "runs" them: they follow their source."""
+    def supports_op(self, op: str, src_dtypes: tuple[str, ...] = ()) -> bool:
+        """Whether this backend computes `op` on sources of these ggml types.
+
+        ggml asks the same of a backend per node (supports_op sees the tensor, types included):
+        a device may run mul_mat on q4_K but not on iq2_xxs. Without `src_dtypes` the answer
+        is by op name alone. View ops compute nothing, so every backend "runs" them: they
+        follow their source.
+        """
         from ggmlrun.core.ir.ops import OPS
 
         if op in OPS and OPS[op].view_op:
             return True
         if op in self.unsupported:
             return False
-        return self.supports is None or op in self.supports
+        if self.supports is not None and op not in self.supports:
+            return False
+        refused = self.unsupported_types.get(op)
+        return not (refused and any(dtype in refused for dtype in src_dtypes))
 
 
 def default_cpu(name: str = "CPU") -> BackendSpec:

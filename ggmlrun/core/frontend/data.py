@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.core.ir.graph import NP_DTYPES, Graph, Tensor
+from ggmlrun.core.util.fmt import shape_text
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.types import numpy_dtype
 
 REQUIRED = object()  # an init key without a default
 
@@ -101,12 +103,8 @@ def leaf_array(tensor: Tensor, seed: int) -> np.ndarray:
 
 
 # --- .npy files --------------------------------------------------------------------------
-def _shape_text(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
 def _expected_dtype_text(dtype: str) -> str:
-    np_name = NP_DTYPES[dtype].name
+    np_name = numpy_dtype(dtype).name
     return f"{np_name} ({dtype}); convert with arr.astype(np.{np_name})"
 
 
@@ -146,7 +144,7 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
                          "unpickled; save a plain numeric array")
     expected = data_offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if os.path.getsize(path) < expected:
-        raise InputError(f"{shown} is truncated: its header promises {_shape_text(shape)} "
+        raise InputError(f"{shown} is truncated: its header promises {shape_text(shape)} "
                          f"{dtype.name} but the file is too short")
     return tuple(int(d) for d in shape), dtype
 
@@ -159,12 +157,12 @@ def check_npy(path: Path, shape: tuple[int, ...], dtype: str) -> None:
 
 def _check_match(path, got_shape, got_dtype, shape, dtype):
     shown = f"file '{path}'"
-    want = NP_DTYPES[dtype]
+    want = numpy_dtype(dtype)
     if got_dtype.newbyteorder("=") != want:
         raise InputError(f"{shown} holds {got_dtype.name}, expected {_expected_dtype_text(dtype)}")
     if tuple(got_shape) != tuple(shape):
-        raise InputError(f"{shown} has shape {_shape_text(got_shape)}, expected "
-                         f"{_shape_text(shape)}")
+        raise InputError(f"{shown} has shape {shape_text(got_shape)}, expected "
+                         f"{shape_text(shape)}")
 
 
 def load_npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -175,7 +173,7 @@ def load_npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     except (OSError, ValueError, EOFError) as err:
         raise InputError(f"cannot read file '{path}': {str(err).splitlines()[0]}") from None
     _check_match(path, arr.shape, arr.dtype, shape, dtype)   # the file may have changed
-    return np.ascontiguousarray(arr, dtype=NP_DTYPES[dtype])
+    return np.ascontiguousarray(arr, dtype=numpy_dtype(dtype))
 
 
 # --- run --input NAME=FILE.npy --------------------------------------------------------------

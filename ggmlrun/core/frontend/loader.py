@@ -12,7 +12,9 @@ import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: nodes are checked
 from ggmlrun.core.frontend.backends_file import load_backends, parse_backends, parse_size  # noqa: F401
 from ggmlrun.core.frontend.data import FLOAT_ONLY_INITS, INIT_KEYS, REQUIRED, check_npy
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.core.ir.graph import MAX_DIMS, NP_DTYPES, Graph, LeafData, Tensor
+from ggmlrun.core.util.fmt import shape_text
+from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
+from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
 from ggmlrun.core.frontend.yamlfile import (
     check_name,
@@ -37,10 +39,6 @@ TENSOR_KEYS = ("shape", "dtype", "role", "backend", "init", "values", "file")
 ALL_INIT_KEYS = tuple(dict.fromkeys(k for keys in INIT_KEYS.values() for k in keys))
 NODE_KEYS = ("name", "op", "src", "params", "backend")
 ROLES = ("weight", "input")
-
-
-def _shape_text(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 # --- graph files ----------------------------------------------------------------------------
@@ -102,8 +100,8 @@ def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
     unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
 
     dtype = spec.get("dtype", "f32")
-    if not isinstance(dtype, str) or dtype not in NP_DTYPES:
-        raise fail(f"unknown dtype {shown(dtype)}; known: {', '.join(NP_DTYPES)}", "dtype")
+    if not isinstance(dtype, str) or dtype not in PLAIN:
+        raise fail(f"unknown dtype {shown(dtype)}; known: {', '.join(PLAIN)}", "dtype")
     shape = _parse_shape(doc, spec, dtype, path, culprit)
     role = spec.get("role", "weight")
     if not isinstance(role, str) or role not in ROLES:
@@ -159,9 +157,9 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
         if dim < 1:
             raise doc.error(f"shape[{i}] is {dim}; every dimension must be >= 1",
                             where + (i,), culprit)
-    nbytes = math.prod(shape) * NP_DTYPES[dtype].itemsize
+    nbytes = ggml_type(dtype).contiguous_bytes(shape)
     if nbytes > MAX_TENSOR_BYTES:
-        raise doc.error(f"shape {_shape_text(shape)} {dtype} is {nbytes} bytes, over the "
+        raise doc.error(f"shape {shape_text(shape)} {dtype} is {nbytes} bytes, over the "
                         f"limit of {MAX_TENSOR_BYTES} (1 TiB) per tensor", where, culprit)
     return tuple(shape)
 
@@ -254,10 +252,10 @@ def _parse_values(doc, values, shape, dtype, path, culprit) -> list:
                 raise doc.error(f"{label} must be a number, got {describe_value(item)}", at, culprit)
             return
         if not isinstance(item, list):
-            raise doc.error(f"values do not match shape {_shape_text(shape)}: {label} should "
+            raise doc.error(f"values do not match shape {shape_text(shape)}: {label} should "
                             f"be a list of {shape[depth]}, got {describe_value(item)}", at, culprit)
         if len(item) != shape[depth]:
-            raise doc.error(f"values do not match shape {_shape_text(shape)}: {label} has "
+            raise doc.error(f"values do not match shape {shape_text(shape)}: {label} has "
                             f"{len(item)} items, expected {shape[depth]}", at, culprit)
         for i, sub in enumerate(item):
             walk(sub, depth + 1, index + [i])

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.util.fmt import is_int, is_number  # noqa: F401  (the loaders import them from here)
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 
@@ -176,12 +177,6 @@ def shown(value) -> str:
     return f"'{value}'" if isinstance(value, str) else describe_value(value)
 
 
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def unknown_keys(doc, mapping, allowed, path, culprit, what="key"):

@@ -14,17 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ggmlrun.core.ir.types import BY_NUMPY, PLAIN, TYPES, GgmlType
+from ggmlrun.core.ir.types import TYPES, GgmlType
 
-# Derived from the type table, for the plain types NumPy holds.
-NP_DTYPES = {name: TYPES[name].numpy for name in PLAIN}
-DTYPE_NAMES = BY_NUMPY
 MAX_DIMS = 4
-
-
-def itemsize(dtype: str) -> int:
-    """Bytes per element, or per block for block types (ggml's nb[0])."""
-    return TYPES[dtype].type_size
 
 
 def contiguous_strides(shape: tuple[int, ...], item: int, block: int = 1) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ Byte strides of a block-typed tensor follow ggml's `nb`: the innermost stride is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,10 @@ class GgmlType:
     def row_bytes(self, n: int) -> int:
         """Bytes of n contiguous elements (ggml_row_size); n must be a multiple of the block."""
         return n // self.block_size * self.type_size
+
+    def contiguous_bytes(self, shape) -> int:
+        """Bytes of a contiguous tensor of this shape (ggml_nbytes without strides)."""
+        return self.row_bytes(math.prod(shape))
 
 
 def _ggml_name(member: GGMLQuantizationType) -> str:
@@ -77,3 +82,16 @@ def decode_blocks(raw: np.ndarray, name: str) -> np.ndarray:
 def encode_blocks(values: np.ndarray, name: str) -> np.ndarray:
     """f32 rows -> their bytes as type `name` (the last axis a multiple of the block)."""
     return _gguf_quants.quantize(values, GGMLQuantizationType(TYPES[name].id))
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The NumPy dtype that holds a plain type's values (KeyError for block types)."""
+    dtype = TYPES[name].numpy
+    if dtype is None:
+        raise KeyError(f"ggml type {name} has no NumPy dtype")
+    return dtype
+
+
+def type_name(dtype: np.dtype) -> str:
+    """ggml's name for the type NumPy holds as `dtype` (any byte order)."""
+    return BY_NUMPY[np.dtype(dtype).newbyteorder("=")]

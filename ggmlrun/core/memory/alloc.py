@@ -104,6 +104,7 @@ class MemoryPlan:
     slot_of: dict[Tensor, Slot]               # every tensor owning (or reusing) arena bytes
     inplace: list[tuple[Tensor, Tensor]]      # (node, parent whose slot it took)
     n_events: int
+    weights: "WeightLayout | None" = None      # set once by the engine's measure pass
 
     def offset(self, tensor: Tensor) -> tuple[int, int]:
         slot = self.slot_of[tensor]
@@ -280,16 +281,21 @@ class GraphAllocator:
         return self.event
 
 
-def layout_weights(weights: list[Tensor], location: dict[Tensor, int],
-                   alignments: list[int]) -> tuple[dict[Tensor, int], list[int]]:
+@dataclass(frozen=True)
+class WeightLayout:
+    offsets: dict[Tensor, int]     # weight -> bytes into its backend's weights buffer
+    bytes: list[int]               # per backend: its weights buffer's size
+
+
+def layout_weights(sched: Schedule) -> WeightLayout:
     """Weights packed one after another per backend, each aligned (ggml_backend_alloc_ctx_tensors)."""
     offsets: dict[Tensor, int] = {}
-    used = [0] * len(alignments)
-    for weight in weights:
-        b = location[weight]
+    used = [0] * len(sched.backends)
+    for weight in sched.graph.weights:
+        b = sched.backend_of[weight]
         offsets[weight] = used[b]
-        used[b] += align_up(weight.nbytes, alignments[b])
-    return offsets, used
+        used[b] += align_up(weight.nbytes, sched.backends[b].alignment)
+    return WeightLayout(offsets, used)
 
 
 def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], list[PlanEntry]]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from ggmlrun.core.util.atomic import write_atomic
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.fmt import align_up
 from ggmlrun.core.memory.intervals import columns, neighbours, overlap_pairs
 from ggmlrun.core.memory.pack_search import minimise_peak
 
@@ -143,10 +144,6 @@ def _space_conflicts(buffers, off, lower, upper, size, active, chunk_pairs):
 # --------------------------------------------------------------------------- greedy
 
 
-def _align_up(x: int, alignment: int) -> int:
-    return -(-x // alignment) * alignment
-
-
 def greedy_pass(order, size, nbrs, alignment=1, best_fit=False):
     """Place buffers one by one in `order`, each in a free gap among its placed neighbours.
 
@@ -177,7 +174,7 @@ def _first_fit(spans, size, alignment):
         if start - cursor >= size:
             return cursor
         if stop > cursor:
-            cursor = stop if alignment == 1 else _align_up(stop, alignment)
+            cursor = stop if alignment == 1 else align_up(stop, alignment)
     return cursor
 
 
@@ -190,7 +187,7 @@ def _best_fit(spans, size, alignment):
         if slack >= 0 and (best < 0 or slack < best_slack):
             best, best_slack = cursor, slack
         if stop > cursor:
-            cursor = stop if alignment == 1 else _align_up(stop, alignment)
+            cursor = stop if alignment == 1 else align_up(stop, alignment)
     return cursor if best < 0 else best
 
 

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from ggmlrun.core.util.fmt import human_bytes as _bytes
+from ggmlrun.core.util.fmt import shape_text
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.sched.scheduler import Schedule
@@ -36,7 +37,7 @@ def quote(text: str) -> str:
 
 
 def _shape(t: Tensor) -> str:
-    return "[" + ", ".join(str(d) for d in t.shape) + "] " + t.dtype
+    return f"{shape_text(t.shape)} {t.dtype}"
 
 
 def _attrs(**attrs) -> str:

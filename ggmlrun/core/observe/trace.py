@@ -21,6 +21,7 @@ No file I/O here: the CLI writes the dict (atomically) as JSON.
 from __future__ import annotations
 
 from ggmlrun.core.memory.alloc import MemoryPlan
+from ggmlrun.core.util.fmt import microseconds
 from ggmlrun.core.run.exec import RunResult
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.observe.occupancy import live_bytes
@@ -29,10 +30,6 @@ from ggmlrun.core.sched.scheduler import COPY, Schedule, Step
 
 PID = 1
 CATEGORY = "ggmlrun"       # one category: flow events must share it with the slices they bind
-
-
-def _us(seconds: float) -> float:
-    return round(seconds * 1e6, 3)
 
 
 def _location(sched: Schedule, plan: MemoryPlan, tensor: Tensor) -> tuple[str, int | None]:
@@ -105,10 +102,10 @@ def build_trace(sched: Schedule, plan: MemoryPlan, result: RunResult) -> dict:
         step = step_of.get(event.tensor)
         if step is None:
             continue
-        ts = _us(event.start)
+        ts = microseconds(event.start)
         name = event.tensor.name
         slice_ = {"ph": "X", "pid": PID, "tid": tid[event.backend], "name": name,
-                  "cat": CATEGORY, "ts": ts, "dur": max(_us(event.end - event.start), 0.0),
+                  "cat": CATEGORY, "ts": ts, "dur": max(microseconds(event.end - event.start), 0.0),
                   "args": _step_args(sched, plan, step, event.run)}
         slices.append(slice_)
         started[(event.run, event.tensor)] = slice_

@@ -1,33 +1,36 @@
-"""The executor: binds every tensor to its bytes, then runs the splits, timing copies and computes.
+"""The executor: binds every tensor to its bytes, then runs the schedule's steps, timing each.
 
-One `run_node` loop in the spirit of torch.fx's Interpreter: a failing kernel is reported as
-"while executing node 'x' (op) on BACKEND". Copies really move bytes from one backend's memory
-into another's arena, once per compute, exactly the copies the schedule lists.
+Each schedule step is compiled once into an `ExecStep` (the step, a function and its bound
+arrays) and run by `run_node`, in the spirit of torch.fx's Interpreter: a failing kernel is
+reported as "while executing node 'x' (op) on BACKEND". Copies really move bytes from one
+backend's memory into another's arena, and the executor counts what they moved as they move
+it, so the copy figures a run reports are what happened, not what the schedule promised.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
-from ggmlrun.core.memory.alloc import MemoryPlan, layout_weights
 from ggmlrun.core.backends import costs
 from ggmlrun.core.backends.runtime import Backend, strided_view
-from ggmlrun.core.util.errors import RunError
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op
-from ggmlrun.core.sched.scheduler import COMPUTE, COPY, Schedule
+from ggmlrun.core.memory.alloc import MemoryPlan
+from ggmlrun.core.sched.scheduler import COPY, Schedule, Step
+from ggmlrun.core.util.errors import RunError
 
 
 @dataclass
 class BackendTiming:
     name: str
     kind: str
-    copy_count: int = 0          # per compute
-    copy_bytes: int = 0          # per compute
+    copy_count: int = 0          # tensors the executor copied into it, per compute
+    copy_bytes: int = 0          # bytes it copied into it, per compute
     copy_s: float = 0.0          # measured, all runs
     copy_modeled_s: float | None = None
     compute_count: int = 0       # nodes computed per compute
@@ -61,32 +64,57 @@ class RunResult:
     timings: list[BackendTiming]
     node_timings: list[NodeTiming]
     repeat: int
-    copied_count: int            # tensors moved per compute, as executed
-    copied_bytes: int
     events: list[StepEvent] = field(default_factory=list)
+
+    @property
+    def copied_count(self) -> int:
+        """Tensors moved per compute, as executed."""
+        return sum(t.copy_count for t in self.timings)
+
+    @property
+    def copied_bytes(self) -> int:
+        return sum(t.copy_bytes for t in self.timings)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecStep:
+    """A schedule step bound to its arrays: running it is `fn(*args)`."""
+
+    planned: Step
+    fn: Callable
+    args: tuple
+
+
+def byte_span(arr: np.ndarray) -> int:
+    """Bytes from an array's first byte to its last (ggml_nbytes of a strided tensor)."""
+    if arr.size == 0:
+        return 0
+    low, high = np.lib.array_utils.byte_bounds(arr)
+    return high - low
 
 
 class Executor:
     def __init__(self, schedule: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndarray]):
+        if plan.weights is None:
+            raise ValueError("the memory plan has no weight layout: plan it with engine.plan_memory")
         self.schedule = schedule
         self.plan = plan
-        specs = schedule.backends
-        alignments = [b.alignment for b in specs]
-        location = {w: schedule.backend_of[w] for w in schedule.graph.weights}
-        self.weight_offsets, weight_bytes = layout_weights(schedule.graph.weights, location, alignments)
-        self.backends = [Backend(spec, plan.arena_bytes[i], weight_bytes[i])
-                         for i, spec in enumerate(specs)]
+        self.backends = [Backend(spec, plan.arena_bytes[i], plan.weights.bytes[i])
+                         for i, spec in enumerate(schedule.backends)]
         self.leaf_values = leaf_values
         self.views: dict[Tensor, np.ndarray] = {}
         self._bind()
-        self._steps: list[tuple] | None = None             # compiled on the first run
-        self._modeled: list[BackendTiming] | None = None   # the schedule's counts, once
+        self.steps: list[ExecStep] | None = None          # compiled on the first run
+        self._modeled: list[costs.Modeled] | None = None
+        # what the copy steps moved, per destination backend, over every run so far
+        self.moved_count = [0] * len(self.backends)
+        self.moved_bytes = [0] * len(self.backends)
 
     # --- binding: every tensor an ndarray at its planned bytes -------------------------------
     def _root_location(self, root: Tensor) -> tuple[np.ndarray, int]:
         if root.role == "weight":
             backend = self.backends[self.schedule.backend_of[root]]
-            return backend.weights, self.weight_offsets[root]
+            return backend.weights, self.plan.weights.offsets[root]
         buffer, offset = self.plan.offset(root)
         return self.backends[buffer].arena, offset
 
@@ -104,44 +132,57 @@ class Executor:
         for weight in graph.weights:
             np.copyto(self.views[weight], self.leaf_values[weight])
 
-    # --- running ---------------------------------------------------------------------------
-    def _compile(self) -> list[tuple]:
-        """The run as a flat list of steps, resolved once: per-node work in the loop is a call.
-
-        Each step is (kind, backend, tensor, fn, args): running it is `fn(*args)`. A kernel
-        with a fast path binds its arrays here (ops/common.py `fast_path`); any other is
-        called unwrapped (the loop already ignores float errors) with its params bound.
-        """
-        steps = []
+    # --- compiling: each step resolved once, so per-node work in the loop is one call --------
+    def _compile(self) -> list[ExecStep]:
         sched = self.schedule
-        for step in sched.execution_steps():
-            tensor = step.tensor
-            if step.kind == COPY:
-                steps.append((COPY, step.backend, tensor, np.copyto,
-                              (self.views[tensor], self.views[sched.copy_source[tensor]])))
-                continue
-            spec = get_op(tensor.op)
-            args = (self.views[tensor], *(self.views[s] for s in sched.srcs_of[tensor]))
-            kernel = spec.kernel
-            bind = getattr(kernel, "bind", None)
-            call = bind(*args, **tensor.params) if bind is not None else None
-            if call is None:
-                raw = getattr(kernel, "raw", kernel)
-                call = (partial(raw, **tensor.params) if tensor.params else raw), args
-            steps.append((COMPUTE, step.backend, tensor, *call))
-        return steps
+        return [self._compile_copy(step) if step.kind == COPY else self._compile_compute(step)
+                for step in sched.execution_steps()]
+
+    def _compile_copy(self, step: Step) -> ExecStep:
+        dst = self.views[step.tensor]
+        src = self.views[self.schedule.copy_source[step.tensor]]
+        span, b = byte_span(dst), step.backend
+        count, nbytes = self.moved_count, self.moved_bytes
+
+        def move(dst, src):
+            np.copyto(dst, src)
+            count[b] += 1
+            nbytes[b] += span
+        return ExecStep(step, move, (dst, src))
+
+    def _compile_compute(self, step: Step) -> ExecStep:
+        """A kernel with a fast path binds its arrays here (ops/common.py `fast_path`); any
+        other is called unwrapped (the run loop already ignores float errors), params bound."""
+        tensor = step.tensor
+        args = (self.views[tensor], *(self.views[s] for s in self.schedule.srcs_of[tensor]))
+        kernel = get_op(tensor.op).kernel
+        bind = getattr(kernel, "bind", None)
+        call = bind(*args, **tensor.params) if bind is not None else None
+        if call is None:
+            raw = getattr(kernel, "raw", kernel)
+            call = (partial(raw, **tensor.params) if tensor.params else raw), args
+        return ExecStep(step, *call)
+
+    # --- running ---------------------------------------------------------------------------
+    def run_node(self, step: ExecStep) -> None:
+        """Run one step (to step through a run by hand); any failure comes back as a RunError
+        naming the node or the copy. `run` inlines this in its loop, with the same errors."""
+        try:
+            step.fn(*step.args)
+        except Exception as err:  # noqa: BLE001 - reported with the node that raised
+            raise self._failure(step.planned, err) from err
 
     def run(self, inputs: dict[Tensor, np.ndarray], repeat: int = 1, progress=None,
             record_events: bool = False) -> RunResult:
-        if self._steps is None:          # views are fixed at bind, so steps are too
-            self._steps = self._compile()
-            self._calls = [(fn, args) for *_, fn, args in self._steps]
-        steps, calls = self._steps, self._calls
+        if self.steps is None:           # views are fixed at bind, so steps are too
+            self.steps = self._compile()
+        steps = self.steps
         n = len(steps)
         seconds = np.zeros(n)
         events: list[tuple[int, int, float, float]] = []   # (run, step, start, end)
         clock = time.perf_counter
         input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
+        moved_before = list(self.moved_count), list(self.moved_bytes)
         origin = clock()
         for run_index in range(repeat):
             for view, value in input_views:
@@ -151,11 +192,11 @@ class Executor:
             stamp = stamps.append
             with np.errstate(all="ignore"):
                 try:
-                    for fn, args in calls:
-                        fn(*args)
+                    for step in steps:         # run_node, inlined: a call per node is 10% here
+                        step.fn(*step.args)
                         stamp(clock())
                 except Exception as err:  # noqa: BLE001 - reported with the node that raised
-                    raise self._failure(steps[len(stamps) - 1], err) from err
+                    raise self._failure(steps[len(stamps) - 1].planned, err) from err
             if n:
                 ends = np.array(stamps)
                 seconds += np.diff(ends)
@@ -165,57 +206,40 @@ class Executor:
             if progress:
                 progress(run_index + 1)
         outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
-        return self._result(steps, seconds.tolist(), events, outputs, repeat)
+        moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
+                 [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])])
+        return self._result(seconds.tolist(), events, outputs, repeat, moved)
 
-    def _failure(self, step, err: Exception) -> RunError:
-        kind, b, tensor, *_ = step
-        where = self.backends[b].name
-        if kind == COPY:
+    def _failure(self, step: Step, err: Exception) -> RunError:
+        where = self.backends[step.backend].name
+        tensor = step.tensor
+        if step.kind == COPY:
             source = self.schedule.copy_source[tensor].name
             return RunError(f"while copying '{source}' to {where}: {type(err).__name__}: {err}")
-        if isinstance(err, RunError):
-            return RunError(f"while executing node '{tensor.name}' ({tensor.op}) on {where}: "
-                            f"{err.message}")
-        return RunError(f"while executing node '{tensor.name}' ({tensor.op}) on {where}: "
-                        f"{type(err).__name__}: {err}")
+        detail = err.message if isinstance(err, RunError) else f"{type(err).__name__}: {err}"
+        return RunError(f"while executing node '{tensor.name}' ({tensor.op}) on {where}: {detail}")
 
-    def _result(self, steps, seconds, events, outputs, repeat) -> RunResult:
+    def _result(self, seconds, events, outputs, repeat, moved) -> RunResult:
         specs = self.schedule.backends
-        if self._modeled is None:
-            self._modeled = [BackendTiming(name=s.name, kind=s.kind) for s in specs]
-            self._model(self._modeled)
-        timings = [replace(t) for t in self._modeled]
+        if self._modeled is None:        # the schedule's, so the same for every run
+            self._modeled = costs.modeled_by_backend(self.schedule)
+        modeled = self._modeled
+        timings = [BackendTiming(name=s.name, kind=s.kind, copy_modeled_s=m.copy_s,
+                                 compute_modeled_s=m.compute_s,
+                                 copy_count=moved[0][b] // repeat, copy_bytes=moved[1][b] // repeat)
+                   for b, (s, m) in enumerate(zip(specs, modeled))]
         node_timings = []
-        copied_count = copied_bytes = 0
-        for (kind, b, tensor, *_), spent in zip(steps, seconds):
-            if kind == COPY:
-                timings[b].copy_s += spent
-                copied_count += 1
-                copied_bytes += tensor.nbytes
+        for step, spent in zip(self.steps, seconds):
+            planned = step.planned
+            if planned.kind == COPY:
+                timings[planned.backend].copy_s += spent
             else:
-                timings[b].compute_s += spent
-                node_timings.append(NodeTiming(tensor, specs[b].name, spent, repeat))
-        trace = [StepEvent(run=r, kind=steps[i][0], tensor=steps[i][2],
-                           backend=specs[steps[i][1]].name, start=t0, end=t1)
+                timings[planned.backend].compute_s += spent
+                timings[planned.backend].compute_count += 1
+                node_timings.append(NodeTiming(planned.tensor, specs[planned.backend].name, spent,
+                                               repeat))
+        trace = [StepEvent(run=r, kind=self.steps[i].planned.kind, tensor=self.steps[i].planned.tensor,
+                           backend=specs[self.steps[i].planned.backend].name, start=t0, end=t1)
                  for r, i, t0, t1 in events]
         return RunResult(outputs=outputs, timings=timings, node_timings=node_timings,
-                         repeat=repeat, copied_count=copied_count, copied_bytes=copied_bytes,
-                         events=trace)
-
-    def _model(self, timings: list[BackendTiming]) -> None:
-        """Per-compute counts and modeled seconds, from the schedule alone (see costs.py)."""
-        sched = self.schedule
-        for split in sched.splits:
-            dst = sched.backends[split.backend]
-            t = timings[split.backend]
-            for original, copy in zip(split.inputs, split.copies):
-                t.copy_count += 1
-                t.copy_bytes += copy.nbytes
-                src = sched.backends[sched.backend_of[original]]
-                if src.kind != "cpu" or dst.kind != "cpu":
-                    t.copy_modeled_s = (t.copy_modeled_s or 0.0) + costs.copy_s(src, dst, copy.nbytes)
-            for node in split.nodes:
-                if get_op(node.op).view_op:
-                    continue
-                t.compute_count += 1
-                t.compute_modeled_s = (t.compute_modeled_s or 0.0) + costs.compute_s(dst, node)
+                         repeat=repeat, events=trace)

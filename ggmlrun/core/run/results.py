@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from ggmlrun.core.util.atomic import write_atomic
-from ggmlrun.core.ir.graph import DTYPE_NAMES, Graph, Tensor
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.types import type_name
 from ggmlrun.core.run.reference import evaluate
 
 # relative tolerance of `run --check`, by output dtype (SPEC: f32 within 1e-5 relative)
@@ -16,7 +17,7 @@ CHECK_TOLERANCE = {"f32": 1e-5, "f16": 1e-3, "i32": 0.0}
 
 def summarize(arr: np.ndarray) -> dict:
     wide = arr.astype(np.float64)
-    return {"shape": list(arr.shape), "dtype": DTYPE_NAMES[arr.dtype],
+    return {"shape": list(arr.shape), "dtype": type_name(arr.dtype),
             "sum": float(wide.sum()), "l2": float(np.sqrt((wide * wide).sum()))}
 
 
@@ -56,3 +57,10 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_atomic(path, lambda handle: handle.write(text.encode()))
+
+
+def json_default(value):
+    """NumPy scalars as JSON numbers (json.dumps `default=`)."""
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

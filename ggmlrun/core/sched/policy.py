@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ggmlrun.core.backends import costs
 from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.util.fmt import us_text as _us
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
@@ -243,7 +244,3 @@ class CostPolicy:
             if now >= before:
                 why += "; keeps copies away"
             sched.reasons[node] = why
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.1f} us"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import InputError, did_you_mean
@@ -43,8 +44,17 @@ class Step:
 class Split:
     backend: int
     nodes: list[Tensor]                       # in order, view ops included (they compute nothing)
-    inputs: list[Tensor] = field(default_factory=list)   # tensors living elsewhere
-    copies: list[Tensor] = field(default_factory=list)   # their `BACKEND#name` copies, same order
+    # each tensor living elsewhere -> its `BACKEND#name` copy, in the order they are met: the
+    # one record of which copy holds what (inputs, copies and Schedule.copy_source read it)
+    copy_of: dict[Tensor, Tensor] = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        return list(self.copy_of)
+
+    @property
+    def copies(self) -> list[Tensor]:
+        return list(self.copy_of.values())
 
 
 @dataclass
@@ -55,14 +65,18 @@ class Schedule:
     cause: dict[Tensor, str]
     splits: list[Split]
     srcs_of: dict[Tensor, list[Tensor]]       # each node's sources, copies substituted
-    copy_source: dict[Tensor, Tensor]         # copy -> the tensor it copies
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
     ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
 
+    @cached_property
+    def copy_source(self) -> dict[Tensor, Tensor]:
+        """copy -> the tensor it copies, read off the splits (splits are final once built)."""
+        return {copy: source for split in self.splits for source, copy in split.copy_of.items()}
+
     @property
     def copy_count(self) -> int:
-        return sum(len(s.inputs) for s in self.splits)
+        return sum(len(s.copy_of) for s in self.splits)
 
     @property
     def copy_bytes(self) -> int:
@@ -83,6 +97,11 @@ class Schedule:
 
     def backend_name(self, tensor: Tensor) -> str:
         return self.backends[self.backend_of[tensor]].name
+
+
+def support_key(node: Tensor) -> tuple:
+    """What a backend's support answer depends on: the op and its sources' types."""
+    return (node.op, *(src.dtype for src in node.src))
 
 
 def batch_size(node: Tensor) -> int:
@@ -114,7 +133,7 @@ class Scheduler:
 
     def _schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
         self.graph = graph
-        self._supported: list[dict[str, bool]] = [{} for _ in self.backends]   # per op name
+        self._supported: list[dict[tuple, bool]] = [{} for _ in self.backends]   # per support key
         self._view_ops = frozenset(name for name, spec in OPS.items() if spec.view_op)
         self.backend_of: dict[Tensor, int] = {}
         self.cause: dict[Tensor, str] = {}
@@ -127,9 +146,9 @@ class Scheduler:
         self._pass2_expand(graph.nodes)
         self._pass3_best_and_upgrade(graph.nodes)
         self._pass4_remaining(graph.nodes)
-        splits, srcs_of, copy_source = self._pass5_split(graph.nodes)
+        splits, srcs_of = self._pass5_split(graph.nodes)
         return Schedule(graph=graph, backends=self.backends, backend_of=self.backend_of,
-                        cause=self.cause, splits=splits, srcs_of=srcs_of, copy_source=copy_source,
+                        cause=self.cause, splits=splits, srcs_of=srcs_of,
                         ggml=self.ggml)
 
     # --- facts the passes use ---------------------------------------------------------------
@@ -152,15 +171,15 @@ class Scheduler:
         return self.location.get(tensor.view_src or tensor)
 
     def _supports(self, b: int, node: Tensor) -> bool:
-        return self._supports_op(b, node.op)
+        return self._supports_key(b, support_key(node))
 
-    def _supports_op(self, b: int, op: str | None) -> bool:
-        if op is None:
+    def _supports_key(self, b: int, key: tuple) -> bool:
+        if key[0] is None:                   # a leaf: nothing to compute
             return True
-        known = self._supported[b]           # the answer depends on the op's name alone
-        answer = known.get(op)
+        known = self._supported[b]           # the answer depends on the op and source types
+        answer = known.get(key)
         if answer is None:
-            answer = known[op] = self.backends[b].supports_op(op)
+            answer = known[key] = self.backends[b].supports_op(key[0], key[1:])
         return answer
 
     def _supports_buffer(self, b: int, buffer_backend: int) -> bool:
@@ -205,8 +224,11 @@ class Scheduler:
                 continue
             b = self._backend_index(tensor.backend, tensor, "its pin")
             if not self._supports(b, tensor):
-                raise InputError(f"pinned to {tensor.backend}, which does not support op "
-                                 f"'{tensor.op}'; pin it elsewhere or drop it from that backend's "
+                what = f"op '{tensor.op}'"
+                if self.backends[b].supports_op(tensor.op):      # refused for a source type
+                    what += f" on sources of type {', '.join(s.dtype for s in tensor.src)}"
+                raise InputError(f"pinned to {tensor.backend}, which does not support {what}; "
+                                 f"pin it elsewhere or drop it from that backend's "
                                  f"unsupported list", file=_file(graph), line=tensor.line,
                                  culprit=tensor.describe())
             self._set(tensor, b, "usr")
@@ -255,9 +277,9 @@ class Scheduler:
         compute = [n for n in nodes if n.op not in view_ops]
         # the four sweeps read and write a flat list of assignments (a big graph's tensors and
         # dict entries stay out of the cache); every change also goes to backend_of at once
-        get, supports, cpu = self.backend_of.get, self._supports_op, self.cpu
+        get, supports, cpu = self.backend_of.get, self._supports_key, self.cpu
         assigned = [get(n, -1) for n in compute]
-        ops = [n.op for n in compute]
+        keys = [support_key(n) for n in compute]
         forward, backward = range(len(compute)), range(len(compute) - 1, -1, -1)
         for order, skip_cpu in ((forward, True), (backward, True),
                                 (forward, False), (backward, False)):
@@ -266,7 +288,7 @@ class Scheduler:
                 b = assigned[i]
                 if b != -1:
                     current = -1 if (skip_cpu and b == cpu) else b
-                elif current != -1 and supports(current, ops[i]):
+                elif current != -1 and supports(current, keys[i]):
                     assigned[i] = current
                     self._set(compute[i], current, "2.sup")
 
@@ -323,7 +345,6 @@ class Scheduler:
     def _pass5_split(self, nodes: list[Tensor]):
         srcs_of = {node: list(node.src) for node in nodes}
         copy_of: dict[tuple[Tensor, int], Tensor] = {}
-        copy_source: dict[Tensor, Tensor] = {}
         view_ops, get = self._view_ops, self.backend_of.get
         compute = [n for n in nodes if n.op not in view_ops]
         first = self._get(compute[0]) if compute else self._get(nodes[0])
@@ -335,7 +356,7 @@ class Scheduler:
                 continue
             b = get(node, -1)
             split = splits[-1]
-            if b != current or (split.inputs and self._needs_new_split(node, split, current, copy_of)):
+            if b != current or (split.copy_of and self._needs_new_split(node, split, current, copy_of)):
                 split = Split(backend=b, nodes=[])
                 splits.append(split)
                 current = b
@@ -348,14 +369,12 @@ class Scheduler:
                                       shape=src.shape, dtype=src.dtype, strides=src.strides,
                                       role="copy")
                         copy_of[key] = copy
-                        copy_source[copy] = src
                         self._set(copy, current, "4.cpy")
-                        split.inputs.append(src)
-                        split.copies.append(copy)
+                        split.copy_of[src] = copy
                     srcs_of[node][j] = copy_of[key]
         if splits and not splits[0].nodes and len(splits) > 1:
             splits.pop(0)
-        return splits, srcs_of, copy_source
+        return splits, srcs_of
 
     def _needs_new_split(self, node: Tensor, split: Split, current: int, copy_of) -> bool:
         for src in node.src:
@@ -363,7 +382,7 @@ class Scheduler:
             if src.role == "weight":
                 if self._get(src) != current and not self._buffer_supported(src, current):
                     return True
-            if len(split.inputs) == self.ggml.max_split_inputs:
+            if len(split.copy_of) == self.ggml.max_split_inputs:
                 if (self._get(src) != current and (src, current) not in copy_of
                         and not self._buffer_supported(src, current)):
                     return True

@@ -1,6 +1,12 @@
-"""Numbers as people read them: one formatter per kind, shared by every report."""
+"""Numbers as people read them: one formatter per kind, shared by every layer.
+
+They live at the bottom of the stack so that an error message in the loader, a kernel's
+complaint and a DOT label all print a shape, a size or a duration the same way.
+"""
 
 from __future__ import annotations
+
+import numpy as np
 
 
 def align_up(size: int, alignment: int) -> int:
@@ -12,3 +18,28 @@ def human_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
+
+
+def shape_text(shape) -> str:
+    """`[2, 3]`: how every message and label writes a shape."""
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def microseconds(seconds: float) -> float:
+    """Seconds as microseconds, to the nanosecond (trace timestamps)."""
+    return round(seconds * 1e6, 3)
+
+
+def us_text(seconds: float) -> str:
+    """`12.5 us`: a modeled duration in a sentence."""
+    return f"{seconds * 1e6:.1f} us"
+
+
+def is_int(value) -> bool:
+    """An integer from YAML or NumPy; bool is an int to Python but never a size or an axis."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_number(value) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating))
+            and not isinstance(value, (bool, np.bool_)))

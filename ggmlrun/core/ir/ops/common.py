@@ -15,14 +15,12 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.fmt import is_int, is_number  # noqa: F401  (kernels import them from here)
+from ggmlrun.core.util.fmt import shape_text as fmt
 from ggmlrun.core.ir.graph import MAX_DIMS, Tensor
 
 FLOATS = ("f32", "f16")
 F32 = np.float32
-
-
-def fmt(shape) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
 def who(t: Tensor) -> str:
@@ -31,13 +29,6 @@ def who(t: Tensor) -> str:
 
 # --- param checks ------------------------------------------------------------------------
 
-def is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
-def is_number(v) -> bool:
-    return (isinstance(v, (int, float, np.integer, np.floating))
-            and not isinstance(v, (bool, np.bool_)))
 
 
 def want_int(op: str, key: str, v, *, lo: int | None = None) -> int:
