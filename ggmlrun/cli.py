@@ -6,6 +6,8 @@ Data goes to stdout, diagnostics to stderr. Every error leaves through `main()`:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from rich.console import Console
 
 from ggmlrun import report
 from ggmlrun.core import engine
-from ggmlrun.core.util.errors import CheckError, GgmlrunError, InputError
+from ggmlrun.core.util.errors import CapacityError, CheckError, GgmlrunError, InputError
 from ggmlrun.core.frontend.loader import load_backends, load_graph
 
 # piped output gets a wide fixed width so tables are not squeezed into 80 columns
@@ -46,11 +48,75 @@ def _json_default(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml"):
-    graph = load_graph(graph_path)
-    override = load_backends(backends_file) if backends_file else None
-    backends = engine.resolve_backends(graph, override)
-    return graph, engine.schedule(graph, backends, policy)
+def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
+             overrides=None, phases=None):
+    from ggmlrun.core.frontend.overrides import apply
+
+    phase = phases or (lambda name: contextlib.nullcontext())
+    with phase("load"):
+        graph = load_graph(graph_path)
+        override = load_backends(backends_file) if backends_file else None
+        backends = engine.resolve_backends(graph, override)
+        if overrides is not None:
+            backends = apply(graph, backends, overrides)
+    with phase("schedule"):
+        return graph, engine.schedule(graph, backends, policy)
+
+
+def placement_options(func):
+    """--memory, --remap, --no-op-offload, --offload-min-batch: "what if" without editing files;
+    the command receives them as one `overrides` argument."""
+    @functools.wraps(func)
+    def wrapper(*args, memory_specs, remap_specs, no_op_offload, offload_min_batch, **kwargs):
+        from ggmlrun.core.frontend.overrides import parse
+
+        kwargs["overrides"] = parse(memory_specs, remap_specs, not no_op_offload,
+                                    offload_min_batch, kwargs.pop("threads", None))
+        return func(*args, **kwargs)
+
+    options = [
+        click.option("--memory", "memory_specs", multiple=True, metavar="NAME=SIZE",
+                     help="Override a backend's memory (e.g. SIM0=4GiB); repeatable."),
+        click.option("--remap", "remap_specs", multiple=True, metavar="NAME=NAME",
+                     help="Move every tensor and pin of one backend to another, which drops the "
+                          "first from the list (e.g. SIM0=CPU); repeatable."),
+        click.option("--no-op-offload", is_flag=True,
+                     help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
+                          "--no-op-offload)."),
+        click.option("--offload-min-batch", type=click.IntRange(min=1), metavar="N",
+                     help="Batch from which op offload moves an op to a device (every device)."),
+        click.option("--progress", "show_progress", is_flag=True,
+                     help="Phase times on stderr even when it is not a terminal."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def _fit_and_summary(sched, memory, phases, payload: dict | None = None):
+    """The fits check, the llama.cpp-style summary and the op-offload note, shared by plan,
+    measure and run; returns both (a failure to fit is raised by the caller, after the output)."""
+    import os
+
+    from ggmlrun.core.memory.fits import check
+    from ggmlrun.core.observe.summary import summarize
+
+    fit = check(memory)
+    summary = summarize(sched, memory)
+    note = report.offload_note(summary)
+    if note:
+        click.echo(f"ggmlrun: {note}", err=True)
+    if os.environ.get("GGML_SCHED_DEBUG", "0") not in ("", "0"):
+        click.echo(report.ggml_dump(sched), err=True)
+    if payload is not None:
+        payload.update(report.fit_dict(fit))
+        payload["summary"] = report.summary_dict(summary)
+        payload["phases"] = phases.as_dict()
+    return fit, summary
+
+
+def _raise_unless_fits(sched, memory, fit) -> None:
+    engine.check_capacity(sched, memory, fit.host_memory_bytes)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,10 +130,15 @@ def cli():
 @GRAPH
 @BACKENDS
 @JSON
+@placement_options
 @DEBUG
-def validate(graph, backends_file, as_json):
+def validate(graph, backends_file, as_json, overrides, show_progress):
     """Load and check a graph file only (backend names and pins included)."""
-    g, _ = _prepare(graph, backends_file)
+    from ggmlrun import visual
+
+    phases = visual.Phases(stderr, show_progress)
+    g, _ = _prepare(graph, backends_file, overrides=overrides, phases=phases)
+    phases.report()
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
@@ -82,23 +153,40 @@ def validate(graph, backends_file, as_json):
 @JSON
 @click.option("--dump-splits", is_flag=True, help="Every node's backend, cause and sources.")
 @click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
-              help="With --dump-splits: rich tables, or ggml's GGML_SCHED_DEBUG text.")
+              help="The dump as rich tables, or as ggml's GGML_SCHED_DEBUG text (implies "
+                   "--dump-splits).")
 @POLICY
+@placement_options
 @DEBUG
-def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
-    """Schedule only: the splits, their inputs, and why every node went where it did."""
-    _, sched = _prepare(graph, backends_file, policy)
+def plan(graph, backends_file, as_json, dump_splits, fmt, policy, overrides, show_progress):
+    """Schedule only: the splits, their inputs, and why every node went where it did; with the
+    memory each backend would need (ggml's allocator) and whether it fits."""
+    from ggmlrun import visual
+
+    phases = visual.Phases(stderr, show_progress)
+    _, sched = _prepare(graph, backends_file, policy, overrides, phases)
+    with phases("plan"):
+        _, memory = engine.plan_memory(sched, "ggml")
+    dump_splits = dump_splits or fmt == "ggml"     # the ggml text is the dump itself
+    payload = report.plan_dict(sched) if as_json else None
     if as_json:
-        emit_json(report.plan_dict(sched))
-        return
-    if dump_splits and fmt == "ggml":
+        pass
+    elif fmt == "ggml":
         click.echo(report.ggml_dump(sched))
-        return
-    report.print_tables(stdout, report.split_table(sched))
-    if sched.policy is not None:
-        report.print_tables(stdout, report.policy_table(sched))
-    if dump_splits:
-        report.print_tables(stdout, report.assignment_table(sched))
+    else:
+        report.print_tables(stdout, report.split_table(sched))
+        if sched.policy is not None:
+            report.print_tables(stdout, report.policy_table(sched))
+        if dump_splits:
+            report.print_tables(stdout, report.assignment_table(sched))
+    fit, summary = _fit_and_summary(sched, memory, phases, payload)
+    if not as_json and fmt != "ggml":    # the ggml text stands alone, as ggml prints it
+        report.print_tables(stdout, report.summary_table(summary))
+    if as_json:
+        emit_json(payload)
+    else:
+        phases.report()
+    _raise_unless_fits(sched, memory, fit)
 
 
 @cli.command()
@@ -107,20 +195,60 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy):
 @JSON
 @POLICY
 @PLANNER
+@click.option("--fit", "fit_layers", is_flag=True,
+              help="For a layered graph (weights l<N>.*): how many layers fit on each device.")
+@placement_options
 @DEBUG
-def measure(graph, backends_file, as_json, policy, planner):
-    """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
+def measure(graph, backends_file, as_json, policy, planner, fit_layers, overrides, show_progress):
+    """The measure pass: per backend, arena bytes, weights bytes and the lower bound, and
+    whether weights + arena fit each backend's memory and all of them the host's RAM."""
     from ggmlrun import visual
     from ggmlrun.core.observe.occupancy import occupancy
 
-    with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
+    phases = visual.Phases(stderr, show_progress)
+    g, sched = _prepare(graph, backends_file, policy, overrides, phases)
+    with phases("plan"):
         plan_, memory = engine.plan_memory(sched, planner)
+    payload = report.measure_dict(memory) if as_json else None
+    fit, summary = _fit_and_summary(sched, memory, phases, payload)
+    layer_fits = []
+    if fit_layers:
+        with phases("fit"):
+            layer_fits = _layers_that_fit(g, sched, policy, planner)
+        if payload is not None:
+            payload["layer_fit"] = [report.layer_fit_dict(f, overrides.op_offload)
+                                    for f in layer_fits]
     if as_json:
-        emit_json(report.measure_dict(memory))
+        emit_json(payload)
     else:
-        report.print_tables(stdout, report.measure_table(memory, f"memory of {g.name}"))
+        report.print_tables(stdout, report.summary_table(summary),
+                            report.measure_table(memory, f"memory of {g.name}", fit))
+        stdout.print(report.host_line(fit), markup=False, highlight=False)
+        for f in layer_fits:
+            stdout.print(report.layer_fit_line(f, overrides.op_offload), markup=False,
+                         highlight=False)
         visual.print_occupancy(stdout, occupancy(sched, plan_), planner)
+        phases.report()
+    if not layer_fits:
+        _raise_unless_fits(sched, memory, fit)
+    elif not all(f.base_fits for f in layer_fits):
+        worst = next(f for f in layer_fits if not f.base_fits)
+        raise CapacityError(f"{worst.device} is over its memory even with no layer on it")
+
+
+def _layers_that_fit(graph, sched, policy: str, planner: str):
+    from ggmlrun.core.memory.fits import layer_weights, layers_that_fit
+
+    backends = sched.backends
+    if not layer_weights(graph):
+        raise InputError("--fit needs a layered graph: weights named l<N>.* (as `gen llama` "
+                         "writes them)", file=str(graph.path) if graph.path else None)
+    devices = [b.name for b in backends if b.kind != "cpu"]
+    if not devices:
+        raise InputError("--fit needs a device besides the CPU in the backends list")
+    return [layers_that_fit(graph, device, backends[-1].name,
+                            lambda g: engine.measure_graph(g, backends, policy, planner))
+            for device in devices]
 
 
 @cli.command()
@@ -138,26 +266,43 @@ def measure(graph, backends_file, as_json, policy, planner):
               "open it in ui.perfetto.dev or chrome://tracing.")
 @click.option("--profile", "show_profile", is_flag=True,
               help="Time per op and per copy route (with --json: a `profile` key).")
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Untimed runs before the timed ones (caches, BLAS start-up).")
+@click.option("--threads", type=click.IntRange(min=1), metavar="N",
+              help="BLAS threads for the run (capped at the machine's cores); overrides the CPU "
+                   "backend's `threads`.")
 @POLICY
 @PLANNER
+@placement_options
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
-        trace_file, show_profile):
+        trace_file, show_profile, warmup, overrides, show_progress):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
+    import os
+
     from ggmlrun.core.frontend import data
     from ggmlrun.core.run import results
 
     from ggmlrun import visual
 
-    with visual.busy(stderr, "planning"):
-        g, sched = _prepare(graph, backends_file, policy)
+    phases = visual.Phases(stderr, show_progress)
+    g, sched = _prepare(graph, backends_file, policy, overrides, phases)
+    with phases("load"):
         inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
+    with phases("plan"):
         plan_, memory = engine.plan_memory(sched, planner)
-    engine.check_capacity(sched, memory)
-    leaf_values = engine.leaf_values(g)
-    with visual.run_progress(stderr, repeat) as progress:
+    payload = {} if as_json else None
+    fit, summary = _fit_and_summary(sched, memory, phases, payload)
+    _raise_unless_fits(sched, memory, fit)    # before any data is generated or allocated
+    with phases("data"):
+        leaf_values = engine.leaf_values(g)
+    with phases("compute"), visual.run_progress(stderr, repeat) as progress:
         result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat,
-                                progress=progress, record_events=bool(trace_file or show_profile))
+                                progress=progress, record_events=bool(trace_file or show_profile),
+                                warmup=warmup)
+    cpu_threads = sched.backends[-1].threads
+    threads = str(cpu_threads) if cpu_threads else f"default ({os.cpu_count()} cores)"
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     prof = None
     if show_profile:
         from ggmlrun.core.observe.profile import profile
@@ -174,17 +319,24 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     if out_file:
         results.write_npz(out_file, result.outputs)
     if as_json:
-        payload = report.run_dict(sched, memory, result, summaries)
+        payload.update(report.run_dict(sched, memory, result, summaries))
+        payload["timings"].update({"warmup": warmup, "threads": cpu_threads,
+                                   "load_average": list(load) if load else None})
+        payload["phases"] = phases.as_dict()
         if errors is not None:
             payload["check"] = {"max_rel_err": errors, "passed": results.check_passed(g, errors)}
         if prof is not None:
             payload["profile"] = prof.as_dict()
         emit_json(payload)
     else:
-        report.print_tables(stdout, report.split_table(sched), report.timing_table(result),
+        report.print_tables(stdout, report.summary_table(summary), report.split_table(sched))
+        stdout.print(report.timing_header(result, warmup, threads, load), markup=False,
+                     highlight=False)
+        report.print_tables(stdout, report.timing_table(result),
                             report.outputs_table(summaries, errors))
         if prof is not None:
             report.print_tables(stdout, *visual.profile_tables(prof))
+        phases.report()
     if errors is not None and not results.check_passed(g, errors):
         worst = max(errors, key=errors.get)
         raise CheckError(f"output '{worst}' differs from the reference evaluator by "

@@ -158,3 +158,43 @@ def busy(console: Console, message: str) -> Iterator[None]:
         return
     with console.status(message):
         yield
+
+
+# --- phases ------------------------------------------------------------------------------------
+class Phases:
+    """Wall time per phase (load, schedule, plan, data, compute): a spinner naming the phase
+    while it runs and a line of times at the end, on stderr, when stderr is a terminal or
+    --progress asks; `seconds` always, for --json's `phases`."""
+
+    SHOW_AFTER_S = 1.0   # a line of times only for work a user waited for
+
+    def __init__(self, console: Console, forced: bool = False):
+        self.console = console
+        self.show = forced or is_terminal(sys.stderr)
+        self.forced = forced
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        import time
+
+        start = time.perf_counter()
+        status = self.console.status(f"{name}…") if self.show and is_terminal(sys.stderr) else None
+        try:
+            if status is None:
+                yield
+            else:
+                with status:
+                    yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def as_dict(self) -> dict:
+        return {f"{name}_s": s for name, s in self.seconds.items()}
+
+    def report(self) -> None:
+        total = sum(self.seconds.values())
+        if self.show and (self.forced or total >= self.SHOW_AFTER_S):
+            self.console.print(Text("phases: " + ", ".join(
+                f"{name} {seconds(s)}" for name, s in self.seconds.items())
+                + f" (total {seconds(total)})", style="dim"), highlight=False)

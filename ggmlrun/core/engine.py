@@ -12,7 +12,6 @@ import numpy as np
 from ggmlrun.core.memory.alloc import GraphAllocator, MemoryPlan, allocation_sequence, layout_weights
 from ggmlrun.core.backends.spec import BackendSpec, default_backends
 from ggmlrun.core.util.errors import CapacityError
-from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.core.run.exec import Executor, RunResult
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
@@ -82,22 +81,22 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
     return plan, memory
 
 
-def check_capacity(sched: Schedule, memory: list[BackendMemory]) -> None:
-    """Fail before allocating anything when weights plus arena exceed a backend's memory."""
-    for i, mem in enumerate(memory):
-        need = mem.weights_bytes + mem.arena_bytes
-        if need <= mem.memory:
-            continue
-        here = [t for t in sched.graph.leafs + sched.graph.nodes
-                if sched.backend_of.get(t) == i and not t.is_view]
-        largest = sorted(here, key=lambda t: t.nbytes, reverse=True)[:3]
-        names = ", ".join(f"{t.name} ({human_bytes(t.nbytes)})" for t in largest)
-        raise CapacityError(
-            f"backend {mem.name} needs {need} bytes ({human_bytes(need)}: weights "
-            f"{human_bytes(mem.weights_bytes)} + arena {human_bytes(mem.arena_bytes)}) but its "
-            f"memory is {mem.memory} bytes ({human_bytes(mem.memory)}); largest tensors: {names}; "
-            f"raise its `memory` or move weights to another backend",
-            file=str(sched.graph.path) if sched.graph.path else None)
+def check_capacity(sched: Schedule, memory: list[BackendMemory], host_memory: int | None = None):
+    """Fail before allocating anything when weights plus arena exceed a backend's memory, or
+    all backends together the machine's RAM (fits.py); returns the figures when it fits."""
+    from ggmlrun.core.memory.fits import check, failure_message
+
+    fit = check(memory, host_memory)
+    problem = failure_message(sched, fit)
+    if problem:
+        raise CapacityError(problem, file=str(sched.graph.path) if sched.graph.path else None)
+    return fit
+
+
+def measure_graph(graph: Graph, backends: list[BackendSpec], policy: str = "ggml",
+                  planner: str = "ggml") -> list[BackendMemory]:
+    """Schedule and measure in one step, for searches that try many placements."""
+    return plan_memory(schedule(graph, backends, policy), planner)[1]
 
 
 def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
@@ -109,12 +108,27 @@ def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
 
 def execute(sched: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndarray],
             inputs: dict[Tensor, np.ndarray] | None = None, repeat: int = 1,
-            progress=None, record_events: bool = False) -> RunResult:
+            progress=None, record_events: bool = False, warmup: int = 0) -> RunResult:
+    """`warmup` runs first, untimed; each timed run's wall time lands in `run_seconds`."""
+    import time
+
     executor = Executor(sched, plan, leaf_values)
     feed = {t: leaf_values[t] for t in sched.graph.inputs}
     feed.update(inputs or {})
+    ends = []
+
+    def tick(done: int) -> None:
+        ends.append(time.perf_counter())
+        if progress:
+            progress(done)
+
     with blas_threads(sched.backends[-1].threads):
-        return executor.run(feed, repeat=repeat, progress=progress, record_events=record_events)
+        if warmup:
+            executor.run(feed, repeat=warmup)
+        ends.append(time.perf_counter())
+        result = executor.run(feed, repeat=repeat, progress=tick, record_events=record_events)
+    result.run_seconds = [b - a for a, b in zip(ends, ends[1:])]
+    return result
 
 
 def blas_threads(threads: int | None):

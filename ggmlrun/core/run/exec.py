@@ -64,6 +64,7 @@ class RunResult:
     copied_count: int            # tensors moved per compute, as executed
     copied_bytes: int
     events: list[StepEvent] = field(default_factory=list)
+    run_seconds: list[float] = field(default_factory=list)   # wall time of each run
 
 
 class Executor:
