@@ -312,16 +312,16 @@ def summary_table(summary) -> Table:
     """llama.cpp's start-up figures: model and compute buffers, graph nodes and splits."""
     from ggmlrun.core.observe.summary import layer_ranges
 
-    table = Table(title=f"summary: graph nodes = {summary.n_nodes}, graph splits = "
+    table = Table(title=f"summary (MiB): graph nodes = {summary.n_nodes}, graph splits = "
                         f"{summary.n_splits}")
     table.add_column("backend")
-    for col, drop in (("model MiB", 0), ("compute MiB", 0), ("copies in MiB", 2),
-                      ("copies out MiB", 2), ("nodes", 0)):
+    for col, drop in (("model", 0), ("compute", 0), ("copy in", 1), ("copy out", 1),
+                      ("nodes", 0)):
         table.add_column(col, "right", number=True, drop=drop)
-    table.add_column("causes", drop=1)
+    table.add_column("causes")
     layered = any(b.layers for b in summary.backends)
     if layered:
-        table.add_column("layers", drop=3)
+        table.add_column("layers")
     for b in summary.backends:
         causes = ", ".join(f"{cause or '-'} {n}" for cause, n in b.causes.most_common())
         row = [b.name, f"{b.weights_bytes / MiB:.2f}", f"{b.arena_bytes / MiB:.2f}",
