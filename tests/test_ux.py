@@ -245,3 +245,41 @@ def test_progress_flag_prints_phase_times_off_a_terminal():
     assert code == 0 and "phases: load" in err and "plan" in err
     code, _, err = invoke("measure", MLP)
     assert "phases:" not in err
+
+
+# --- hints for the classic mistakes ------------------------------------------------------------
+def validate_error(tmp_path, text, name="g.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    code, _, err = invoke("validate", path)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_hint_for_a_shape_in_ggml_ne_order(tmp_path):
+    err = validate_error(tmp_path, "tensors:\n  w: {shape: [512, 2048]}\n  x: {shape: [32, 512]}\n"
+                                   "nodes:\n  - {name: h, op: mul_mat, src: [x, w]}\n")
+    assert "shapes are NumPy order, the reverse of ggml's ne" in err and "[2048, 512]" in err
+    plain = validate_error(tmp_path, "tensors:\n  w: {shape: [7, 9]}\n  x: {shape: [3, 5]}\n"
+                                     "nodes:\n  - {name: h, op: add, src: [x, w]}\n", "p.yaml")
+    assert "ggml's ne" not in plain
+
+
+def test_hint_for_a_tab_in_yaml(tmp_path):
+    err = validate_error(tmp_path, "tensors:\n\tw: {shape: [4]}\n")
+    assert "tab" in err and ":2:" in err
+
+
+def test_did_you_mean_comes_first(tmp_path):
+    err = validate_error(tmp_path, "tensors:\n  w: {shape: [4, 4]}\n"
+                                   "nodes:\n  - {name: h, op: matmul, src: [w, w]}\n")
+    assert "unknown op 'matmul'; known: mul_mat, " in err and err.rstrip().endswith(
+        "did you mean 'mul_mat'?")
+
+
+def test_missing_files_name_the_nearest(tmp_path):
+    (tmp_path / "embed.npy").write_bytes(b"")
+    err = validate_error(tmp_path, "tensors:\n  w: {shape: [4], file: emb.npy}\n")
+    assert "'embed.npy'" in err
+    code, _, err = invoke("validate", ROOT / "graphs/mlp.yam")
+    assert code == 2 and "nearest name" in err and "'mlp.yaml'" in err
