@@ -266,6 +266,12 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
               "open it in ui.perfetto.dev or chrome://tracing.")
 @click.option("--profile", "show_profile", is_flag=True,
               help="Time per op and per copy route (with --json: a `profile` key).")
+@click.option("--profile-by", type=click.Choice(["op", "node", "shape"]), default="op",
+              show_default=True, help="With --profile: group computes by op, node, or op and shape.")
+@click.option("--sort", "profile_sort", type=click.Choice(["total", "mean", "calls", "name"]),
+              default="total", show_default=True, help="With --profile: the order of its rows.")
+@click.option("--top", "profile_top", type=click.IntRange(min=1), metavar="N",
+              help="With --profile: only the first N rows.")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Untimed runs before the timed ones (caches, BLAS start-up).")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N",
@@ -276,7 +282,8 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
 @placement_options
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
-        trace_file, show_profile, warmup, overrides, show_progress):
+        trace_file, show_profile, profile_by, profile_sort, profile_top, warmup, overrides,
+        show_progress):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
     import os
 
@@ -307,7 +314,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     if show_profile:
         from ggmlrun.core.observe.profile import profile
 
-        prof = profile(sched, result)
+        prof = profile(sched, result, profile_by, profile_sort, profile_top)
     if trace_file:
         from ggmlrun.core.observe.trace import build_trace
 
@@ -335,7 +342,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
         report.print_tables(stdout, report.timing_table(result),
                             report.outputs_table(summaries, errors))
         if prof is not None:
-            report.print_tables(stdout, *visual.profile_tables(prof))
+            report.print_tables(stdout, *visual.profile_tables(prof, profile_by))
         phases.report()
     if errors is not None and not results.check_passed(g, errors):
         worst = max(errors, key=errors.get)

@@ -18,7 +18,7 @@ from ggmlrun.core.observe.dot import backend_colour
 from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.core.observe.occupancy import ArenaPicture
 from ggmlrun.core.observe.profile import Profile
-from ggmlrun.report import Table, _seconds
+from ggmlrun.report import Bytes, Table, _seconds
 
 
 # --- numbers -----------------------------------------------------------------------------------
@@ -36,22 +36,30 @@ def rate(value: float | None, unit: str) -> str:
 
 
 # --- run --profile -----------------------------------------------------------------------------
-def profile_tables(prof: Profile) -> list[Table]:
+def profile_tables(prof: Profile, by: str = "op") -> list[Table]:
     runs = f"{prof.repeat} run{'s' if prof.repeat > 1 else ''}"
-    ops = Table(title=f"profile: compute by op ({runs}, {seconds(prof.compute_s)} measured)")
-    for col in ("op", "backend", "nodes", "calls", "total", "mean", "% compute", "FLOP/s"):
-        ops.add_column(col, justify="left" if col in ("op", "backend") else "right")
+    ops = Table(title=f"profile: compute by {by} ({runs}, {seconds(prof.compute_s)} measured)")
+    ops.add_column({"op": "op", "node": "node", "shape": "op and shape"}[by])
+    if by == "node":
+        ops.add_column("op", drop=2)
+    ops.add_column("backend")
+    for col, drop in (("nodes", 3), ("calls", 4), ("total", 0), ("mean", 0), ("% compute", 0),
+                      ("FLOP/s", 1)):
+        ops.add_column(col, "right", number=True, drop=drop)
     for r in prof.ops:
-        ops.add_row(r.op, r.backend, str(r.nodes), str(r.calls), seconds(r.total_s),
-                    seconds(r.mean_s), f"{100 * r.share:.1f}%", rate(r.flops_per_s, "FLOP/s"))
+        ops.add_row(r.name or r.op, *([r.op] if by == "node" else []), r.backend, str(r.nodes),
+                    str(r.calls), seconds(r.total_s), seconds(r.mean_s), f"{100 * r.share:.1f}%",
+                    rate(r.flops_per_s, "FLOP/s"))
     tables = [ops]
     if prof.copies:
         copies = Table(title=f"profile: copies by route ({runs}, {seconds(prof.copy_s)} measured)")
-        for col in ("from", "to", "copies", "bytes", "total", "mean", "bandwidth"):
-            copies.add_column(col, justify="left" if col in ("from", "to") else "right")
+        copies.add_column("from")
+        copies.add_column("to")
+        for col in ("copies", "bytes", "total", "mean", "bandwidth"):
+            copies.add_column(col, "right", number=True)
         for r in prof.copies:
             mean = r.total_s / r.count if r.total_s is not None and r.count else None
-            copies.add_row(r.src, r.dst, str(r.count), f"{r.bytes:,}", seconds(r.total_s),
+            copies.add_row(r.src, r.dst, str(r.count), Bytes(r.bytes), seconds(r.total_s),
                            seconds(mean), rate(r.bytes_per_s, "B/s"))
         tables.append(copies)
     return tables

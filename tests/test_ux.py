@@ -283,3 +283,18 @@ def test_missing_files_name_the_nearest(tmp_path):
     assert "'embed.npy'" in err
     code, _, err = invoke("validate", ROOT / "graphs/mlp.yam")
     assert code == 2 and "nearest name" in err and "'mlp.yaml'" in err
+
+
+# --- profile by node or shape ------------------------------------------------------------------
+@pytest.mark.parametrize("by", ["op", "node", "shape"])
+def test_profile_groups_sorts_and_keeps_the_top(by):
+    data, _ = as_json("run", MLP, "--profile", "--profile-by", by, "--top", 2, "--sort", "calls")
+    rows = data["profile"]["ops"]
+    assert len(rows) == 2 and rows[0]["calls"] >= rows[1]["calls"]
+    full, _ = as_json("run", MLP, "--profile", "--profile-by", by, "--sort", "name")
+    names = [r["name"] for r in full["profile"]["ops"]]
+    assert names == sorted(names)
+    if by == "node":
+        assert sorted(names) == sorted(n["name"] for n in full["nodes"])
+    if by == "shape":
+        assert "mul_mat [32, 2048]" in names
