@@ -298,3 +298,16 @@ def test_profile_groups_sorts_and_keeps_the_top(by):
         assert sorted(names) == sorted(n["name"] for n in full["nodes"])
     if by == "shape":
         assert "mul_mat [32, 2048]" in names
+
+
+# --- README ------------------------------------------------------------------------------------
+def test_readme_is_true_in_a_clone():
+    text = (ROOT / "README.md").read_text()
+    assert "../shared" not in text and "Python >= 3.11" in text and "Graphviz" in text
+    import re
+
+    for path in set(re.findall(r"\b((?:graphs|examples|docs)/[\w./-]+\.(?:yaml|csv|md))", text)):
+        assert (ROOT / path).is_file(), path
+    for csv in (ROOT / "examples/pack").glob("*.csv"):
+        assert csv.stat().st_size < 20_000
+    assert "scratch/" in (ROOT / ".gitignore").read_text()
