@@ -143,8 +143,9 @@ def validate(graph, backends_file, as_json, overrides, show_progress):
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
     else:
-        stdout.print(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, outputs: "
-                     f"{', '.join(t.name for t in g.outputs)})")
+        stdout.print(report.plain(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, "
+                                  f"outputs: {', '.join(t.name for t in g.outputs)})"),
+                     markup=False, highlight=False)
 
 
 @cli.command()
@@ -455,7 +456,7 @@ def _write_text(text: str, out: Path | None) -> None:
         click.echo(text, nl=False)
     else:
         write_text(out, text)
-        stderr.print(f"wrote {out}")
+        stderr.print(report.plain(f"wrote {out}"), markup=False, highlight=False)
 
 
 @gen.command("llama")

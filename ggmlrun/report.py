@@ -72,10 +72,15 @@ def run_dict(sched: Schedule, memory: list[BackendMemory], result: RunResult,
 CONTROL = dict.fromkeys(c for c in range(0x20)) | {0x7f: None} | dict.fromkeys(range(0x80, 0xa0))
 
 
+def plain(text: str) -> str:
+    """Text without control characters: an escape code in a name never reaches the terminal."""
+    return str(text).translate(CONTROL)
+
+
 def clean(text: str) -> str:
     """Text safe for a terminal and for rich: control characters (escape codes) removed, markup
     escaped, so names like `[/]` or `\x1b[2J` print as what they are and never act."""
-    return escape(str(text).translate(CONTROL))
+    return escape(plain(text))
 
 
 @dataclass
@@ -165,7 +170,7 @@ class Table:
     def _plain(value, exact: bool) -> str:
         if isinstance(value, Bytes):
             return f"{value:,}" if exact else human_bytes(value)
-        return str(value).translate(CONTROL)
+        return plain(value)
 
     def _cell(self, value, exact: bool) -> str:
         return escape(self._plain(value, exact))

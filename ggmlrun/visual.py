@@ -18,7 +18,7 @@ from ggmlrun.core.observe.dot import backend_colour
 from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.core.observe.occupancy import ArenaPicture
 from ggmlrun.core.observe.profile import Profile
-from ggmlrun.report import Bytes, Table, _seconds
+from ggmlrun.report import Bytes, Table, _seconds, plain
 
 
 # --- numbers -----------------------------------------------------------------------------------
@@ -88,12 +88,12 @@ def arena_picture(pic: ArenaPicture) -> Group:
     colour = backend_colour(pic.buffer)
     share = pic.lower_bound / pic.arena_bytes if pic.arena_bytes else 1.0
     title = Text.assemble(
-        (f"{pic.name}", f"bold {colour}"),
+        (plain(pic.name), f"bold {colour}"),
         f" arena {human_bytes(pic.arena_bytes)} ({pic.arena_bytes:,} B)  ·  lower bound "
         f"{human_bytes(pic.lower_bound)} ({100 * share:.0f}% of the arena)  ·  "
         f"{pic.n_steps} steps")
     if pic.peak_step >= 0:
-        title.append(f"  ·  most live at step {pic.peak_step} ({pic.peak_tensor})")
+        title.append(f"  ·  most live at step {pic.peak_step} ({plain(pic.peak_tensor)})")
     labels = {pic.rows - 1: human_bytes(pic.arena_bytes), 0: "0"}
     if pic.lower_bound_row >= 0:
         labels[pic.lower_bound_row] = human_bytes(pic.lower_bound)

@@ -311,3 +311,16 @@ def test_readme_is_true_in_a_clone():
     for csv in (ROOT / "examples/pack").glob("*.csv"):
         assert csv.stat().st_size < 20_000
     assert "scratch/" in (ROOT / ".gitignore").read_text()
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "measure", "run"])
+def test_markup_and_escape_codes_in_names_and_paths_print_as_text(tmp_path, command):
+    folder = tmp_path / "x [/y]"
+    folder.mkdir(parents=True)
+    graph = folder / "g.yaml"
+    graph.write_text(MLP.read_text().replace("name: mlp", 'name: "[/]\\x1b[2Jm"'))
+    code, out, err = invoke(command, graph)
+    assert code == 0, err
+    assert "\x1b" not in out + err and "internal error" not in err
+    if command != "validate":
+        assert "[/]" in out
