@@ -182,7 +182,7 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, overrides, sho
             report.print_tables(stdout, report.assignment_table(sched))
     fit, summary = _fit_and_summary(sched, memory, phases, payload)
     if not as_json and fmt != "ggml":    # the ggml text stands alone, as ggml prints it
-        report.print_tables(stdout, report.summary_table(summary))
+        report.print_tables(stdout, report.summary_table(summary, fit))
     if as_json:
         emit_json(payload)
     else:
@@ -337,7 +337,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
             payload["profile"] = prof.as_dict()
         emit_json(payload)
     else:
-        report.print_tables(stdout, report.summary_table(summary), report.split_table(sched))
+        report.print_tables(stdout, report.summary_table(summary, fit), report.split_table(sched))
         stdout.print(report.timing_header(result, warmup, threads, load), markup=False,
                      highlight=False)
         report.print_tables(stdout, report.timing_table(result),

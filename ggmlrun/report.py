@@ -313,8 +313,9 @@ def fit_dict(fit) -> dict:
 MiB = 1024 * 1024
 
 
-def summary_table(summary) -> Table:
-    """llama.cpp's start-up figures: model and compute buffers, graph nodes and splits."""
+def summary_table(summary, fit=None) -> Table:
+    """llama.cpp's start-up figures: model and compute buffers, graph nodes and splits; with
+    `fit`, whether each backend's weights + arena fit its memory."""
     from ggmlrun.core.observe.summary import layer_ranges
 
     table = Table(title=f"summary (MiB): graph nodes = {summary.n_nodes}, graph splits = "
@@ -327,12 +328,16 @@ def summary_table(summary) -> Table:
     layered = any(b.layers for b in summary.backends)
     if layered:
         table.add_column("layers")
-    for b in summary.backends:
+    if fit is not None:
+        table.add_column("fits")
+    for i, b in enumerate(summary.backends):
         causes = ", ".join(f"{cause or '-'} {n}" for cause, n in b.causes.most_common())
         row = [b.name, f"{b.weights_bytes / MiB:.2f}", f"{b.arena_bytes / MiB:.2f}",
                f"{b.copy_in_bytes / MiB:.2f}", f"{b.copy_out_bytes / MiB:.2f}", str(b.nodes),
                causes or "-"]
-        table.add_row(*row, *([layer_ranges(b.layers) or "-"] if layered else []))
+        row += [layer_ranges(b.layers) or "-"] if layered else []
+        row += [("yes" if fit.backends[i].fits else "NO")] if fit is not None else []
+        table.add_row(*row)
     return table
 
 

@@ -59,6 +59,8 @@ def test_over_a_backends_memory_exits_1_after_the_answer(tmp_path, command):
     assert data["fits"] is False
     assert {m["name"]: m["fits"] for m in data["memory"]} == {"SIM0": False, "CPU": True}
     assert "backend SIM0 needs" in err and "largest tensors: w1 (4.00 MiB)" in err
+    code, out, _ = invoke(command, MLP, "--backends", backends_file(tmp_path, "1MiB"))
+    assert code == 1 and "fits" in out and "NO" in out
 
 
 def test_memory_option_overrides_and_the_table_says_no(tmp_path):
