@@ -64,8 +64,8 @@ def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
 
 
 def placement_options(func):
-    """--memory, --remap, --no-op-offload, --offload-min-batch: "what if" without editing files;
-    the command receives them as one `overrides` argument."""
+    """--memory, --remap, --no-op-offload, --offload-min-batch: "what if" without editing files,
+    received by the command as one `overrides` argument; and --progress (phase times)."""
     @functools.wraps(func)
     def wrapper(*args, memory_specs, remap_specs, no_op_offload, offload_min_batch, **kwargs):
         from ggmlrun.core.frontend.overrides import parse

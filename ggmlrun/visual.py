@@ -187,7 +187,7 @@ class Phases:
         import time
 
         start = time.perf_counter()
-        status = self.console.status(f"{name}…") if self.show and is_terminal(sys.stderr) else None
+        status = self.console.status(f"ggmlrun: {name}") if self.show and is_terminal(sys.stderr) else None
         try:
             if status is None:
                 yield
