@@ -6,6 +6,8 @@ Data goes to stdout, diagnostics to stderr. Every error leaves through `main()`:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import sys
 from pathlib import Path
@@ -15,8 +17,8 @@ from rich.console import Console
 
 from ggmlrun import report
 from ggmlrun.core import engine
-from ggmlrun.core.util.errors import CheckError, GgmlrunError, InputError
-from ggmlrun.core.frontend.loader import load_backends
+from ggmlrun.core.util.errors import CapacityError, CheckError, GgmlrunError, InputError
+from ggmlrun.core.frontend.loader import load_backends, load_graph
 
 # piped output gets a wide fixed width so tables are not squeezed into 80 columns
 stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
@@ -34,6 +36,7 @@ PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default
                        show_default=True,
                        help="Arena offsets: ggml's online best-fit, or the offline planner "
                             "(never larger).")
+
 
 GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), default="0.25",
                     show_default=True,
@@ -116,13 +119,11 @@ MODEL_OPTIONS = {
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
-    "no_op_offload": click.option("--no-op-offload", is_flag=True, default=False,
-                                  help="Never move a CPU weight's op to a device (-nopo)."),
 }
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
                "overrides": "--override-tensor", "tensor_split": "--tensor-split",
-               "no_op_offload": "--no-op-offload", "tokens": "--tokens"}
+               "tokens": "--tokens"}
 
 
 def model_options(skip=()):
@@ -136,7 +137,7 @@ def model_options(skip=()):
 
 
 def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: str = "0.25",
-                 policy: str = "ggml"):
+                 policy: str = "ggml", overrides=None):
     """(model, backends, options) when GRAPH is a GGUF file or a card; None for a graph file,
     which must then not carry model options. A model is placed as llama.cpp places it, so
     only ggml's policy applies."""
@@ -154,7 +155,27 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
         raise InputError(f"--policy {policy} applies to graph files; a model is placed as "
                          f"llama.cpp places it", file=str(path))
     backends = load_backends(backends_file) if backends_file else None
+    if overrides is not None:
+        if overrides.remap:
+            raise InputError("--remap applies to graph files; place a model's weights with "
+                             "--ngl or --override-tensor", file=str(path))
+        backends = _with_memory(backends, overrides.memory)
+        model_kw = {**model_kw, "no_op_offload": not overrides.op_offload}
     return model, *_model_setup(model, backends, {**model_kw, "ggml": ggml})
+
+
+def _with_memory(backends, memory: dict[str, int]):
+    """--memory NAME=SIZE on a model's backends (the default set when no file is given)."""
+    from dataclasses import replace
+
+    from ggmlrun.core.backends.spec import default_backends
+
+    backends = backends or default_backends()
+    names = [b.name for b in backends]
+    for name in memory:
+        if name not in names:
+            raise InputError(f"--memory {name}=...: no backend '{name}'; backends: {', '.join(names)}")
+    return [replace(b, memory=memory[b.name]) if b.name in memory else b for b in backends]
 
 
 def _model_setup(model, backends, kw: dict):
@@ -181,10 +202,72 @@ def _model_setup(model, backends, kw: dict):
                         ggml=kw.get("ggml") or "0.25")
     return backends, opts
 
+
 def emit_json(data: dict) -> None:
     from ggmlrun.core.run.results import json_default
 
     click.echo(json.dumps(data, indent=2, default=json_default))
+
+
+def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
+             overrides=None, phases=None, ggml: str | None = None):
+    return engine.prepare(graph_path, backends_file, policy, ggml, overrides, phases)
+
+
+def placement_options(func):
+    """--memory, --remap, --no-op-offload, --offload-min-batch: "what if" without editing files,
+    received by the command as one `overrides` argument; and --progress (phase times)."""
+    @functools.wraps(func)
+    def wrapper(*args, memory_specs, remap_specs, no_op_offload, offload_min_batch, **kwargs):
+        from ggmlrun.core.frontend.overrides import parse
+
+        kwargs["overrides"] = parse(memory_specs, remap_specs, not no_op_offload,
+                                    offload_min_batch, kwargs.pop("threads", None))
+        return func(*args, **kwargs)
+
+    options = [
+        click.option("--memory", "memory_specs", multiple=True, metavar="NAME=SIZE",
+                     help="Override a backend's memory (e.g. SIM0=4GiB); repeatable."),
+        click.option("--remap", "remap_specs", multiple=True, metavar="NAME=NAME",
+                     help="Move every tensor and pin of one backend to another, which drops the "
+                          "first from the list (e.g. SIM0=CPU); repeatable."),
+        click.option("--no-op-offload", is_flag=True,
+                     help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
+                          "--no-op-offload)."),
+        click.option("--offload-min-batch", type=click.IntRange(min=1), metavar="N",
+                     help="Batch from which op offload moves an op to a device (every device)."),
+        click.option("--progress", "show_progress", is_flag=True,
+                     help="Phase times on stderr even when it is not a terminal."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def _fit_and_summary(sched, memory, phases, payload: dict | None = None):
+    """The fits check, the llama.cpp-style summary and the op-offload note, shared by plan,
+    measure and run; returns both (a failure to fit is raised by the caller, after the output)."""
+    import os
+
+    from ggmlrun.core.memory.fits import check
+    from ggmlrun.core.observe.summary import summarize
+
+    fit = check(memory)
+    summary = summarize(sched, memory)
+    note = report.offload_note(summary)
+    if note:
+        click.echo(f"ggmlrun: {note}", err=True)
+    if os.environ.get("GGML_SCHED_DEBUG", "0") not in ("", "0"):
+        click.echo(report.ggml_dump(sched), err=True)
+    if payload is not None:
+        payload.update(report.fits_dict(fit))
+        payload["summary"] = report.summary_dict(summary)
+        payload["phases"] = phases.as_dict()
+    return fit, summary
+
+
+def _raise_unless_fits(sched, memory, fit) -> None:
+    engine.check_capacity(sched, memory, fit.host_memory_bytes)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -198,19 +281,26 @@ def cli():
 @GRAPH
 @BACKENDS
 @JSON
+@placement_options
 @DEBUG
-def validate(graph, backends_file, as_json):
+def validate(graph, backends_file, as_json, overrides, show_progress):
     """Load and check a graph file only (backend names and pins included)."""
-    model = _model_input(graph, backends_file, {})
+    from ggmlrun import visual
+
+    model = _model_input(graph, backends_file, {}, overrides=overrides)
     if model:
         return _validate_model(*model, as_json)
-    g, _ = engine.prepare(graph, backends_file)
+
+    phases = visual.Phases(stderr, show_progress)
+    g, _ = _prepare(graph, backends_file, overrides=overrides, phases=phases)
+    phases.report()
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
     else:
-        stdout.print(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, outputs: "
-                     f"{', '.join(t.name for t in g.outputs)})")
+        stdout.print(report.plain(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, "
+                                  f"outputs: {', '.join(t.name for t in g.outputs)})"),
+                     markup=False, highlight=False)
 
 
 @cli.command()
@@ -219,26 +309,47 @@ def validate(graph, backends_file, as_json):
 @JSON
 @click.option("--dump-splits", is_flag=True, help="Every node's backend, cause and sources.")
 @click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
-              help="With --dump-splits: rich tables, or ggml's GGML_SCHED_DEBUG text.")
+              help="The dump as rich tables, or as ggml's GGML_SCHED_DEBUG text (implies "
+                   "--dump-splits).")
 @POLICY
 @GGML
 @model_options()
+@placement_options
 @DEBUG
-def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, **model_kw):
-    """Schedule only: the splits, their inputs, and why every node went where it did."""
-    model = _model_input(graph, backends_file, model_kw, ggml, policy)
-    sched = _model_schedule(*model) if model else engine.prepare(graph, backends_file, policy, ggml)[1]
+def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, overrides, show_progress,
+         **model_kw):
+    """Schedule only: the splits, their inputs, and why every node went where it did; with the
+    memory each backend would need (ggml's allocator) and whether it fits."""
+    from ggmlrun import visual
+
+    phases = visual.Phases(stderr, show_progress)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
+    if model:
+        sched = _model_schedule(*model)
+    else:
+        _, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
+    with phases("plan"):
+        _, memory = engine.plan_memory(sched, "ggml")
+    dump_splits = dump_splits or fmt == "ggml"     # the ggml text is the dump itself
+    payload = report.plan_dict(sched) if as_json else None
     if as_json:
-        emit_json(report.plan_dict(sched))
-        return
-    if dump_splits and fmt == "ggml":
+        pass
+    elif fmt == "ggml":
         click.echo(report.ggml_dump(sched))
-        return
-    report.print_tables(stdout, report.split_table(sched))
-    if sched.policy is not None:
-        report.print_tables(stdout, report.policy_table(sched))
-    if dump_splits:
-        report.print_tables(stdout, report.assignment_table(sched))
+    else:
+        report.print_tables(stdout, report.split_table(sched))
+        if sched.policy is not None:
+            report.print_tables(stdout, report.policy_table(sched))
+        if dump_splits:
+            report.print_tables(stdout, report.assignment_table(sched))
+    fit, summary = _fit_and_summary(sched, memory, phases, payload)
+    if not as_json and fmt != "ggml":    # the ggml text stands alone, as ggml prints it
+        report.print_tables(stdout, report.summary_table(summary, fit))
+    if as_json:
+        emit_json(payload)
+    else:
+        phases.report()
+    _raise_unless_fits(sched, memory, fit)
 
 
 @cli.command()
@@ -247,26 +358,66 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, **model_
 @JSON
 @POLICY
 @PLANNER
+@click.option("--fit", "fit_layers", is_flag=True,
+              help="For a layered graph (weights l<N>.*): how many layers fit on each device.")
 @GGML
 @model_options()
+@placement_options
 @DEBUG
-def measure(graph, backends_file, as_json, policy, planner, ggml, **model_kw):
-    """The measure pass: per backend, arena bytes, weights bytes and the lower bound."""
+def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, overrides,
+            show_progress, **model_kw):
+    """The measure pass: per backend, arena bytes, weights bytes and the lower bound, and
+    whether weights + arena fit each backend's memory and all of them the host's RAM."""
     from ggmlrun import visual
-
-    model = _model_input(graph, backends_file, model_kw, ggml, policy)
-    if model:
-        return _measure_model(*model, as_json)
     from ggmlrun.core.observe.occupancy import occupancy
 
-    with visual.busy(stderr, "planning"):
-        g, sched = engine.prepare(graph, backends_file, policy, ggml)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
+    if model:
+        return _measure_model(*model, as_json)
+    phases = visual.Phases(stderr, show_progress)
+    g, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
+    with phases("plan"):
         plan_, memory = engine.plan_memory(sched, planner)
+    payload = report.measure_dict(memory) if as_json else None
+    fit, summary = _fit_and_summary(sched, memory, phases, payload)
+    layer_fits = []
+    if fit_layers:
+        with phases("fit"):
+            layer_fits = _layers_that_fit(g, sched, policy, planner)
+        if payload is not None:
+            payload["layer_fit"] = [report.layer_fit_dict(f, overrides.op_offload)
+                                    for f in layer_fits]
     if as_json:
-        emit_json(report.measure_dict(memory))
+        emit_json(payload)
     else:
-        report.print_tables(stdout, report.measure_table(memory, f"memory of {g.name}"))
+        report.print_tables(stdout, report.summary_table(summary),
+                            report.measure_table(memory, f"memory of {g.name}", fit))
+        stdout.print(report.host_line(fit), markup=False, highlight=False)
+        for f in layer_fits:
+            stdout.print(report.layer_fit_line(f, overrides.op_offload), markup=False,
+                         highlight=False)
         visual.print_occupancy(stdout, occupancy(sched, plan_), planner)
+        phases.report()
+    if not layer_fits:
+        _raise_unless_fits(sched, memory, fit)
+    elif not all(f.base_fits for f in layer_fits):
+        worst = next(f for f in layer_fits if not f.base_fits)
+        raise CapacityError(f"{worst.device} is over its memory even with no layer on it")
+
+
+def _layers_that_fit(graph, sched, policy: str, planner: str):
+    from ggmlrun.core.memory.fits import layer_weights, layers_that_fit
+
+    backends = sched.backends
+    if not layer_weights(graph):
+        raise InputError("--fit needs a layered graph: weights named l<N>.* (as `gen llama` "
+                         "writes them)", file=str(graph.path) if graph.path else None)
+    devices = [b.name for b in backends if b.kind != "cpu"]
+    if not devices:
+        raise InputError("--fit needs a device besides the CPU in the backends list")
+    return [layers_that_fit(graph, device, backends[-1].name,
+                            lambda g: engine.measure_graph(g, backends, policy, planner))
+            for device in devices]
 
 
 @cli.command()
@@ -284,42 +435,73 @@ def measure(graph, backends_file, as_json, policy, planner, ggml, **model_kw):
               "open it in ui.perfetto.dev or chrome://tracing.")
 @click.option("--profile", "show_profile", is_flag=True,
               help="Time per op and per copy route (with --json: a `profile` key).")
+@click.option("--profile-by", type=click.Choice(["op", "node", "shape"]), default="op",
+              show_default=True, help="With --profile: group computes by op, node, or op and shape.")
+@click.option("--sort", "profile_sort", type=click.Choice(["total", "mean", "calls", "name"]),
+              default="total", show_default=True, help="With --profile: the order of its rows.")
+@click.option("--top", "profile_top", type=click.IntRange(min=1), metavar="N",
+              help="With --profile: only the first N rows.")
+@click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Untimed runs before the timed ones (caches, BLAS start-up).")
+@click.option("--threads", type=click.IntRange(min=1), metavar="N",
+              help="BLAS threads for the run (capped at the machine's cores); overrides the CPU "
+                   "backend's `threads`.")
 @POLICY
 @PLANNER
 @GGML
 @click.option("--tokens", metavar="1,2,3", help="[models] Token ids evaluated as one batch; the "
               "output is the last token's logits, `result_output`.")
 @model_options()
+@placement_options
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
-        trace_file, show_profile, ggml, tokens, **model_kw):
+        trace_file, show_profile, profile_by, profile_sort, profile_top, warmup, ggml, tokens,
+        overrides, show_progress, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
-    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy)
-    if model:
-        return _run_model(*model, tokens, as_json, out_file)
+    import os
+
     from ggmlrun import visual
 
+    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy,
+                         overrides)
+    if model:
+        return _run_model(*model, tokens, as_json, out_file)
+    phases = visual.Phases(stderr, show_progress)
     request = engine.RunRequest(graph_path=graph, backends_path=backends_file,
                                 input_specs=input_specs, repeat=repeat, check=check,
                                 policy=policy, planner=planner, trace_path=trace_file,
-                                out_path=out_file, profile=show_profile, ggml=ggml)
-    outcome = engine.run_pipeline(request, planning=lambda: visual.busy(stderr, "planning"),
+                                out_path=out_file, profile=show_profile, profile_by=profile_by,
+                                profile_sort=profile_sort, profile_top=profile_top, ggml=ggml,
+                                overrides=overrides, warmup=warmup)
+    outcome = engine.run_pipeline(request, phases=phases,
                                   progress=lambda: visual.run_progress(stderr, repeat))
+    sched, result, errors, prof = outcome.schedule, outcome.result, outcome.errors, outcome.profile
     if trace_file:
         click.echo(f"wrote {trace_file}", err=True)
-    sched, result, errors, prof = outcome.schedule, outcome.result, outcome.errors, outcome.profile
+    payload = {} if as_json else None
+    fit, summary = _fit_and_summary(sched, outcome.memory, phases, payload)
+    cpu_threads = sched.backends[-1].threads
+    threads = str(cpu_threads) if cpu_threads else f"default ({os.cpu_count()} cores)"
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     if as_json:
-        payload = report.run_dict(sched, outcome.memory, result, outcome.summaries)
+        payload.update(report.run_dict(sched, outcome.memory, result, outcome.summaries))
+        payload["timings"].update({"warmup": warmup, "threads": cpu_threads,
+                                   "load_average": list(load) if load else None})
+        payload["phases"] = phases.as_dict()
         if errors is not None:
             payload["check"] = {"max_rel_err": errors, "passed": outcome.check_failure is None}
         if prof is not None:
             payload["profile"] = prof.as_dict()
         emit_json(payload)
     else:
-        report.print_tables(stdout, report.split_table(sched), report.timing_table(result),
+        report.print_tables(stdout, report.summary_table(summary, fit), report.split_table(sched))
+        stdout.print(report.timing_header(result, warmup, threads, load), markup=False,
+                     highlight=False)
+        report.print_tables(stdout, report.timing_table(result),
                             report.outputs_table(outcome.summaries, errors))
         if prof is not None:
-            report.print_tables(stdout, *visual.profile_tables(prof))
+            report.print_tables(stdout, *visual.profile_tables(prof, profile_by))
+        phases.report()
     if outcome.check_failure:
         raise CheckError(outcome.check_failure)
 
@@ -342,7 +524,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     from ggmlrun.core.run.results import write_atomic, write_text
 
     model = _model_input(graph, backends_file, model_kw, ggml, policy)
-    sched = _model_schedule(*model) if model else engine.prepare(graph, backends_file, policy, ggml)[1]
+    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml=ggml)[1]
     text = to_dot(sched)
     if out_file is None:
         click.echo(text, nl=False)
@@ -432,7 +614,7 @@ def _write_text(text: str, out: Path | None) -> None:
         click.echo(text, nl=False)
     else:
         write_text(out, text)
-        stderr.print(f"wrote {out}")
+        stderr.print(report.plain(f"wrote {out}"), markup=False, highlight=False)
 
 
 @gen.command("llama")
@@ -580,13 +762,15 @@ class _CtxType(click.ParamType):
                    "one SIZE for devices, or DEVICES,CPU (e.g. 512MiB,2GiB).")
 @GGML
 @model_options(skip=("ctx_size", "ngl"))
+@placement_options
 @DEBUG
-def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, **model_kw):
+def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, overrides,
+        show_progress, **model_kw):
     """The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."""
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.models.fit import fit_model
 
-    model = _model_input(model_path, backends_file, model_kw, ggml)
+    model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides)
     if model is None:
         raise InputError("fit takes a model: a GGUF file or a model card", file=str(model_path))
     margin_device, margin_cpu = _parse_margins(margin)
@@ -598,7 +782,7 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, **mo
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx)
     if as_json:
-        emit_json(report.fit_dict(model_file, result))
+        emit_json(report.model_fit_dict(model_file, result))
     else:
         report.print_tables(stdout, report.fit_table(model_file, result))
         click.echo(report.fit_line(result))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table as RichTable
@@ -62,22 +64,124 @@ def run_dict(sched: Schedule, memory: list[BackendMemory], result: RunResult,
     data = plan_dict(sched)
     data.update(measure_dict(memory))
     data["outputs"] = summaries
-    data["timings"] = {
-        "repeat": result.repeat,
-        "backends": [{"name": t.name, "copy_s": t.copy_s, "compute_s": t.compute_s,
-                      "copy_bytes": t.copy_bytes, "copy_count": t.copy_count,
-                      "copy_modeled_s": t.copy_modeled_s, "compute_count": t.compute_count,
-                      "compute_modeled_s": t.compute_modeled_s} for t in result.timings],
-    }
+    data["timings"] = timings_dict(result)
     data["copied"] = {"count": result.copied_count, "bytes": result.copied_bytes}
     return data
 
 
-class Table(RichTable):
-    """A rich table whose cells are plain text: names like `[cpu 1.inp]` are never markup."""
+CONTROL = dict.fromkeys(c for c in range(0x20)) | {0x7f: None} | dict.fromkeys(range(0x80, 0xa0))
 
-    def add_row(self, *cells, **kwargs):
-        super().add_row(*(escape(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+def plain(text: str) -> str:
+    """Text without control characters: an escape code in a name never reaches the terminal."""
+    return str(text).translate(CONTROL)
+
+
+def clean(text: str) -> str:
+    """Text safe for a terminal and for rich: control characters (escape codes) removed, markup
+    escaped, so names like `[/]` or `\x1b[2J` print as what they are and never act."""
+    return escape(plain(text))
+
+
+@dataclass
+class Column:
+    header: str
+    justify: str = "left"
+    number: bool = False     # never wrapped nor cut
+    drop: int = 0            # > 0: may be dropped on a narrow terminal, the highest first
+
+
+class Bytes(int):
+    """A byte count cell: exact (1,064,960) when the table fits, else in MiB/GiB (coarsened)."""
+
+
+def timings_dict(result: RunResult) -> dict:
+    """SPEC's keys hold totals over all runs; `per_run` holds the same per run (means), beside
+    the cost model's per-run figures and the wall time of each run."""
+    import statistics
+
+    runs = max(result.repeat, 1)
+    backends = []
+    for t in result.timings:
+        backends.append({
+            "name": t.name, "copy_s": t.copy_s, "compute_s": t.compute_s,
+            "copy_bytes": t.copy_bytes * runs, "copy_count": t.copy_count * runs,
+            "compute_count": t.compute_count * runs,
+            "per_run": {"copy_s": t.copy_s / runs, "compute_s": t.compute_s / runs,
+                        "copy_bytes": t.copy_bytes, "copy_count": t.copy_count,
+                        "compute_count": t.compute_count, "copy_modeled_s": t.copy_modeled_s,
+                        "compute_modeled_s": t.compute_modeled_s},
+            "copy_modeled_s": t.copy_modeled_s, "compute_modeled_s": t.compute_modeled_s})
+    wall = result.run_seconds
+    return {"repeat": result.repeat, "backends": backends,
+            "per_run": {"mean_s": statistics.fmean(wall) if wall else None,
+                        "median_s": statistics.median(wall) if wall else None,
+                        "modeled_s": modeled_run_s(result), "runs_s": wall}}
+
+
+class Table:
+    """A table that never cuts a number or a name, at any terminal width.
+
+    It is laid out when printed, for the console's width: numbers never wrap; when the table is
+    too wide, byte counts first go from exact to MiB/GiB, then optional columns go (the highest
+    `drop` first), and names fold onto more lines rather than losing characters. Every string
+    is cleaned (control characters, markup) before it reaches rich.
+    """
+
+    def __init__(self, title: str = ""):
+        self.title = title
+        self.columns: list[Column] = []
+        self.rows: list[list] = []
+
+    def add_column(self, header: str, justify: str = "left", number: bool = False, drop: int = 0):
+        self.columns.append(Column(header, justify, number, drop))
+
+    def add_row(self, *cells) -> None:
+        self.rows.append(list(cells))
+
+    @property
+    def row_count(self) -> int:
+        return len(self.rows)
+
+    def __rich_console__(self, console, options):
+        yield self.layout(options.max_width)
+
+    def layout(self, width: int) -> RichTable:
+        keep = list(range(len(self.columns)))
+        exact = True
+        if self._width(keep, exact) > width:
+            exact = False
+        for i in sorted((i for i in keep if self.columns[i].drop),
+                        key=lambda i: -self.columns[i].drop):
+            if self._width(keep, exact) <= width:
+                break
+            keep.remove(i)
+        title = clean(self.title)
+        table = RichTable(title=title or None, min_width=min(len(self.title), width))
+        for i in keep:
+            col = self.columns[i]
+            table.add_column(clean(col.header), justify=col.justify, no_wrap=col.number,
+                             overflow="fold")
+        for row in self.rows:
+            table.add_row(*(self._cell(row[i], exact) for i in keep))
+        return table
+
+    @staticmethod
+    def _plain(value, exact: bool) -> str:
+        if isinstance(value, Bytes):
+            return f"{value:,}" if exact else human_bytes(value)
+        return plain(value)
+
+    def _cell(self, value, exact: bool) -> str:
+        return escape(self._plain(value, exact))
+
+    def _width(self, keep: list[int], exact: bool) -> int:
+        """Width with nothing wrapped: each column's widest cell, padding 2 and a rule 1."""
+        total = 1
+        for i in keep:
+            cells = [len(self._plain(row[i], exact)) for row in self.rows]
+            total += max([len(self.columns[i].header)] + cells) + 3
+        return total
 
 
 # --- tables ------------------------------------------------------------------------------------
@@ -95,8 +199,10 @@ def _seconds(s: float | None) -> str:
 def split_table(sched: Schedule) -> Table:
     table = Table(title=f"splits of {sched.graph.name}: {len(sched.splits)} splits, "
                         f"{sched.copy_count} copies, {human_bytes(sched.copy_bytes)} per compute")
-    for col in ("#", "backend", "nodes", "inputs copied in"):
-        table.add_column(col)
+    table.add_column("#", "right", number=True)
+    table.add_column("backend")
+    table.add_column("nodes")
+    table.add_column("inputs copied in")
     for i, split in enumerate(sched.splits):
         names = [n.name for n in split.nodes]
         span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
@@ -107,9 +213,14 @@ def split_table(sched: Schedule) -> Table:
 
 
 def assignment_table(sched: Schedule) -> Table:
-    table = Table(title="node assignments (cause: why the node landed there)")
-    for col in ("split", "node", "op", "bytes", "backend", "cause", "sources"):
-        table.add_column(col)
+    table = Table(title="node assignments (cause: why each node landed there)")
+    table.add_column("split", "right", number=True)
+    table.add_column("node")
+    table.add_column("op", drop=2)
+    table.add_column("bytes", "right", number=True, drop=3)
+    table.add_column("backend")
+    table.add_column("cause")
+    table.add_column("sources", drop=4)
     reasons = sched.reasons
     split_of = {n: i for i, s in enumerate(sched.splits) for n in s.nodes}
     for node in sched.graph.nodes:
@@ -118,7 +229,7 @@ def assignment_table(sched: Schedule) -> Table:
         cause = sched.cause.get(node, "")
         if node in reasons:
             cause += f": {reasons[node]}"
-        table.add_row(str(split_of.get(node, "")), node.name, node.op, human_bytes(node.nbytes),
+        table.add_row(str(split_of.get(node, "")), node.name, node.op, Bytes(node.nbytes),
                       sched.backend_name(node), cause, srcs)
     return table
 
@@ -150,16 +261,105 @@ def ggml_dump(sched: Schedule) -> str:
     return "\n".join(lines).lstrip("\n")
 
 
-def measure_table(memory: list[BackendMemory], title: str) -> Table:
+def measure_table(memory: list[BackendMemory], title: str, fit=None) -> Table:
     table = Table(title=title)
-    for col in ("backend", "kind", "arena (ggml)", "arena (best)", "lower bound", "no reuse",
-                "weights", "memory"):
-        table.add_column(col, justify="right" if col not in ("backend", "kind") else "left")
-    for m in memory:
-        best = f"{m.arena_bytes:,}" if m.planner == "best" else "-"
-        table.add_row(m.name, m.kind, f"{m.ggml_arena_bytes:,}", best, f"{m.lower_bound_bytes:,}",
-                      f"{m.no_reuse_bytes:,}", f"{m.weights_bytes:,}", human_bytes(m.memory))
+    table.add_column("backend")
+    table.add_column("kind", drop=5)
+    for col, drop in (("arena (ggml)", 2), ("arena (best)", 0), ("lower bound", 3),
+                      ("no reuse", 4), ("weights", 0), ("memory", 0)):
+        table.add_column(col, "right", number=True, drop=drop)
+    if fit is not None:
+        table.add_column("fits")
+    for i, m in enumerate(memory):
+        best = Bytes(m.arena_bytes) if m.planner == "best" else "-"
+        row = [m.name, m.kind, Bytes(m.ggml_arena_bytes), best, Bytes(m.lower_bound_bytes),
+               Bytes(m.no_reuse_bytes), Bytes(m.weights_bytes), Bytes(m.memory)]
+        if fit is not None:
+            row.append("yes" if fit.backends[i].fits else "NO")
+        table.add_row(*row)
     return table
+
+
+def host_line(fit) -> str:
+    """The whole-machine check, under the per-backend table."""
+    verdict = "fits" if fit.host_fits else "does NOT fit"
+    return (f"host RAM: {fit.host_bytes:,} bytes ({human_bytes(fit.host_bytes)}) for every "
+            f"backend together (simulated devices live in host RAM) of "
+            f"{fit.host_memory_bytes:,} ({human_bytes(fit.host_memory_bytes)}): {verdict}")
+
+
+def layer_fit_line(f, op_offload: bool) -> str:
+    """The --fit answer, as a user would ask it: how many layers go on the device."""
+    line = (f"{f.layers} of {f.total} layers fit on {f.device} "
+            f"(op offload {'on' if op_offload else 'off'})")
+    if not f.base_fits:
+        line += f": {f.device} is over its memory even with no layer on it"
+    return line
+
+
+def layer_fit_dict(f, op_offload: bool) -> dict:
+    return {"device": f.device, "layers": f.layers, "total": f.total, "base_fits": f.base_fits,
+            "op_offload": op_offload}
+
+
+def fits_dict(fit) -> dict:
+    """`fits` per backend and for the whole machine, for --json."""
+    return {**fit.as_dict(),
+            "memory": [{"name": b.name, "weights_bytes": b.weights_bytes,
+                        "arena_bytes": b.arena_bytes, "need_bytes": b.need_bytes,
+                        "memory_bytes": b.memory_bytes, "fits": b.fits} for b in fit.backends]}
+
+
+MiB = 1024 * 1024
+
+
+def summary_table(summary, fit=None) -> Table:
+    """llama.cpp's start-up figures: model and compute buffers, graph nodes and splits; with
+    `fit`, whether each backend's weights + arena fit its memory."""
+    from ggmlrun.core.observe.summary import layer_ranges
+
+    table = Table(title=f"summary (MiB): graph nodes = {summary.n_nodes}, graph splits = "
+                        f"{summary.n_splits}")
+    table.add_column("backend")
+    for col, drop in (("model", 0), ("compute", 0), ("copy in", 1), ("copy out", 1),
+                      ("nodes", 0)):
+        table.add_column(col, "right", number=True, drop=drop)
+    table.add_column("causes")
+    layered = any(b.layers for b in summary.backends)
+    if layered:
+        table.add_column("layers")
+    if fit is not None:
+        table.add_column("fits")
+    for i, b in enumerate(summary.backends):
+        causes = ", ".join(f"{cause or '-'} {n}" for cause, n in b.causes.most_common())
+        row = [b.name, f"{b.weights_bytes / MiB:.2f}", f"{b.arena_bytes / MiB:.2f}",
+               f"{b.copy_in_bytes / MiB:.2f}", f"{b.copy_out_bytes / MiB:.2f}", str(b.nodes),
+               causes or "-"]
+        row += [layer_ranges(b.layers) or "-"] if layered else []
+        row += [("yes" if fit.backends[i].fits else "NO")] if fit is not None else []
+        table.add_row(*row)
+    return table
+
+
+def summary_dict(summary) -> dict:
+    return {"n_nodes": summary.n_nodes, "n_splits": summary.n_splits,
+            "offloaded_weights": {"count": summary.offloaded_weights,
+                                  "bytes": summary.offloaded_bytes},
+            "backends": [{"name": b.name, "model_bytes": b.weights_bytes,
+                          "compute_bytes": b.arena_bytes, "copy_in_bytes": b.copy_in_bytes,
+                          "copy_out_bytes": b.copy_out_bytes, "nodes": b.nodes,
+                          "causes": dict(b.causes), "layers": b.layers}
+                         for b in summary.backends]}
+
+
+def offload_note(summary) -> str | None:
+    """One line whenever op offload copies CPU weights to a device, with the way to turn it off."""
+    if not summary.offloaded_weights:
+        return None
+    return (f"note: op offload copies {summary.offloaded_weights} CPU weights "
+            f"({human_bytes(summary.offloaded_bytes)}) to a device per compute, since the batch "
+            f"reaches the device's offload_min_batch; turn it off with --no-op-offload or raise "
+            f"--offload-min-batch")
 
 
 def policy_table(sched: Schedule) -> Table:
@@ -167,31 +367,58 @@ def policy_table(sched: Schedule) -> Table:
     outcome = sched.policy
     table = Table(title=f"modeled time per compute: ggml policy vs cost policy (kept: {outcome.kept})"
                         + (f"; {outcome.note}" if outcome.note else ""))
-    for col in ("policy", "compute", "copies", "total"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    table.add_column("policy")
+    for col in ("compute", "copies", "total"):
+        table.add_column(col, "right", number=True)
     for name, (compute, copy) in (("ggml", outcome.ggml_time), ("cost", outcome.cost_time)):
         table.add_row(name, _seconds(compute), _seconds(copy), _seconds(compute + copy))
     return table
 
 
 def timing_table(result: RunResult) -> Table:
-    table = Table(title=f"copies and computes ({result.repeat} run{'s' if result.repeat > 1 else ''};"
-                        f" measured totals, modeled per run)")
-    for col in ("backend", "copies", "copy bytes", "copy measured", "copy modeled",
-                "nodes", "compute measured", "compute modeled"):
-        table.add_column(col, justify="left" if col == "backend" else "right")
+    """Per run: measured means beside the cost model's figure (totals over all runs: --json)."""
+    runs = max(result.repeat, 1)
+    table = Table(title=f"copies and computes per run (mean of {runs} run{'s' if runs > 1 else ''})")
+    table.add_column("backend")
+    for col, drop in (("copies", 2), ("copy bytes", 0), ("copy measured", 0), ("copy modeled", 1),
+                      ("nodes", 3), ("compute measured", 0), ("compute modeled", 1)):
+        table.add_column(col, "right", number=True, drop=drop)
     for t in result.timings:
-        table.add_row(t.name, str(t.copy_count), f"{t.copy_bytes:,}", _seconds(t.copy_s),
-                      _seconds(t.copy_modeled_s), str(t.compute_count), _seconds(t.compute_s),
-                      _seconds(t.compute_modeled_s))
+        table.add_row(t.name, str(t.copy_count), Bytes(t.copy_bytes), _seconds(t.copy_s / runs),
+                      _seconds(t.copy_modeled_s), str(t.compute_count),
+                      _seconds(t.compute_s / runs), _seconds(t.compute_modeled_s))
     return table
+
+
+def modeled_run_s(result: RunResult) -> float:
+    return sum((t.copy_modeled_s or 0.0) + (t.compute_modeled_s or 0.0) for t in result.timings)
+
+
+def timing_header(result: RunResult, warmup: int, threads: str, load: tuple | None) -> str:
+    """How the figures were taken: runs, warm-up, per-run wall time, BLAS threads, load."""
+    import statistics
+
+    runs = result.run_seconds
+    line = f"{result.repeat} timed run{'s' if result.repeat > 1 else ''}"
+    line += f" after {warmup} warm-up" if warmup else " (no warm-up: --warmup N)"
+    if runs:
+        line += (f"; per run: mean {_seconds(statistics.fmean(runs))}, median "
+                 f"{_seconds(statistics.median(runs))}, modeled {_seconds(modeled_run_s(result))}")
+    line += f"; BLAS threads {threads}"
+    if load is not None:
+        line += f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    return line
 
 
 def outputs_table(summaries: dict[str, dict], check: dict[str, float] | None) -> Table:
     table = Table(title="outputs")
-    cols = ["output", "shape", "dtype", "sum", "l2"] + (["max rel err vs reference"] if check else [])
-    for col in cols:
-        table.add_column(col)
+    table.add_column("output")
+    table.add_column("shape", number=True)
+    table.add_column("dtype", drop=1)
+    table.add_column("sum", "right", number=True)
+    table.add_column("l2", "right", number=True)
+    if check:
+        table.add_column("max rel err vs reference", "right", number=True)
     for name, s in summaries.items():
         row = [name, str(s["shape"]), s["dtype"], f"{s['sum']:.6g}", f"{s['l2']:.6g}"]
         if check:
@@ -203,12 +430,12 @@ def outputs_table(summaries: dict[str, dict], check: dict[str, float] | None) ->
 def ops_table(backends) -> Table:
     table = Table(title="ops")
     table.add_column("op")
-    table.add_column("srcs")
-    table.add_column("params")
-    table.add_column("in-place")
+    table.add_column("srcs", number=True)
+    table.add_column("params", drop=2)
+    table.add_column("in-place", drop=3)
     for b in backends:
         table.add_column(b.name)
-    table.add_column("summary")
+    table.add_column("summary", drop=1)
     for name, spec in sorted(OPS.items()):
         lo, hi = spec.n_src
         params = ", ".join(spec.params) or "-"
@@ -232,10 +459,12 @@ def print_tables(console: Console, *tables) -> None:
 
 def pack_table(name: str, n_buffers: int, result, capacity: int | None) -> Table:
     table = Table(title=f"pack {name}: {n_buffers} buffers")
-    for col in ("peak", "lower bound", "greedy peak", "capacity", "method", "seconds"):
-        table.add_column(col, justify="left" if col == "method" else "right")
-    table.add_row(f"{result.peak:,}", f"{result.lower_bound:,}", f"{result.greedy_peak:,}",
-                  "-" if capacity is None else f"{capacity:,}",
+    for col in ("peak", "lower bound", "greedy peak", "capacity"):
+        table.add_column(col, "right", number=True, drop=2 if col == "greedy peak" else 0)
+    table.add_column("method")
+    table.add_column("seconds", "right", number=True, drop=1)
+    table.add_row(Bytes(result.peak), Bytes(result.lower_bound), Bytes(result.greedy_peak),
+                  "-" if capacity is None else Bytes(capacity),
                   result.method + (" (optimal)" if result.optimal else ""),
                   f"{result.seconds:.2f}")
     return table
@@ -278,7 +507,7 @@ def model_measure_table(model, figures) -> Table:
                         f"{figures.n_splits}")
     for col in ("backend", "kind", "model (weights)", "KV cache", "compute", "total", "memory"):
         table.add_column(col, justify="left" if col in ("backend", "kind") else "right",
-                         no_wrap=True)
+                         number=col not in ("backend", "kind"))
     for b in figures.backends:
         total = b.weights_bytes + b.kv_bytes + b.arena_bytes
         table.add_row(b.name, b.kind, f"{b.weights_bytes:,}", f"{b.kv_bytes:,}",
@@ -295,7 +524,7 @@ def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
                                      for t in result.timings]}}
 
 
-def fit_dict(model, result) -> dict:
+def model_fit_dict(model, result) -> dict:
     return {"model": model.name, "ngl": result.ngl, "ctx": result.ctx,
             "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
             "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
@@ -315,7 +544,7 @@ def fit_table(model, result) -> Table:
                         f"({len(result.probes)} reserves, {_seconds(result.seconds)})")
     for col in ("backend", "model", "KV", "compute", "total", "memory", "margin", "free", "fits"):
         table.add_column(col, justify="left" if col in ("backend", "fits") else "right",
-                         no_wrap=True)
+                         number=col not in ("backend", "fits"))
     for b in result.backends:
         table.add_row(b.name, _mib(b.weights_bytes), _mib(b.kv_bytes), _mib(b.arena_bytes),
                       _mib(b.total_bytes), _mib(b.memory_bytes), _mib(b.margin_bytes),

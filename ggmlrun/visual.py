@@ -18,7 +18,7 @@ from ggmlrun.core.observe.dot import backend_colour
 from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.core.observe.occupancy import ArenaPicture
 from ggmlrun.core.observe.profile import Profile
-from ggmlrun.report import Table, _seconds
+from ggmlrun.report import Bytes, Table, _seconds, plain
 
 
 # --- numbers -----------------------------------------------------------------------------------
@@ -36,22 +36,30 @@ def rate(value: float | None, unit: str) -> str:
 
 
 # --- run --profile -----------------------------------------------------------------------------
-def profile_tables(prof: Profile) -> list[Table]:
+def profile_tables(prof: Profile, by: str = "op") -> list[Table]:
     runs = f"{prof.repeat} run{'s' if prof.repeat > 1 else ''}"
-    ops = Table(title=f"profile: compute by op ({runs}, {seconds(prof.compute_s)} measured)")
-    for col in ("op", "backend", "nodes", "calls", "total", "mean", "% compute", "FLOP/s"):
-        ops.add_column(col, justify="left" if col in ("op", "backend") else "right")
+    ops = Table(title=f"profile: compute by {by} ({runs}, {seconds(prof.compute_s)} measured)")
+    ops.add_column({"op": "op", "node": "node", "shape": "op and shape"}[by])
+    if by == "node":
+        ops.add_column("op", drop=2)
+    ops.add_column("backend")
+    for col, drop in (("nodes", 3), ("calls", 4), ("total", 0), ("mean", 0), ("% compute", 0),
+                      ("FLOP/s", 1)):
+        ops.add_column(col, "right", number=True, drop=drop)
     for r in prof.ops:
-        ops.add_row(r.op, r.backend, str(r.nodes), str(r.calls), seconds(r.total_s),
-                    seconds(r.mean_s), f"{100 * r.share:.1f}%", rate(r.flops_per_s, "FLOP/s"))
+        ops.add_row(r.name or r.op, *([r.op] if by == "node" else []), r.backend, str(r.nodes),
+                    str(r.calls), seconds(r.total_s), seconds(r.mean_s), f"{100 * r.share:.1f}%",
+                    rate(r.flops_per_s, "FLOP/s"))
     tables = [ops]
     if prof.copies:
         copies = Table(title=f"profile: copies by route ({runs}, {seconds(prof.copy_s)} measured)")
-        for col in ("from", "to", "copies", "bytes", "total", "mean", "bandwidth"):
-            copies.add_column(col, justify="left" if col in ("from", "to") else "right")
+        copies.add_column("from")
+        copies.add_column("to")
+        for col in ("copies", "bytes", "total", "mean", "bandwidth"):
+            copies.add_column(col, "right", number=True)
         for r in prof.copies:
             mean = r.total_s / r.count if r.total_s is not None and r.count else None
-            copies.add_row(r.src, r.dst, str(r.count), f"{r.bytes:,}", seconds(r.total_s),
+            copies.add_row(r.src, r.dst, str(r.count), Bytes(r.bytes), seconds(r.total_s),
                            seconds(mean), rate(r.bytes_per_s, "B/s"))
         tables.append(copies)
     return tables
@@ -80,12 +88,12 @@ def arena_picture(pic: ArenaPicture) -> Group:
     colour = backend_colour(pic.buffer)
     share = pic.lower_bound / pic.arena_bytes if pic.arena_bytes else 1.0
     title = Text.assemble(
-        (f"{pic.name}", f"bold {colour}"),
+        (plain(pic.name), f"bold {colour}"),
         f" arena {human_bytes(pic.arena_bytes)} ({pic.arena_bytes:,} B)  ·  lower bound "
         f"{human_bytes(pic.lower_bound)} ({100 * share:.0f}% of the arena)  ·  "
         f"{pic.n_steps} steps")
     if pic.peak_step >= 0:
-        title.append(f"  ·  most live at step {pic.peak_step} ({pic.peak_tensor})")
+        title.append(f"  ·  most live at step {pic.peak_step} ({plain(pic.peak_tensor)})")
     labels = {pic.rows - 1: human_bytes(pic.arena_bytes), 0: "0"}
     if pic.lower_bound_row >= 0:
         labels[pic.lower_bound_row] = human_bytes(pic.lower_bound)
@@ -158,3 +166,43 @@ def busy(console: Console, message: str) -> Iterator[None]:
         return
     with console.status(message):
         yield
+
+
+# --- phases ------------------------------------------------------------------------------------
+class Phases:
+    """Wall time per phase (load, schedule, plan, data, compute): a spinner naming the phase
+    while it runs and a line of times at the end, on stderr, when stderr is a terminal or
+    --progress asks; `seconds` always, for --json's `phases`."""
+
+    SHOW_AFTER_S = 1.0   # a line of times only for work a user waited for
+
+    def __init__(self, console: Console, forced: bool = False):
+        self.console = console
+        self.show = forced or is_terminal(sys.stderr)
+        self.forced = forced
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        import time
+
+        start = time.perf_counter()
+        status = self.console.status(f"ggmlrun: {name}") if self.show and is_terminal(sys.stderr) else None
+        try:
+            if status is None:
+                yield
+            else:
+                with status:
+                    yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def as_dict(self) -> dict:
+        return {f"{name}_s": s for name, s in self.seconds.items()}
+
+    def report(self) -> None:
+        total = sum(self.seconds.values())
+        if self.show and (self.forced or total >= self.SHOW_AFTER_S):
+            self.console.print(Text("phases: " + ", ".join(
+                f"{name} {seconds(s)}" for name, s in self.seconds.items())
+                + f" (total {seconds(total)})", style="dim"), highlight=False)

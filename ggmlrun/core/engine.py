@@ -44,11 +44,25 @@ def resolve_backends(graph: Graph, override: list[BackendSpec] | None) -> list[B
 
 
 def prepare(graph_path: Path, backends_path: Path | None = None, policy: str = "ggml",
-            ggml: GgmlVersion | str | None = None) -> tuple[Graph, Schedule]:
-    """Load a graph file (and a backends file, when given) and schedule it."""
-    graph = load_graph(graph_path)
-    override = load_backends(backends_path) if backends_path else None
-    return graph, schedule(graph, resolve_backends(graph, override), policy, ggml)
+            ggml: GgmlVersion | str | None = None, overrides=None,
+            phases=None) -> tuple[Graph, Schedule]:
+    """Load a graph file (and a backends file, when given), apply the command line's
+    `overrides` (frontend/overrides.py) and schedule it; `phases(name)` times each step."""
+    from ggmlrun.core.frontend.overrides import apply
+
+    phase = phases or _no_phase
+    with phase("load"):
+        graph = load_graph(graph_path)
+        override = load_backends(backends_path) if backends_path else None
+        backends = resolve_backends(graph, override)
+        if overrides is not None:
+            backends = apply(graph, backends, overrides)
+    with phase("schedule"):
+        return graph, schedule(graph, backends, policy, ggml)
+
+
+def _no_phase(name: str):
+    return contextlib.nullcontext()
 
 
 POLICIES = ("ggml", "cost")
@@ -98,22 +112,22 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
     return plan, memory
 
 
-def check_capacity(sched: Schedule, memory: list[BackendMemory]) -> None:
-    """Fail before allocating anything when weights plus arena exceed a backend's memory."""
-    for i, mem in enumerate(memory):
-        need = mem.weights_bytes + mem.arena_bytes
-        if need <= mem.memory:
-            continue
-        here = [t for t in sched.graph.leafs + sched.graph.nodes
-                if sched.backend_of.get(t) == i and not t.is_view]
-        largest = sorted(here, key=lambda t: t.nbytes, reverse=True)[:3]
-        names = ", ".join(f"{t.name} ({human_bytes(t.nbytes)})" for t in largest)
-        raise CapacityError(
-            f"backend {mem.name} needs {need} bytes ({human_bytes(need)}: weights "
-            f"{human_bytes(mem.weights_bytes)} + arena {human_bytes(mem.arena_bytes)}) but its "
-            f"memory is {mem.memory} bytes ({human_bytes(mem.memory)}); largest tensors: {names}; "
-            f"raise its `memory` or move weights to another backend",
-            file=str(sched.graph.path) if sched.graph.path else None)
+def check_capacity(sched: Schedule, memory: list[BackendMemory], host_memory: int | None = None):
+    """Fail before allocating anything when weights plus arena exceed a backend's memory, or
+    all backends together the machine's RAM (fits.py); returns the figures when it fits."""
+    from ggmlrun.core.memory.fits import check, failure_message
+
+    fit = check(memory, host_memory)
+    problem = failure_message(sched, fit)
+    if problem:
+        raise CapacityError(problem, file=str(sched.graph.path) if sched.graph.path else None)
+    return fit
+
+
+def measure_graph(graph: Graph, backends: list[BackendSpec], policy: str = "ggml",
+                  planner: str = "ggml") -> list[BackendMemory]:
+    """Schedule and measure in one step, for searches that try many placements."""
+    return plan_memory(schedule(graph, backends, policy), planner)[1]
 
 
 def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
@@ -125,12 +139,27 @@ def leaf_values(graph: Graph) -> dict[Tensor, np.ndarray]:
 
 def execute(sched: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndarray],
             inputs: dict[Tensor, np.ndarray] | None = None, repeat: int = 1,
-            progress=None, record_events: bool = False) -> RunResult:
+            progress=None, record_events: bool = False, warmup: int = 0) -> RunResult:
+    """`warmup` runs first, untimed; each timed run's wall time lands in `run_seconds`."""
+    import time
+
     executor = Executor(sched, plan, leaf_values)
     feed = {t: leaf_values[t] for t in sched.graph.inputs}
     feed.update(inputs or {})
+    ends = []
+
+    def tick(done: int) -> None:
+        ends.append(time.perf_counter())
+        if progress:
+            progress(done)
+
     with blas_threads(sched.backends[-1].threads):
-        return executor.run(feed, repeat=repeat, progress=progress, record_events=record_events)
+        if warmup:
+            executor.run(feed, repeat=warmup)
+        ends.append(time.perf_counter())
+        result = executor.run(feed, repeat=repeat, progress=tick, record_events=record_events)
+    result.run_seconds = [b - a for a, b in zip(ends, ends[1:])]
+    return result
 
 
 def blas_threads(threads: int | None):
@@ -158,7 +187,12 @@ class RunRequest:
     trace_path: Path | None = None
     out_path: Path | None = None
     profile: bool = False
+    profile_by: str = "op"                   # op | node | shape
+    profile_sort: str = "total"
+    profile_top: int | None = None
     ggml: str | None = None                  # whose rules: "0.15" | "0.25"
+    overrides: object | None = None          # frontend.overrides.Overrides
+    warmup: int = 0
 
 
 @dataclass
@@ -184,26 +218,30 @@ class RunOutcome:
                 f"{self.errors[worst]:.3e} (relative)")
 
 
-def run_pipeline(request: RunRequest, planning=contextlib.nullcontext,
+def run_pipeline(request: RunRequest, phases=None,
                  progress=lambda: contextlib.nullcontext()) -> RunOutcome:
     """Load, schedule, measure, check capacity, compute, then summarise and write outputs.
 
-    `planning()` wraps the steps before any memory is taken (a spinner); `progress()` wraps the
-    compute and yields a `progress(done)` callback or None (a bar): the caller owns the screen.
+    `phases(name)` wraps each step (load, schedule, plan, data, compute: the caller times or
+    shows them); the capacity check comes before any data is generated or allocated.
+    `progress()` wraps the compute and yields a `progress(done)` callback or None (a bar).
     """
     from ggmlrun.core.frontend.data import load_input_override
     from ggmlrun.core.run import results
 
-    with planning():
-        graph, sched = prepare(request.graph_path, request.backends_path, request.policy,
-                               request.ggml)
+    phase = phases or _no_phase
+    graph, sched = prepare(request.graph_path, request.backends_path, request.policy,
+                           request.ggml, request.overrides, phases)
+    with phase("load"):
         inputs = dict(load_input_override(graph, spec) for spec in request.input_specs)
+    with phase("plan"):
         plan, memory = plan_memory(sched, request.planner)
     check_capacity(sched, memory)
-    values = leaf_values(graph)
-    with progress() as report_progress:
+    with phase("data"):
+        values = leaf_values(graph)
+    with phase("compute"), progress() as report_progress:
         result = execute(sched, plan, values, inputs=inputs, repeat=request.repeat,
-                         progress=report_progress,
+                         progress=report_progress, warmup=request.warmup,
                          record_events=bool(request.trace_path or request.profile))
     outcome = RunOutcome(graph=graph, schedule=sched, plan=plan, memory=memory, result=result,
                          summaries={name: results.summarize(arr)
@@ -211,7 +249,8 @@ def run_pipeline(request: RunRequest, planning=contextlib.nullcontext,
     if request.profile:
         from ggmlrun.core.observe.profile import profile
 
-        outcome.profile = profile(sched, result)
+        outcome.profile = profile(sched, result, request.profile_by, request.profile_sort,
+                                  request.profile_top)
     if request.trace_path:
         from ggmlrun.core.observe.trace import build_trace
 

@@ -136,7 +136,7 @@ def _parse_op_list(doc, ops, where, culprit, key) -> list[str]:
                         f"{describe_value(ops)}", where, culprit)
     for j, op in enumerate(ops):
         if not isinstance(op, str) or op not in OPS:
-            raise doc.error(f"{key}: unknown op {shown(op)}; {did_you_mean(str(op), OPS)}",
+            raise doc.error(f"{key}: unknown op {shown(op)}; {did_you_mean(str(op), OPS, ask=True)}",
                             where + (j,), culprit)
     return ops
 

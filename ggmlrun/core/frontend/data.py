@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.util.errors import InputError, did_you_mean, missing_file_hint
 from ggmlrun.core.util.fmt import shape_text
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.types import numpy_dtype
@@ -133,7 +133,7 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     except InputError:
         raise
     except FileNotFoundError:
-        raise InputError(f"{shown} not found") from None
+        raise InputError(f"{shown} not found{missing_file_hint(path)}") from None
     except OSError as err:
         raise InputError(f"cannot read {shown}: {err.strerror or err}") from None
     except (ValueError, SyntaxError) as err:   # a malformed header

@@ -343,9 +343,26 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
     try:
         return make_node(name, op, srcs, params, backend=backend, line=line)
     except InputError as err:
-        raise err.located(file=doc.file, line=line, culprit=culprit)
+        raise _ne_order_hint(err, name, op, srcs, params).located(file=doc.file, line=line,
+                                                                  culprit=culprit)
     except (TypeError, ValueError, ArithmeticError) as err:   # an op's rule met a bad value
         raise doc.error(f"{op}: bad params or sources: {err}", path, culprit) from err
+
+
+def _ne_order_hint(err: InputError, name, op, srcs, params) -> InputError:
+    """The classic mistake, a leaf's shape written in ggml's ne order: when reversing one leaf's
+    shape makes the node valid, say so."""
+    for i, src in enumerate(srcs):
+        if src.op is None and len(set(src.shape)) > 1:
+            flipped = Tensor(name=src.name, shape=src.shape[::-1], dtype=src.dtype, role=src.role)
+            try:
+                make_node(name, op, srcs[:i] + [flipped] + srcs[i + 1:], params)
+            except (InputError, TypeError, ValueError, ArithmeticError):
+                continue
+            err.message += (f"; shapes are NumPy order, the reverse of ggml's ne: did you mean "
+                            f"shape {_shape_text(flipped.shape)} for '{src.name}'?")
+            break
+    return err
 
 
 def _parse_outputs(doc, data, leafs, nodes) -> list[Tensor]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.util.errors import InputError, did_you_mean, missing_file_hint
 from ggmlrun.core.util.fmt import is_int, is_number  # noqa: F401  (the loaders import them from here)
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
@@ -87,7 +87,7 @@ def read_yaml(path) -> tuple[object, Doc]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError("no such file", file=file) from None
+        raise InputError("no such file" + missing_file_hint(path), file=file) from None
     except IsADirectoryError:
         raise InputError("is a directory, not a YAML file", file=file) from None
     except UnicodeDecodeError:
@@ -112,6 +112,8 @@ def read_yaml(path) -> tuple[object, Doc]:
             start = err.context_mark
             at = f" at line {start.line + 1}" if start and start is not mark else ""
             what = f"{' '.join(err.context.split())}{at}, {what}"
+        if mark and "\t" in "".join(text.splitlines()[mark.line:mark.line + 1]):
+            what += " (a tab on that line: YAML indents with spaces only)"
         raise InputError(f"YAML {'syntax ' if syntax else ''}error: {what}", file=file,
                          line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as err:

@@ -29,6 +29,7 @@ class OpRow:
     share: float                   # of all compute seconds, 0..1
     flops: int                     # all calls
     flops_per_s: float | None      # None for ops that count no FLOPs (copies, cont)
+    name: str = ""                 # the group: the op, the node's name, or the op and its shape
 
 
 @dataclass
@@ -53,11 +54,24 @@ class Profile:
         return asdict(self)
 
 
-def profile(sched: Schedule, result: RunResult) -> Profile:
+GROUPS = {"op": lambda node: node.op, "node": lambda node: node.name,
+          "shape": lambda node: f"{node.op} {list(node.shape)}"}
+SORTS = {"total": lambda r: (-r.total_s, r.name, r.backend),
+         "mean": lambda r: (-r.mean_s, r.name, r.backend),
+         "calls": lambda r: (-r.calls, r.name, r.backend),
+         "name": lambda r: (r.name, r.backend)}
+
+
+def profile(sched: Schedule, result: RunResult, by: str = "op", sort: str = "total",
+            top: int | None = None) -> Profile:
+    """Computes grouped `by` op, node or op and shape (per backend), ordered by `sort`, the
+    first `top` rows kept (the totals still count every row)."""
+    group = GROUPS[by]
     ops: dict[tuple[str, str], OpRow] = {}
     for t in result.node_timings:
-        row = ops.setdefault((t.node.op, t.backend),
-                             OpRow(t.node.op, t.backend, 0, 0, 0.0, 0.0, 0.0, 0, None))
+        key = group(t.node)
+        row = ops.setdefault((key, t.backend),
+                             OpRow(t.node.op, t.backend, 0, 0, 0.0, 0.0, 0.0, 0, None, key))
         row.nodes += 1
         row.calls += t.calls
         row.total_s += t.seconds
@@ -88,5 +102,5 @@ def profile(sched: Schedule, result: RunResult) -> Profile:
     copy_s = (sum(r.total_s for r in copies.values()) if all(r.total_s is not None
                                                             for r in copies.values()) else None)
     return Profile(repeat=result.repeat, compute_s=compute_s, copy_s=copy_s,
-                   ops=sorted(ops.values(), key=lambda r: (-r.total_s, r.op, r.backend)),
+                   ops=sorted(ops.values(), key=SORTS[sort])[:top],
                    copies=sorted(copies.values(), key=lambda r: (-(r.total_s or 0.0), r.src, r.dst)))

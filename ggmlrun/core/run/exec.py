@@ -65,6 +65,7 @@ class RunResult:
     node_timings: list[NodeTiming]
     repeat: int
     events: list[StepEvent] = field(default_factory=list)
+    run_seconds: list[float] = field(default_factory=list)   # wall time of each run
 
     @property
     def copied_count(self) -> int:

@@ -52,8 +52,10 @@ class CapacityError(RunError):
     """A backend's weights plus arena do not fit in its `memory`."""
 
 
-def did_you_mean(name: str, known) -> str:
-    """All the alternatives, the three closest first ('matmul' finds 'mul_mat'), for 'unknown X'."""
+def did_you_mean(name: str, known, ask: bool = False) -> str:
+    """All the alternatives, the three closest first ('matmul' finds 'mul_mat'), for 'unknown X';
+    `ask` adds the closest as a question: "known: mul_mat, ...; did you mean 'mul_mat'?" (after
+    the list, so that "unknown op 'x'; known: ..." reads as it always has)."""
     from difflib import SequenceMatcher
 
     def squash(text: str) -> str:
@@ -65,7 +67,22 @@ def did_you_mean(name: str, known) -> str:
 
     known = sorted(known)
     close = [k for k in sorted(known, key=likeness, reverse=True)[:3] if likeness(k) >= 0.5]
-    return "known: " + ", ".join(close + [k for k in known if k not in close])
+    question = f"; did you mean '{close[0]}'?" if ask and close else ""
+    return "known: " + ", ".join(close + [k for k in known if k not in close]) + question
+
+
+def missing_file_hint(path) -> str:
+    """'; the nearest name there is 'embed.npy'' for a file that is not there, or ''."""
+    import difflib
+    import os
+
+    folder, name = os.path.split(str(path))
+    try:
+        names = [n for n in os.listdir(folder or ".") if not n.startswith(".")][:10_000]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    return f"; the nearest name in {folder or '.'}/ is '{close[0]}'" if close else ""
 
 
 class CheckError(RunError):

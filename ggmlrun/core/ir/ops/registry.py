@@ -57,7 +57,7 @@ def get_op(name: str) -> OpSpec:
     try:
         return OPS[name]
     except KeyError:
-        raise InputError(f"unknown op '{name}'; {did_you_mean(str(name), OPS)}") from None
+        raise InputError(f"unknown op '{name}'; {did_you_mean(str(name), OPS, ask=True)}") from None
 
 
 def resolve_params(spec: OpSpec, given: dict | None) -> dict:
