@@ -100,8 +100,18 @@ def _all_fit(rows: list[FitBackend]) -> bool:
     return all(r.fits for r in rows)
 
 
-def _device_room(rows: list[FitBackend]) -> int:
-    return sum(r.free_bytes for r in rows if r.kind != "cpu")
+def _device_room(rows: list[FitBackend]) -> float:
+    """Bytes of layers the devices can still take (negative: must give back). Layers are
+    shared among devices, so a device holding share s of them runs out after free / s bytes;
+    the first to run out decides."""
+    devices = [r for r in rows if r.kind != "cpu"]
+    held = [r.weights_bytes + r.kv_bytes for r in devices]
+    total = sum(held)
+    if total == 0:
+        return min((r.free_bytes * len(devices) for r in devices), default=0)
+    room = [r.free_bytes / (h / total) for r, h in zip(devices, held) if h]
+    short = [r.free_bytes for r, h in zip(devices, held) if not h and r.free_bytes < 0]
+    return min(room + [f * len(devices) for f in short])
 
 
 def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
