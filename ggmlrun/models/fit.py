@@ -13,8 +13,8 @@ every -ngl. So the search guesses first and measures only to confirm:
   guess that misses narrows a bracket that bisection finishes, so the answer is exact whatever
   the guess was worth.
 
-With `--ctx auto` the context is searched the same way (KV and compute grow with it), after
--ngl: like llama.cpp's own `--fit`, layers come first down to a minimum context (4096), then
+With `--ctx auto` the context is searched the same way (KV and compute grow with it; a context
+whose KV growth alone is too much is ruled out unmeasured), after -ngl: like llama.cpp's own `--fit`, layers come first down to a minimum context (4096), then
 the context grows as far as it fits with those layers.
 """
 
