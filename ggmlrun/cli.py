@@ -110,9 +110,10 @@ MODEL_OPTIONS = {
                                   help="[models] Keep the KV cache on the CPU (-nkvo)."),
     "kv_type": click.option("--kv-type", type=click.Choice(["f16", "f32", "q8_0"]), default=None,
                             help="[models] KV cache type (-ctk/-ctv); default f16."),
-    "overrides": click.option("--override-tensor", "overrides", type=_OverrideType(),
-                              multiple=True, help="[models] Weights matching REGEX go to BACKEND "
-                              "(-ot), repeatable; the first match wins."),
+    "tensor_overrides": click.option("--override-tensor", "tensor_overrides",
+                                     type=_OverrideType(), multiple=True,
+                                     help="[models] Weights matching REGEX go to BACKEND (-ot), "
+                                          "repeatable; the first match wins."),
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
@@ -121,7 +122,7 @@ MODEL_OPTIONS = {
 }
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
-               "overrides": "--override-tensor", "tensor_split": "--tensor-split",
+               "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
                "no_op_offload": "--no-op-offload", "tokens": "--tokens"}
 
 
@@ -164,7 +165,7 @@ def _model_setup(model, backends, kw: dict):
     backends = backends or default_backends()
     names = [b.name for b in backends]
     devices = [b for b in backends if b.kind != "cpu"]
-    for pattern, backend in kw.get("overrides") or ():
+    for pattern, backend in kw.get("tensor_overrides") or ():
         if backend not in names:
             raise InputError(f"--override-tensor {pattern}={backend}: no backend '{backend}'; "
                              f"backends: {', '.join(names)}")
@@ -176,7 +177,7 @@ def _model_setup(model, backends, kw: dict):
                         flash_attn=kw.get("flash_attn") == "on", ngl=kw.get("ngl"),
                         no_kv_offload=bool(kw.get("no_kv_offload")),
                         kv_type=kw.get("kv_type") or "f16",
-                        overrides=tuple(kw.get("overrides") or ()), tensor_split=split,
+                        overrides=tuple(kw.get("tensor_overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
                         ggml=kw.get("ggml") or "0.25")
     return backends, opts
