@@ -640,6 +640,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, **mo
 
 
 def _parse_margins(text: str | None) -> tuple[int, int]:
+    """Device and CPU margins; unlike a memory size, a margin may be 0."""
+    from ggmlrun.core.frontend.backends_file import SIZE_RE, SIZE_UNITS
     from ggmlrun.core.frontend.loader import parse_size
     from ggmlrun.core.backends.spec import GiB
 
@@ -651,10 +653,14 @@ def _parse_margins(text: str | None) -> tuple[int, int]:
     sizes = []
     for part in parts:
         try:
-            sizes.append(0 if part.strip() in ("0", "0B") else parse_size(part.strip()))
+            match = SIZE_RE.match(part)
+            unit = match.group(2).lower() if match else ""
+            zero = match and float(match.group(1)) == 0 and (not unit or unit in SIZE_UNITS)
+            sizes.append(0 if zero else parse_size(part.strip()))
         except ValueError as err:
             raise InputError(f"--margin: {err}") from None
     return sizes[0], sizes[1] if len(sizes) > 1 else 0
+
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
