@@ -14,8 +14,9 @@ from ggmlrun.models.modelfile import is_gguf, read_gguf
 
 def write_tiny_llama(path: Path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=96,
                      n_vocab=300, n_ctx=512, dtype="f32", tied=False, seed=0,
-                     arch="llama") -> Path:
-    """A random llama GGUF written with gguf's own writer (weights f32, f16 or q8_0)."""
+                     arch="llama", rope_freqs=False) -> Path:
+    """A random llama GGUF written with gguf's own writer (weights f32, f16 or q8_0); with
+    `rope_freqs`, Llama 3's per-frequency rope divisors as well."""
     import gguf
     from gguf.quants import quantize
 
@@ -48,6 +49,9 @@ def write_tiny_llama(path: Path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(name, data)
+    if rope_freqs:
+        w.add_tensor("rope_freqs.weight",
+                     np.linspace(1.0, 8.0, hp.n_rot // 2).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -103,3 +107,33 @@ def test_truncated_file_is_an_input_error(tmp_path, tiny):
     bad.write_bytes(tiny.read_bytes()[:200])
     with pytest.raises(InputError, match="bad.gguf"):
         read_gguf(bad)
+
+
+def test_missing_or_misshapen_tensor_is_named(tmp_path):
+    from ggmlrun.models.modelfile import check_tensors
+
+    m = read_gguf(write_tiny_llama(tmp_path / "m.gguf"))
+    tensors = dict(m.tensors)
+    del tensors["blk.1.ffn_up.weight"]
+    with pytest.raises(InputError, match="lacks tensor 'blk.1.ffn_up.weight'"):
+        check_tensors(m.hparams, tensors, "m.gguf")
+    info = m.tensors["blk.0.attn_k.weight"]
+    tensors = dict(m.tensors, **{info.name: type(info)(info.name, (64, 64), "f32", 0)})
+    with pytest.raises(InputError, match=r"'blk.0.attn_k.weight' has shape \[64, 64\]"):
+        check_tensors(m.hparams, tensors, "m.gguf")
+
+
+def test_corrupt_headers_are_input_errors(tmp_path, tiny):
+    """Bytes flipped anywhere in the header or the file cut short: an input error, never a crash."""
+    raw = tiny.read_bytes()
+    rng = np.random.default_rng(1)
+    bad = tmp_path / "bad.gguf"
+    for _ in range(150):
+        data = bytearray(raw[:int(rng.integers(8, len(raw)))] if rng.random() < 0.3 else raw)
+        for _ in range(int(rng.integers(1, 4))):
+            data[int(rng.integers(4, 3000))] = int(rng.integers(0, 256))
+        bad.write_bytes(bytes(data))
+        try:
+            read_gguf(bad)
+        except InputError:
+            pass

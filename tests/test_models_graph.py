@@ -179,3 +179,14 @@ def _n(shape):
     for d in shape:
         n *= d
     return n
+
+
+def test_op_offload_and_its_switch(gqa):
+    """A device with ggml's op offload (batch >= 32) takes the CPU layers' matrix products."""
+    b = [BackendSpec(name="SIM0", kind="sim", memory=8 * GiB, alignment=32),
+         BackendSpec(name="CPU", kind="cpu", memory=8 * GiB, alignment=32)]
+    on = measure_model(gqa, b, ModelOptions(ctx=256, ubatch=32, ngl=0))
+    off = measure_model(gqa, b, ModelOptions(ctx=256, ubatch=32, ngl=0, op_offload=False))
+    assert on.n_splits > 1 and on.backends[0].arena_bytes > 0
+    assert off.n_splits == 1 and off.backends[0].arena_bytes == 0
+    assert on.backends[0].weights_bytes == off.backends[0].weights_bytes == 0

@@ -20,7 +20,16 @@ from ggmlrun.models.reserve import apply_placement, model_graph
 ROOT = Path(__file__).parents[1]
 DUMPS = sorted((ROOT / "tests" / "data" / "llamacpp" / "graphs").glob("*.json*"))
 GiB = 1 << 30
-GGML_OPS = {"SWIGLU": "glu"}
+GGML_OPS = {"SWIGLU": "glu", "CPY": "cast"}   # CPY: only ggml_cast in this graph
+
+
+def options(o: dict) -> ModelOptions:
+    """A recorded config's options (the oracle's figures.json and dumps share the form)."""
+    return ModelOptions(ctx=o["ctx"], ubatch=o["ubatch"], flash_attn=o["flash_attn"],
+                        ngl=None if o["ngl"] in ("all", None, -1) else o["ngl"],
+                        kv_type=o.get("kv_type", "f16"),
+                        no_kv_offload=o.get("no_kv_offload", False),
+                        overrides=tuple(tuple(x) for x in o.get("overrides", [])))
 
 
 def _load(path: Path) -> dict:
@@ -47,9 +56,7 @@ def test_graph_equals_llama_cpps(path):
     dump = _load(path)
     o = dump["options"]
     model = read_gguf(ROOT / "examples" / "models" / (dump["id"].split("/")[0] + ".gguf"))
-    opts = ModelOptions(ctx=o["ctx"], ubatch=o["ubatch"], flash_attn=o["flash_attn"],
-                        ngl=None if o["ngl"] in ("all", None, -1) else o["ngl"],
-                        kv_type=o.get("kv_type", "f16"))
+    opts = options(o)
     backends = [BackendSpec(name="RPC0", kind="sim", memory=64 * GiB, alignment=32,
                             offload_min_batch=1 << 40),
                 BackendSpec(name="CPU", kind="cpu", memory=64 * GiB, alignment=32)]
@@ -68,6 +75,8 @@ def test_graph_equals_llama_cpps(path):
         for ours, theirs in zip(mg.graph.nodes, g["nodes"]):
             mine = (ours.name, ours.op, _shape(ours.shape), ours.dtype, _sources(ours),
                     sched.backend_name(ours))
+            # ggml_cast lists its own result as its destination source; ggmlrun's cast has none
+            srcs = [s for s in theirs["src"] if theirs["op"] != "CPY" or s != theirs["name"]]
             want = (theirs["name"], GGML_OPS.get(theirs["op"], theirs["op"].lower()),
-                    _shape(theirs["shape"]), theirs["type"], theirs["src"], theirs["backend"])
+                    _shape(theirs["shape"]), theirs["type"], srcs, theirs["backend"])
             assert mine == want, f"{g['label']} node #{theirs['i']}"

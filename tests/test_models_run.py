@@ -16,6 +16,7 @@ from ggmlrun.models.modelfile import read_gguf
 from ggmlrun.models.options import ModelOptions
 from ggmlrun.models.run import run_model
 from tests.test_models_gguf import write_tiny_llama
+from tests.test_models_oracle import options
 
 GiB = 1 << 30
 TOKENS = [1, 15, 100, 7, 42, 3]
@@ -48,6 +49,7 @@ def numpy_llama(path: Path, tokens: list[int]) -> np.ndarray:
 
     def rope(x):                       # x [T, H, hd]; ggml's mode 0 rotates pairs (2i, 2i+1)
         theta = np.arange(T)[:, None] * base ** (-np.arange(0, hd, 2) / hd)[None, :]
+        theta = theta / W.get("rope_freqs.weight", 1.0)          # Llama 3's divisors
         c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
         x0, x1 = x[..., 0::2], x[..., 1::2]
         out = np.empty_like(x)
@@ -129,10 +131,46 @@ def test_logits_equal_llama_cpps():
     for c in recorded["configs"]:
         o = c["options"]
         model = models.setdefault(c["model"], read_gguf(MODELS / c["model"]))
-        opts = ModelOptions(ctx=o["ctx"], ubatch=o["ubatch"], flash_attn=o["flash_attn"],
-                            ngl=None if o["ngl"] in ("all", None, -1) else o["ngl"])
+        opts = options(o)
         logits, _ = run_model(model, rpc, opts, recorded["tokens"])
         quantized = model.tensors["blk.0.attn_q.weight"].dtype not in ("f32", "f16")
         tol = (4e-2 if o["flash_attn"] else 2e-2) if quantized else 2e-3
         want = np.asarray(c["logits"], dtype=np.float32)
         assert np.abs(logits[0] - want).max() <= tol * np.abs(want).max(), c["id"]
+
+
+@pytest.mark.parametrize("n_head", [4, 2])         # head size 32: no rotation; 64: Hadamard
+def test_quantized_kv_cache(tmp_path, n_head):
+    path = write_tiny_llama(tmp_path / "kv.gguf", n_layer=2, n_embd=128, n_head=n_head,
+                            n_head_kv=n_head // 2)
+    model = read_gguf(path)
+    logits, result = run_model(model, backends(True),
+                               ModelOptions(ctx=256, flash_attn=True, kv_type="q8_0", ngl=2),
+                               TOKENS)
+    want = numpy_llama(path, TOKENS)
+    assert np.abs(logits - want).max() <= 2e-2 * np.abs(want).max()
+    computed = [t.node for t in result.node_timings]
+    assert "cache_k_l0 (view)" in {n.name for n in computed}
+    rotated = any(s.name == "attn_inp_k_rot" for n in computed for s in n.src)
+    assert rotated == (n_head == 2)
+
+
+def test_rope_freqs_duplicated_per_backend(tmp_path):
+    """Llama 3's rope_freqs: each layer reads the copy in its own buffer, so no split copies
+    it, and a device holding layers holds a copy too (no op offload, which would move CPU
+    layers' ropes to the device and copy the CPU's rope_freqs there)."""
+    from ggmlrun.models.reserve import measure_model
+
+    path = write_tiny_llama(tmp_path / "l3.gguf", n_layer=3, rope_freqs=True)
+    model = read_gguf(path)
+    opts = ModelOptions(ctx=256, ubatch=32, ngl=2, op_offload=False)
+    logits, _ = run_model(model, backends(True), opts, TOKENS)
+    want = numpy_llama(path, TOKENS)
+    assert np.abs(logits - want).max() <= 2e-3 * np.abs(want).max()
+    m = measure_model(model, backends(True), opts)
+    copied = {t.name for s in m.schedule.splits for t in s.inputs}
+    assert "rope_freqs.weight" not in copied
+    plain = measure_model(read_gguf(write_tiny_llama(tmp_path / "l2.gguf", n_layer=3)),
+                          backends(True), opts)
+    extra = 8 * 4                                     # n_rot / 2 floats, aligned to 32
+    assert m.backends[0].weights_bytes == plain.backends[0].weights_bytes + extra

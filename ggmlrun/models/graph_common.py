@@ -253,6 +253,9 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
     k = b.permute(k, (0, 2, 1, 3))
     v = b.permute(v, (0, 2, 1, 3))
     if ctx.flash_attn:
+        # an f32 cache is cast to f16 first (ggml_cast: a CPY node named "x (copy)")
+        k, v = (b.op("cast", [t], t.shape, "f16", f"{t.name} (copy)", dtype="f16")
+                if t.dtype == "f32" else t for t in (k, v))
         dv = v.shape[-1]
         cur = b.op("flash_attn_ext", [q, k, v, mask], (1, T, n_head, dv), scale=kq_scale,
                    max_bias=0.0, logit_softcap=0.0, prec="f32")
@@ -274,10 +277,10 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
 
 def mul_mat_hadamard(ctx: LayerContext, cur: Tensor, rot: Tensor) -> Tensor:
     """llama_mul_mat_hadamard: rows of `n` rotated by the Walsh-Hadamard matrix (quantized KV
-    caches), then back to cur's shape as a 4-D reshape."""
+    caches), then back to cur's shape (ggml's reshape_4d to cur's ne: the same shape)."""
     b = ctx.b
     n = rot.shape[-1]
     flat = (cur.n_elements // n, n)
     res = b.reshape(cur, flat) if cur.is_contiguous else b.cont(cur, flat)
     res = ctx.mul_mat(rot, res)
-    return b.reshape(res, (1,) * (4 - len(cur.shape)) + tuple(cur.shape))
+    return b.reshape(res, cur.shape)

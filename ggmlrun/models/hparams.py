@@ -28,6 +28,9 @@ class LlamaHParams:
     n_embd_head_v: int = 0
 
     def __post_init__(self):
+        for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
+            if getattr(self, key) <= 0:
+                raise InputError(f"hyperparameter {key} must be positive, got {getattr(self, key)}")
         if self.n_head <= 0 or self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
             raise InputError(f"attention heads {self.n_head} must be a positive multiple of "
                              f"the KV heads {self.n_head_kv}")

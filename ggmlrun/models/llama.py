@@ -14,7 +14,7 @@ from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.models.graph_common import GraphBuilder, KVCache, LayerContext, build_attn_kv
 from ggmlrun.models.hparams import LlamaHParams
-from ggmlrun.models.modelfile import ModelFile
+from ggmlrun.models.modelfile import ModelFile, check_tensors
 
 ROPE_TYPE_NORM = 0
 
@@ -28,6 +28,7 @@ class ModelGraph:
     inputs: dict[str, Tensor]
     norm_pins: list[tuple[Tensor, int]]    # rms_norm nodes llama.cpp may pin, with their layer
     kqv_outs: list[Tensor]                 # pinned to the CPU when the KV cache stays there
+    rope_freqs: dict[int, Tensor]          # per layer: rope_freqs.weight or its duplicate
     n_tokens: int
     n_outputs: int
 
@@ -38,11 +39,7 @@ def build_llama(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv_s
     b = GraphBuilder()
     weights = {name: GraphBuilder.leaf(name, info.shape, info.dtype, role="weight")
                for name, info in model.tensors.items()}
-    missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in weights]
-    if missing:
-        from ggmlrun.core.util.errors import InputError
-        raise InputError(f"model lacks tensor '{missing[0]}'",
-                         file=str(model.path) if model.path else None)
+    check_tensors(hp, model.tensors, str(model.path) if model.path else None)
     tied = "output.weight" not in weights
     output_w = weights.get("output.weight")
     if tied:     # TENSOR_DUPLICATED: the same bytes, possibly in another buffer
@@ -71,7 +68,10 @@ def build_llama(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv_s
               "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
     inputs.update(rotation_inputs(b, hp, kv_type))
     kq_scale = 1.0 / math.sqrt(float(hd))
-    rope_factors = weights.get("rope_freqs.weight")
+    # Llama 3's rope_freqs: one tensor made at layer 0 and TENSOR_DUPLICATED into any other
+    # layer's buffer; a leaf per layer here, each placed where that layer's copy lives
+    freqs = weights.get("rope_freqs.weight")
+    rope_freqs = {}
     rope = dict(n_dims=hp.n_rot, mode=ROPE_TYPE_NORM, n_ctx_orig=hp.n_ctx_train,
                 freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale, ext_factor=0.0,
                 attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
@@ -89,7 +89,11 @@ def build_llama(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv_s
         q = b.cb(b.reshape(q, (T, hp.n_head, hd)), "Qcur", il)
         k = b.cb(b.reshape(k, (T, hp.n_head_kv, hd)), "Kcur", il)
         v = b.cb(b.reshape(v, (T, hp.n_head_kv, hp.n_embd_head_v)), "Vcur", il)
-        srcs = [inputs["pos"]] + ([rope_factors] if rope_factors is not None else [])
+        srcs = [inputs["pos"]]
+        if freqs is not None:
+            rope_freqs[il] = freqs if il == 0 else GraphBuilder.leaf(
+                freqs.name, freqs.shape, freqs.dtype, role="weight")
+            srcs.append(rope_freqs[il])
         q = b.cb(b.op("rope", [q] + srcs, q.shape, **rope), "Qcur", il)
         k = b.cb(b.op("rope", [k] + srcs, k.shape, **rope), "Kcur", il)
         b.cb(v, "Vcur", il)
@@ -114,7 +118,7 @@ def build_llama(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv_s
     graph.path = model.path
     return ModelGraph(graph=graph, weights=weights, output_weight=output_w, cache=cache,
                       inputs=inputs, norm_pins=[(t, il) for t, _, il in b.pins],
-                      kqv_outs=list(b.kqv_outs), n_tokens=n_tokens, n_outputs=n_outputs)
+                      kqv_outs=list(b.kqv_outs), rope_freqs=rope_freqs, n_tokens=n_tokens, n_outputs=n_outputs)
 
 
 def rotation_inputs(b: GraphBuilder, hp: LlamaHParams, kv_type: str) -> dict[str, Tensor]:

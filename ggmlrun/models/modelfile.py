@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.hparams import LlamaHParams, from_metadata
+from ggmlrun.models.hparams import LlamaHParams, from_metadata, llama_tensor_shapes
 
 GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = ("llama",)
@@ -67,15 +67,20 @@ def read_gguf(path: Path) -> ModelFile:
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None:
         raise InputError("GGUF metadata lacks 'general.architecture'", file=str(path))
-    arch = arch_field.contents()
+    try:
+        arch = arch_field.contents()
+        fields = _scalar_fields(reader, f"{arch}.")
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError) as err:
+        raise InputError(f"unreadable GGUF metadata: {err}", file=str(path)) from None
     if arch not in ARCHITECTURES:
         raise InputError(f"architecture '{arch}' is not supported; ggmlrun builds llama.cpp's "
                          f"graph for: {', '.join(ARCHITECTURES)}", file=str(path))
-    fields = _scalar_fields(reader, arch + ".")
     try:
         hparams = from_metadata(fields, arch)
     except InputError as err:
         raise err.located(file=str(path))
+    except (ValueError, TypeError, OverflowError) as err:
+        raise InputError(f"unreadable {arch} hyperparameters: {err}", file=str(path)) from None
     tensors = {}
     for t in reader.tensors:
         gtype = BY_ID.get(int(t.tensor_type))
@@ -84,5 +89,24 @@ def read_gguf(path: Path) -> ModelFile:
                              f"ggmlrun's type table lacks", file=str(path))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         tensors[t.name] = TensorInfo(t.name, shape, gtype.name, int(t.data_offset))
+    check_tensors(hparams, tensors, str(path))
     name = fields.get("general.name") or path.stem
     return ModelFile(path=path, arch=arch, name=str(name), hparams=hparams, tensors=tensors)
+
+
+def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None) -> None:
+    """Every tensor llama.cpp requires, in the shape the hyperparameters give it
+    (output.weight may be absent: the output is then tied to token_embd.weight)."""
+    if hparams.n_layer * 9 > len(tensors):       # before listing a corrupt block_count's names
+        raise InputError(f"block_count {hparams.n_layer} needs {hparams.n_layer * 9 + 3} "
+                         f"tensors but the model has {len(tensors)}", file=where)
+    for name, shape in llama_tensor_shapes(hparams).items():
+        info = tensors.get(name)
+        if info is None:
+            if name == "output.weight":
+                continue
+            raise InputError(f"model lacks tensor '{name}', which a llama model needs",
+                             file=where)
+        if info.shape != shape:
+            raise InputError(f"tensor '{name}' has shape {list(info.shape)}; the model's "
+                             f"hyperparameters make it {list(shape)}", file=where)

@@ -36,6 +36,7 @@ class Placement:
     kv: list[int]                    # backend index of each layer's KV cache
     weights: dict[str, int]          # GGUF tensor name -> backend index
     output_weight: int               # where result_output's weight lives
+    rope_freqs: list[int]            # where each layer's rope_freqs (or its duplicate) lives
     full_offload: bool
     no_kv_offload: bool
     cpu: int
@@ -117,6 +118,9 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
     if output_weight is None:
         output_weight = where("token_embd.weight", output)
     kv = [cpu if opts.no_kv_offload else layer[il] for il in range(n_layer)]
+    first = weights.get("rope_freqs.weight")
+    rope_freqs = [first if il == 0 or first is None else where("rope_freqs.weight", layer[il])
+                  for il in range(n_layer)]
     return Placement(layer=layer, output=output, kv=kv, weights=weights,
-                     output_weight=output_weight, full_offload=ngl > n_layer,
+                     output_weight=output_weight, rope_freqs=rope_freqs, full_offload=ngl > n_layer,
                      no_kv_offload=opts.no_kv_offload, cpu=cpu)

@@ -59,20 +59,21 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
-_GRAPHS: dict[tuple, ModelGraph] = {}
+_GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
                 flash_attn: bool, kv_type: str) -> ModelGraph:
-    """The graph for one ubatch shape, built once per model and shape."""
+    """The graph for one ubatch shape, built once per model and shape. Entries hold their model,
+    so an id in a key always belongs to the model it was made for."""
     key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type)
-    graph = _GRAPHS.get(key)
-    if graph is None or graph.graph.name != model.name:
-        if len(_GRAPHS) > 16:
+    entry = _GRAPHS.get(key)
+    if entry is None or entry[0] is not model:
+        if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
-        graph = _GRAPHS[key] = build_llama(model, n_tokens, n_outputs, n_kv, kv, flash_attn,
-                                           kv_type)
-    return graph
+        entry = _GRAPHS[key] = (model, build_llama(model, n_tokens, n_outputs, n_kv, kv,
+                                                   flash_attn, kv_type))
+    return entry[1]
 
 
 def apply_placement(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> None:
@@ -81,6 +82,8 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
     for name, leaf in mg.weights.items():
         leaf.backend = names[placement.weights[name]]
     mg.output_weight.backend = names[placement.output_weight]
+    for il, leaf in mg.rope_freqs.items():
+        leaf.backend = names[placement.rope_freqs[il]]
     for il, leaf in mg.cache.k.items():
         leaf.backend = mg.cache.v[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
@@ -109,9 +112,13 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     sizes = [0] * len(backends)
     cpu_range: list[int] = []
     placed = list(placement.weights.items())
-    if "output.weight" not in model.tensors and placement.output_weight != placement.weights.get(
-            "token_embd.weight"):
-        placed.append(("token_embd.weight", placement.output_weight))
+    # TENSOR_DUPLICATED tensors take bytes again in each other buffer they are copied into
+    duplicates = set()
+    if "output.weight" not in model.tensors:
+        duplicates.add(("token_embd.weight", placement.output_weight))
+    if "rope_freqs.weight" in model.tensors:
+        duplicates.update(("rope_freqs.weight", b) for b in placement.rope_freqs)
+    placed += sorted(d for d in duplicates if d not in set(placed))
     for name, b in placed:
         info = model.tensors[name]
         nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))

@@ -46,6 +46,7 @@ def weight_values(model: ModelFile, mg: ModelGraph) -> dict[Tensor, np.ndarray]:
     leaves = list(mg.weights.items())
     if "output.weight" not in mg.weights:       # tied: the duplicate reads token_embd's bytes
         leaves.append(("token_embd.weight", mg.output_weight))
+    leaves += [("rope_freqs.weight", leaf) for leaf in mg.rope_freqs.values()]
     for name, leaf in leaves:
         info = model.tensors[name]
         shape, dtype = storage_shape(info.shape, info.dtype)
@@ -71,13 +72,23 @@ def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
     mask = np.full((T, n_kv), -np.inf, dtype=np.float32)
     mask[np.tril_indices(T)] = 0.0
     mask_t = inp["kq_mask"]
-    return {inp["tokens"]: np.asarray(tokens, dtype=np.int32),
+    rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
+    return {**rotations,
+            inp["tokens"]: np.asarray(tokens, dtype=np.int32),
             inp["embd"]: np.zeros((T, n_embd), np.float32),
             inp["pos"]: np.arange(T, dtype=np.int32),
             inp["k_idxs"]: cells,
             inp["v_idxs"]: v_idxs,
             mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape),
             inp["out_ids"]: np.array([T - 1], dtype=np.int32)}
+
+
+def hadamard(n: int) -> np.ndarray:
+    """The orthonormal Walsh-Hadamard matrix llama_kv_cache rotates a quantized cache with."""
+    h = np.ones((1, 1), dtype=np.float64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h / np.sqrt(n)).astype(np.float32)
 
 
 def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
