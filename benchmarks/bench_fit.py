@@ -21,8 +21,9 @@ from ggmlrun.models.cards import CARDS_DIR, read_card
 from ggmlrun.models.fit import fit_model
 from ggmlrun.models.options import ModelOptions
 
-CASES = [  # card, device memory, context (None: auto)
+CASES = [  # card, device memory (GiB, one entry per device), context (None: auto)
     ("llama-3-70b-q4_k_m.yaml", 24, 8192),
+    ("llama-3-70b-q4_k_m.yaml", (24, 12), 8192),
     ("llama-3-70b-q4_k_m.yaml", 24, None),
     ("llama-3-70b-q4_k_m.yaml", 48, 8192),
     ("llama-3-8b-q4_k_m.yaml", 8, 8192),
@@ -30,16 +31,17 @@ CASES = [  # card, device memory, context (None: auto)
 ]
 
 
-def one(card: str, device_gib: int, ctx: int | None) -> list[str]:
+def one(card: str, device_gib, ctx: int | None) -> list[str]:
     reserve._GRAPHS.clear()
-    backends = [BackendSpec("GPU0", "sim", device_gib * GiB, 32),
-                BackendSpec("CPU", "cpu", 64 * GiB, 32)]
+    sizes = device_gib if isinstance(device_gib, tuple) else (device_gib,)
+    backends = [BackendSpec(f"GPU{i}", "sim", gib * GiB, 32) for i, gib in enumerate(sizes)]
+    backends.append(BackendSpec("CPU", "cpu", 64 * GiB, 32))
     t0 = time.perf_counter()
     model = read_card(CARDS_DIR / card)
     result = fit_model(model, backends, ModelOptions(ctx=ctx), GiB, 0, ctx_auto=ctx is None)
     seconds = time.perf_counter() - t0
     answer = f"-ngl {result.ngl} -c {result.ctx}" if result.fits else "nothing fits"
-    return [card, f"{device_gib} GiB", "auto" if ctx is None else str(ctx), answer,
+    return [card, " + ".join(f"{g} GiB" for g in sizes), "auto" if ctx is None else str(ctx), answer,
             str(len(result.probes)), f"{seconds:.3f}"]
 
 

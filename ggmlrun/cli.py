@@ -113,16 +113,17 @@ MODEL_OPTIONS = {
                                   help="[models] Keep the KV cache on the CPU (-nkvo)."),
     "kv_type": click.option("--kv-type", type=click.Choice(["f16", "f32", "q8_0"]), default=None,
                             help="[models] KV cache type (-ctk/-ctv); default f16."),
-    "overrides": click.option("--override-tensor", "overrides", type=_OverrideType(),
-                              multiple=True, help="[models] Weights matching REGEX go to BACKEND "
-                              "(-ot), repeatable; the first match wins."),
+    "tensor_overrides": click.option("--override-tensor", "tensor_overrides",
+                                     type=_OverrideType(), multiple=True,
+                                     help="[models] Weights matching REGEX go to BACKEND (-ot), "
+                                          "repeatable; the first match wins."),
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
 }
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
-               "overrides": "--override-tensor", "tensor_split": "--tensor-split",
+               "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
                "tokens": "--tokens"}
 
 
@@ -185,7 +186,7 @@ def _model_setup(model, backends, kw: dict):
     backends = backends or default_backends()
     names = [b.name for b in backends]
     devices = [b for b in backends if b.kind != "cpu"]
-    for pattern, backend in kw.get("overrides") or ():
+    for pattern, backend in kw.get("tensor_overrides") or ():
         if backend not in names:
             raise InputError(f"--override-tensor {pattern}={backend}: no backend '{backend}'; "
                              f"backends: {', '.join(names)}")
@@ -197,7 +198,7 @@ def _model_setup(model, backends, kw: dict):
                         flash_attn=kw.get("flash_attn") == "on", ngl=kw.get("ngl"),
                         no_kv_offload=bool(kw.get("no_kv_offload")),
                         kv_type=kw.get("kv_type") or "f16",
-                        overrides=tuple(kw.get("overrides") or ()), tensor_split=split,
+                        overrides=tuple(kw.get("tensor_overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
                         ggml=kw.get("ggml") or "0.25")
     return backends, opts
@@ -791,6 +792,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
 
 
 def _parse_margins(text: str | None) -> tuple[int, int]:
+    """Device and CPU margins; unlike a memory size, a margin may be 0."""
+    from ggmlrun.core.frontend.backends_file import SIZE_RE, SIZE_UNITS
     from ggmlrun.core.frontend.loader import parse_size
     from ggmlrun.core.backends.spec import GiB
 
@@ -802,10 +805,14 @@ def _parse_margins(text: str | None) -> tuple[int, int]:
     sizes = []
     for part in parts:
         try:
-            sizes.append(0 if part.strip() in ("0", "0B") else parse_size(part.strip()))
+            match = SIZE_RE.match(part)
+            unit = match.group(2).lower() if match else ""
+            zero = match and float(match.group(1)) == 0 and (not unit or unit in SIZE_UNITS)
+            sizes.append(0 if zero else parse_size(part.strip()))
         except ValueError as err:
             raise InputError(f"--margin: {err}") from None
     return sizes[0], sizes[1] if len(sizes) > 1 else 0
+
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv

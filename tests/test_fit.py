@@ -230,3 +230,23 @@ def test_nothing_fits_names_the_largest_context_that_would(tmp_path):
     want = max(c for c in range(256, 2048, 256) if cpu_total(c) <= budget)
     assert want == 1024
     assert result.advice.endswith(f"a smaller context fits: --ctx {want} with -ngl 7")
+
+
+def test_two_devices_exact_against_every_ngl(tmp_path):
+    """Layers shared by device memory: the device that fills first decides."""
+    model = read_card(write_small(tmp_path))
+    opts = ModelOptions(ctx=512, ubatch=16)
+    KiB = 1024
+    answers = []
+    for mem0, mem1 in ((1000 * KiB, 600 * KiB), (800 * KiB, 800 * KiB), (1200 * KiB, 300 * KiB),
+                       (600 * KiB, 1000 * KiB), (400 * KiB, 400 * KiB), (50 * KiB, 50 * KiB)):
+        backends = [BackendSpec("DEV0", "sim", mem0, 32), BackendSpec("DEV1", "sim", mem1, 32),
+                    BackendSpec("CPU", "cpu", 2**40, 32)]
+        fits = [n for n in range(model.hparams.n_layer + 2)
+                if all(total <= cap for total, cap in
+                       real_rows(model, backends, replace(opts, ngl=n), [0, 0, 0]))]
+        got = fitmod.fit_model(model, backends, opts, 0, 0, ctx_auto=False)
+        assert got.ngl == max(fits, default=None), (mem0, mem1)
+        answers.append(got.ngl)
+    print("two-device answers:", answers)
+    assert len(set(answers)) >= 4          # the budgets reach different answers

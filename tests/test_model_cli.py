@@ -171,11 +171,21 @@ def test_validate_a_card():
 
 @pytest.mark.parametrize("args,words", [
     (["--margin", "1GB"], "--margin"), (["--margin", "1,2,3"], "--margin"),
+    (["--margin", "0x"], "--margin"),
     (["--ctx", "big"], "--ctx"),
 ])
 def test_fit_bad_options(args, words):
     code, out, err = invoke("fit", CARD_8B, *args)
     assert code == 2 and words in err
+
+
+def test_margins():
+    from ggmlrun.cli import _parse_margins
+
+    assert _parse_margins(None) == (2**30, 0)
+    assert _parse_margins("0") == (0, 0)
+    assert _parse_margins("0GiB,2GiB") == (0, 2 * 2**30)
+    assert _parse_margins("512MiB") == (512 * 2**20, 0)
 
 
 def test_fit_refuses_a_graph_file():

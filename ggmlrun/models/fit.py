@@ -13,8 +13,8 @@ every -ngl. So the search guesses first and measures only to confirm:
   guess that misses narrows a bracket that bisection finishes, so the answer is exact whatever
   the guess was worth.
 
-With `--ctx auto` the context is searched the same way (KV and compute grow with it), after
--ngl: like llama.cpp's own `--fit`, layers come first down to a minimum context (4096), then
+With `--ctx auto` the context is searched the same way (KV and compute grow with it; a context
+whose KV growth alone is too much is ruled out unmeasured), after -ngl: like llama.cpp's own `--fit`, layers come first down to a minimum context (4096), then
 the context grows as far as it fits with those layers.
 """
 
@@ -100,8 +100,18 @@ def _all_fit(rows: list[FitBackend]) -> bool:
     return all(r.fits for r in rows)
 
 
-def _device_room(rows: list[FitBackend]) -> int:
-    return sum(r.free_bytes for r in rows if r.kind != "cpu")
+def _device_room(rows: list[FitBackend]) -> float:
+    """Bytes of layers the devices can still take (negative: must give back). Layers are
+    shared among devices, so a device holding share s of them runs out after free / s bytes;
+    the first to run out decides."""
+    devices = [r for r in rows if r.kind != "cpu"]
+    held = [r.weights_bytes + r.kv_bytes for r in devices]
+    total = sum(held)
+    if total == 0:
+        return min((r.free_bytes * len(devices) for r in devices), default=0)
+    room = [r.free_bytes / (h / total) for r, h in zip(devices, held) if h]
+    short = [r.free_bytes for r, h in zip(devices, held) if not h and r.free_bytes < 0]
+    return min(room + [f * len(devices) for f in short])
 
 
 def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
@@ -200,29 +210,28 @@ def _largest_ctx(probe: _Prober, ngl: int, lo: int, top: int) -> int:
     """The largest context (a multiple of 256) in [lo, top] that fits with `ngl`; lo fits.
 
     A context is known to miss without a reserve when even its KV cache (exactly linear) on
-    top of a smaller context's compute buffer (which only grows with the context) is too much."""
+    top of a smaller context's compute buffer (which only grows with the context) is too much.
+    Otherwise the guess extrapolates the last two measurements linearly (with one, the compute
+    buffer is taken as proportional to the context, which it nearly is), and after three
+    guesses the bracket is bisected."""
     fit_lo, miss_hi = lo, top + CTX_STEP
-    low_rows, high_rows = probe(ngl, lo), None
-    after_fit = False
-    while miss_hi - fit_lo > CTX_STEP:
+    points = [(lo, probe(ngl, lo))]
+    low_rows = points[0][1]
+    while True:
         miss_hi = min(miss_hi, _kv_bound(low_rows, fit_lo, miss_hi) + CTX_STEP)
         if miss_hi - fit_lo <= CTX_STEP:
-            break
-        if after_fit:
-            guess = fit_lo + CTX_STEP          # confirm the edge: the guess is usually it
-        elif high_rows is None:
-            guess = miss_hi - CTX_STEP         # the most the KV bound allows
+            return fit_lo
+        if len(points) <= 3:
+            guess = _ctx_guess(points[-2:])
         else:
-            guess = _ctx_guess(fit_lo, low_rows, miss_hi, high_rows)
-            if not fit_lo < guess < miss_hi:
-                guess = (fit_lo + miss_hi) // 2 // CTX_STEP * CTX_STEP
+            guess = (fit_lo + miss_hi) // 2
+        guess = min(max(guess // CTX_STEP * CTX_STEP, fit_lo + CTX_STEP), miss_hi - CTX_STEP)
         here = probe(ngl, guess)
-        after_fit = _all_fit(here)
-        if after_fit:
+        points.append((guess, here))
+        if _all_fit(here):
             fit_lo, low_rows = guess, here
         else:
-            miss_hi, high_rows = guess, here
-    return fit_lo
+            miss_hi = guess
 
 
 def _kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
@@ -236,18 +245,19 @@ def _kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
     return best
 
 
-def _ctx_guess(c0: int, rows0, c1: int, rows1) -> int:
-    """Linear in the context between two measured points: KV is, compute nearly is."""
-    best = c1
-    for r0, r1 in zip(rows0, rows1):
-        if r1.fits:
-            continue
-        slope = (r1.total_bytes - r0.total_bytes) / (c1 - c0)
-        if slope <= 0:
-            continue
-        reach = c0 + (r0.memory_bytes - r0.margin_bytes - r0.total_bytes) / slope
-        best = min(best, int(reach) // CTX_STEP * CTX_STEP)
-    return best
+def _ctx_guess(points: list[tuple[int, list[FitBackend]]]) -> int:
+    """Where the first backend runs out, extrapolating its total linearly in the context."""
+    c1, rows1 = points[-1]
+    reach = float("inf")
+    for i, r1 in enumerate(rows1):
+        if len(points) > 1:
+            c0, r0 = points[-2][0], points[-2][1][i]
+            slope = (r1.total_bytes - r0.total_bytes) / (c1 - c0)
+        else:
+            slope = (r1.kv_bytes + r1.arena_bytes) / c1
+        if slope > 0:
+            reach = min(reach, c1 + r1.free_bytes / slope)
+    return int(min(reach, 2**40))
 
 
 def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs) -> str:
