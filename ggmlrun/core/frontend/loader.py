@@ -360,7 +360,7 @@ def _ne_order_hint(err: InputError, name, op, srcs, params) -> InputError:
             except (InputError, TypeError, ValueError, ArithmeticError):
                 continue
             err.message += (f"; shapes are NumPy order, the reverse of ggml's ne: did you mean "
-                            f"shape {_shape_text(flipped.shape)} for '{src.name}'?")
+                            f"shape {shape_text(flipped.shape)} for '{src.name}'?")
             break
     return err
 
