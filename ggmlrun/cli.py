@@ -7,6 +7,7 @@ Data goes to stdout, diagnostics to stderr. Every error leaves through `main()`:
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -37,13 +38,34 @@ PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default
 
 
 def emit_json(data: dict) -> None:
-    click.echo(json.dumps(data, indent=2, default=_json_default))
+    click.echo(strict_json(data, indent=2))
 
 
-def _json_default(value):
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+def strict_json(data, **options) -> str:
+    """JSON every parser takes: NaN and infinities become the strings "nan", "inf", "-inf"
+    (docs/format.md), since bare NaN/Infinity are not JSON."""
+    return json.dumps(_finite(data), allow_nan=False, **options)
+
+
+def _finite(value):
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _graph_inputs(graph_path, backends_file, input_specs=(), graph=None) -> list:
+    """Every file a run reads: outputs must never replace one of them."""
+    files = [graph_path, backends_file]
+    files += [spec.partition("=")[2].strip() for spec in input_specs]
+    if graph is not None:
+        files += [t.data.file for t in graph.leafs if t.data is not None and t.data.file]
+    return [f for f in files if f]
 
 
 def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml"):
@@ -148,9 +170,20 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     from ggmlrun.core.run import results
 
     from ggmlrun import visual
+    from ggmlrun.core.util.outputs import check_output
 
+    def check_outputs(g=None):
+        reads = _graph_inputs(graph, backends_file, input_specs, g)
+        if out_file is not None:
+            check_output(out_file, "--out", inputs=reads, others=[("--trace", trace_file)],
+                         suffixes=(".npz",))
+        if trace_file is not None:
+            check_output(trace_file, "--trace", inputs=reads)
+
+    check_outputs()
     with visual.busy(stderr, "planning"):
         g, sched = _prepare(graph, backends_file, policy)
+        check_outputs(g)
         inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
         plan_, memory = engine.plan_memory(sched, planner)
     engine.check_capacity(sched, memory)
@@ -166,13 +199,13 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     if trace_file:
         from ggmlrun.core.observe.trace import build_trace
 
-        results.write_text(trace_file, json.dumps(build_trace(sched, plan_, result),
-                                                  default=_json_default))
+        results.write_text(trace_file, strict_json(build_trace(sched, plan_, result)))
         click.echo(f"wrote {trace_file}", err=True)
     summaries = {name: results.summarize(arr) for name, arr in result.outputs.items()}
     errors = results.compare_with_reference(g, leaf_values, inputs, result.outputs) if check else None
     if out_file:
         results.write_npz(out_file, result.outputs)
+        click.echo(f"wrote {out_file}", err=True)
     if as_json:
         payload = report.run_dict(sched, memory, result, summaries)
         if errors is not None:
@@ -205,8 +238,13 @@ def dot_command(graph, backends_file, policy, out_file):
 
     from ggmlrun.core.observe.dot import RENDERED, render, to_dot
     from ggmlrun.core.run.results import write_atomic, write_text
+    from ggmlrun.core.util.outputs import check_output
 
-    _, sched = _prepare(graph, backends_file, policy)
+    if out_file is not None:
+        check_output(out_file, "--out", inputs=_graph_inputs(graph, backends_file))
+    g, sched = _prepare(graph, backends_file, policy)
+    if out_file is not None:
+        check_output(out_file, "--out", inputs=_graph_inputs(graph, backends_file, graph=g))
     text = to_dot(sched)
     if out_file is None:
         click.echo(text, nl=False)
@@ -223,7 +261,7 @@ def dot_command(graph, backends_file, policy, out_file):
         click.echo(f"ggmlrun: warning: Graphviz `dot` is not on PATH, so no {fmt.upper()}; "
                    f"writing DOT to {dot_file} (render it with: dot -T{fmt} {dot_file} "
                    f"-o {out_file})", err=True)
-        out_file = dot_file
+        out_file = check_output(dot_file, "--out", inputs=_graph_inputs(graph, backends_file, graph=g))
     write_text(out_file, text)
     click.echo(f"wrote {out_file}", err=True)
 
@@ -258,7 +296,10 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.core.frontend.loader import parse_size
     from ggmlrun.core.memory.pack import plan_offsets, read_csv, verify, write_csv
+    from ggmlrun.core.util.outputs import check_output
 
+    if out_file is not None:
+        check_output(out_file, "--out", inputs=[csv_file])
     if capacity is not None:
         try:
             capacity = parse_size(capacity)
@@ -271,6 +312,7 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
         raise RunError(f"internal error: the planner produced overlapping offsets: {problems[0]}")
     if out_file:
         write_csv(out_file, buffers, result.offsets)
+        click.echo(f"wrote {out_file}", err=True)
     fits = capacity is None or result.peak <= capacity
     if as_json:
         emit_json({"peak_bytes": result.peak, "lower_bound_bytes": result.lower_bound,
@@ -289,6 +331,20 @@ def gen():
     """Write a generated graph file (llama-style or MLP) with real model shapes."""
 
 
+def _check_gen(name: str, device: str, out: Path | None) -> None:
+    """Refuse, before generating, what would make a file ggmlrun itself then rejects."""
+    from ggmlrun.core.frontend.yamlfile import NAME_RE
+    from ggmlrun.core.util.fmt import clip
+    from ggmlrun.core.util.outputs import check_output
+
+    for option, value in (("--name", name), ("--device", device)):
+        if not NAME_RE.match(value):
+            raise InputError(f"{option} '{clip(value)}' is not a valid name; use letters, digits, "
+                             "'_', '.' and '-', starting with a letter or '_'")
+    if out is not None:
+        check_output(out, "--out")
+
+
 def _write_text(text: str, out: Path | None) -> None:
     from ggmlrun.core.run.results import write_text
 
@@ -296,7 +352,7 @@ def _write_text(text: str, out: Path | None) -> None:
         click.echo(text, nl=False)
     else:
         write_text(out, text)
-        stderr.print(f"wrote {out}")
+        click.echo(f"wrote {out}", err=True)
 
 
 @gen.command("llama")
@@ -320,6 +376,7 @@ def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, n
     """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN."""
     from ggmlrun.core.frontend.gen import LlamaShape, llama
 
+    _check_gen(name, device, out)
     if dim % heads or (dim // heads) % 2:
         raise InputError(f"--dim {dim} must be a multiple of --heads {heads} with an even head size")
     if offload > layers:
@@ -346,13 +403,47 @@ def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
     """A stack of gelu MLP blocks with residuals."""
     from ggmlrun.core.frontend.gen import mlp
 
+    _check_gen(name, device, out)
     if offload > layers:
         raise InputError(f"--offload {offload} is more than --layers {layers}")
     _write_text(mlp(layers, dim, hidden, batch, dtype, offload, device, name), out)
 
 
+def _on_sigterm(signum, frame):
+    """SIGTERM: leave no temporary file behind, then exit as a terminated process does."""
+    from ggmlrun.core.util.atomic import remove_temp_files
+
+    remove_temp_files()
+    raise SystemExit(128 + signum)
+
+
+def _install_signal_handlers() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        _install_signal_handlers()
+        _main(argv)
+    except KeyboardInterrupt:
+        _interrupted()
+
+
+def _interrupted() -> None:
+    from ggmlrun.core.util.atomic import remove_temp_files
+
+    remove_temp_files()
+    click.echo("ggmlrun: interrupted", err=True)
+    sys.exit(130)
+
+
+def _main(argv: list[str]) -> None:
     debug = "--debug" in argv
     try:
         cli.main(args=argv, prog_name="ggmlrun", standalone_mode=False)
@@ -361,7 +452,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as err:
         err.show()
         sys.exit(2 if isinstance(err, click.UsageError) else err.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as err:
+        if isinstance(err.__context__, KeyboardInterrupt):
+            _interrupted()
         stderr.print("ggmlrun: aborted")
         sys.exit(1)
     except GgmlrunError as err:

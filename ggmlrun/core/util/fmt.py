@@ -12,3 +12,10 @@ def human_bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n} B"
+
+
+def clip(text, limit: int = 80) -> str:
+    """A value or name as an error shows it: at most `limit` characters, an ellipsis if cut,
+    so a megabyte name never becomes a megabyte error line."""
+    text = str(text) if not isinstance(text, str) else text
+    return text if len(text) <= limit else text[:limit - 1] + "…"
