@@ -469,6 +469,11 @@ def _main(argv: list[str]) -> None:
 
 
 def fail(message: str, code: int) -> None:
+    from ggmlrun.core.util.fmt import clip
+
+    # a huge value or name in a message is shown cut, so an error stays a readable line
+    # (a file path, up to 256 characters, stays whole)
+    message = " ".join(word if len(word) <= 256 else clip(word) for word in message.split(" "))
     click.echo(f"ggmlrun: error: {message}", err=True)
     sys.exit(code)
 

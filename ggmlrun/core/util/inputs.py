@@ -38,7 +38,7 @@ def open_regular(path, what: str = "file", limit: int | None = TEXT_LIMIT):
     try:
         fd = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
-        raise InputError("no such file", file=file) from None
+        raise InputError("cannot read: no such file", file=file) from None
     except IsADirectoryError:
         raise InputError(f"is a directory, not a {what}", file=file) from None
     except OSError as err:
