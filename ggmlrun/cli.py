@@ -31,6 +31,7 @@ DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
                      help="Show Python tracebacks on errors.")
 POLICY = click.option("--policy", type=click.Choice(["ggml", "cost"]), default="ggml", show_default=True,
                       help="Placement: ggml's passes, or minimum modeled time (copies included).")
+MAX_REPEAT = 1_000_000
 PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default="best",
                        show_default=True,
                        help="Arena offsets: ggml's online best-fit, or the offline planner "
@@ -153,7 +154,8 @@ def measure(graph, backends_file, as_json, policy, planner):
               help="Set a graph input from a .npy file (repeatable).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every output, by name, to this .npz (atomically).")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, help="Compute N times after one plan.")
+@click.option("--repeat", type=click.IntRange(min=1, max=MAX_REPEAT), default=1,
+              help="Compute N times after one plan.")
 @click.option("--check", is_flag=True, help="Compare outputs with the plain NumPy reference evaluator.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.json", help="Write a Chrome/Perfetto trace of every run (atomically); "
@@ -187,6 +189,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
         inputs = dict(data.load_input_override(g, spec) for spec in input_specs)
         plan_, memory = engine.plan_memory(sched, planner)
     engine.check_capacity(sched, memory)
+    _check_ram(g, memory, check)
     leaf_values = engine.leaf_values(g)
     with visual.run_progress(stderr, repeat) as progress:
         result = engine.execute(sched, plan_, leaf_values, inputs=inputs, repeat=repeat,
@@ -222,6 +225,17 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
         worst = max(errors, key=errors.get)
         raise CheckError(f"output '{worst}' differs from the reference evaluator by "
                                  f"{errors[worst]:.3e} (relative)")
+
+
+def _check_ram(graph, memory, check: bool) -> None:
+    """The whole run's arrays against the machine's free memory, before any is made: every
+    backend's weights and arena, and with --check the reference's copy of every node."""
+    from ggmlrun.core.util.ram import ensure_memory
+
+    need = sum(m.arena_bytes + m.weights_bytes for m in memory)
+    if check:
+        need += sum(t.n_elements * t.itemsize for t in graph.nodes)
+    ensure_memory(need, "this run" + (" with --check's reference" if check else ""))
 
 
 @cli.command("dot")

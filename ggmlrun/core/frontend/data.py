@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 
 from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.util.inputs import open_regular
+from ggmlrun.core.util.ram import ensure_memory
 from ggmlrun.core.ir.graph import NP_DTYPES, Graph, Tensor
 
 REQUIRED = object()  # an init key without a default
@@ -97,6 +100,8 @@ def leaf_array(tensor: Tensor, seed: int) -> np.ndarray:
             return load_npy(data.file, tensor.shape, tensor.dtype)
         except InputError as err:
             raise err.located(line=tensor.line, culprit=tensor.describe())
+    ensure_memory(2 * tensor.n_elements * max(tensor.itemsize, 8), f"generating the data of "
+                  f"{tensor.describe()}")      # float64 draws, then the cast
     return np.ascontiguousarray(_generate(tensor, seed))
 
 
@@ -118,7 +123,7 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     """
     shown = f"file '{path}'"
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path, ".npy file", limit=None) as fh:
             if fh.read(len(NPY_MAGIC)) != NPY_MAGIC:
                 raise InputError(f"{shown} is not a .npy file (NumPy's format, written by "
                                  "np.save); pickles and .npz archives are not read")
@@ -132,8 +137,8 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
                 raise InputError(f"{shown}: .npy format version {version[0]}.{version[1]} is "
                                  "not supported; save a plain numeric array with np.save")
             data_offset = fh.tell()
-    except InputError:
-        raise
+    except InputError as err:
+        raise err.located(culprit=shown)
     except FileNotFoundError:
         raise InputError(f"{shown} not found") from None
     except OSError as err:
@@ -170,8 +175,10 @@ def _check_match(path, got_shape, got_dtype, shape, dtype):
 def load_npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     """Read a .npy that must hold exactly `shape` of `dtype`; native byte order, C order."""
     check_npy(path, shape, dtype)   # clear errors before reading any data
+    ensure_memory(math.prod(shape) * NP_DTYPES[dtype].itemsize, f"reading '{path}'")
     try:
-        arr = np.load(path, allow_pickle=False)
+        with open_regular(path, ".npy file", limit=None) as handle:
+            arr = np.load(handle, allow_pickle=False)
     except (OSError, ValueError, EOFError) as err:
         raise InputError(f"cannot read file '{path}': {str(err).splitlines()[0]}") from None
     _check_match(path, arr.shape, arr.dtype, shape, dtype)   # the file may have changed
