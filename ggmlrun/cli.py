@@ -309,7 +309,9 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
     """The offset planner alone, on MiniMalloc's CSV format (id,lower,upper,size)."""
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.core.frontend.loader import parse_size
-    from ggmlrun.core.memory.pack import plan_offsets, read_csv, verify, write_csv
+    from ggmlrun.core.memory.pack import (FALLBACK_PREFIX, plan_offsets, read_csv, verify,
+                                          write_csv)
+    from ggmlrun.core.util.notes import note
     from ggmlrun.core.util.outputs import check_output
 
     if out_file is not None:
@@ -321,6 +323,9 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
             raise InputError(f"--capacity: {err}") from None
     buffers = read_csv(csv_file)
     result = plan_offsets(buffers, capacity=capacity, time_limit=time_limit)
+    for text in result.notes:
+        if text.startswith(FALLBACK_PREFIX):
+            note(text)
     problems = verify(buffers, result.offsets)
     if problems:
         raise RunError(f"internal error: the planner produced overlapping offsets: {problems[0]}")

@@ -26,13 +26,18 @@ from ggmlrun.core.util.fmt import clip
 from ggmlrun.core.util.inputs import read_text
 from ggmlrun.core.util.numbers import MAX_BYTES, checked_int
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.memory.intervals import columns, neighbours, overlap_pairs
+from ggmlrun.core.memory.intervals import (columns, count_pairs, neighbours, online_plan,
+                                           overlap_pairs, sweep_conflicts)
 from ggmlrun.core.memory.pack_search import minimise_peak
 
 # The exact search keeps per-section state in memory and costs O(n) numpy work per node; past
 # this many buffers it is not worth starting (the arena planner's graphs only use greedy).
 SEARCH_MAX_BUFFERS = 20_000
 MAX_TOTAL_BYTES = 1 << 62
+# past this many lifetime-overlapping pairs the greedy passes (which list every pair) would
+# take minutes and gigabytes: 50k buffers live at once are 1.25e9 pairs
+MAX_PAIRS = 4_000_000
+FALLBACK_PREFIX = "size bound: "
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,12 @@ def verify(buffers, offsets, *, capacity=None, alignment=1, chunk_pairs=4_000_00
         for i in np.flatnonzero(off + size > capacity)[:20]:
             problems.append(f"buffer {buffers[i].id!r}: ends at {int(off[i] + size[i])} "
                             f"> capacity {capacity}")
-    problems.extend(_space_conflicts(buffers, off, lower, upper, size, active, chunk_pairs))
+    if count_pairs(lower, upper, active) > MAX_PAIRS:
+        offs = off.tolist()
+        problems.extend(f"buffers {buffers[i].id!r} and {buffers[j].id!r} overlap in time and "
+                        "in space" for i, j in sweep_conflicts(lower, upper, size, active, offs))
+    else:
+        problems.extend(_space_conflicts(buffers, off, lower, upper, size, active, chunk_pairs))
     return problems
 
 
@@ -289,10 +299,19 @@ def plan_offsets(buffers, capacity=None, time_limit=5.0, *, search=True, alignme
         raise ValueError(f"alignment must be >= 1, got {alignment}")
     if max_passes is None and len(buffers) > 20_000:
         max_passes = 2  # keep the greedy-only path of huge graphs to a couple of passes
-    offs, peak, method = plan_greedy(buffers, alignment, max_passes)
+    lower, upper, size, active = columns(buffers)
+    pairs = count_pairs(lower, upper, active)
+    notes = []
+    if pairs > MAX_PAIRS:     # the greedy passes' neighbour lists would be quadratic
+        offs, peak = online_plan(lower, upper, size, active, alignment)
+        method = "online best-fit"
+        notes.append(f"{FALLBACK_PREFIX}{pairs:,} overlapping lifetimes > {MAX_PAIRS:,}, so "
+                     "ggml's online best-fit instead of the greedy passes and the search")
+        search = False
+    else:
+        offs, peak, method = plan_greedy(buffers, alignment, max_passes)
     lb = lower_bound(buffers)
     greedy_peak = peak
-    notes = []
     target = lb if capacity is None else capacity
     if search and len(buffers) > SEARCH_MAX_BUFFERS:
         notes.append(f"search skipped: {len(buffers)} buffers > {SEARCH_MAX_BUFFERS}")
