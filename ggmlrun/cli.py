@@ -205,7 +205,8 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
         results.write_text(trace_file, strict_json(build_trace(sched, plan_, result)))
         click.echo(f"wrote {trace_file}", err=True)
     summaries = {name: results.summarize(arr) for name, arr in result.outputs.items()}
-    errors = results.compare_with_reference(g, leaf_values, inputs, result.outputs) if check else None
+    errors = (results.compare_with_reference(g, leaf_values, inputs, result.outputs, repeat)
+              if check else None)
     if out_file:
         results.write_npz(out_file, result.outputs)
         click.echo(f"wrote {out_file}", err=True)

@@ -349,3 +349,13 @@ def test_sigint_prints_one_line_and_exits_130(tmp_path):
     assert proc.returncode == 130
     assert err.decode().strip().splitlines()[-1] == "ggmlrun: interrupted"
     assert "Traceback" not in err.decode()
+
+
+def test_check_with_repeat_follows_a_weight_the_graph_writes(tmp_path):
+    """Each run doubles w in place; the reference must run as often (docs/robustness.md)."""
+    path = tmp_path / "g.yaml"
+    path.write_text("tensors:\n  w: {shape: [4], init: ones}\nnodes:\n"
+                    "  - {name: y, op: add, src: [w, w]}\n  - {name: c, op: cpy, src: [y, w]}\n")
+    code, out, err = invoke("run", path, "--check", "--repeat", "3", "--json")
+    assert code == 0, err
+    assert json.loads(out)["check"]["passed"] is True
