@@ -359,3 +359,16 @@ def test_check_with_repeat_follows_a_weight_the_graph_writes(tmp_path):
     code, out, err = invoke("run", path, "--check", "--repeat", "3", "--json")
     assert code == 0, err
     assert json.loads(out)["check"]["passed"] is True
+
+
+def test_cost_policy_falls_back_to_ggml_past_its_bound(tmp_path):
+    """A 3k-node chain took 26 s in the min-cut (10k: 128 s); ggml's passes take about one."""
+    path = tmp_path / "chain.yaml"
+    lines = ["tensors:", "  x: {shape: [64], role: input}", "nodes:",
+             "  - {name: a0, op: neg, src: [x]}"]
+    lines += [f"  - {{name: a{i}, op: neg, src: [a{i - 1}]}}" for i in range(1, 3000)]
+    path.write_text("\n".join(lines) + "\n")
+    t0 = time.monotonic()
+    code, out, err = invoke("plan", path, "--policy", "cost", "--json")
+    assert code == 0 and "--policy cost" in err and "note" in err
+    assert time.monotonic() - t0 < 15
