@@ -372,3 +372,10 @@ def test_cost_policy_falls_back_to_ggml_past_its_bound(tmp_path):
     code, out, err = invoke("plan", path, "--policy", "cost", "--json")
     assert code == 0 and "--policy cost" in err and "note" in err
     assert time.monotonic() - t0 < 15
+
+
+def test_memory_as_a_huge_yaml_integer(tmp_path, graph):
+    """Found by the fuzzer: 2**1100 as `memory` overflowed math.isfinite."""
+    backends = tmp_path / "b.yaml"
+    backends.write_text("backends:\n  - {name: CPU, kind: cpu, memory: %d}\n" % 2**1100)
+    one_line(*invoke("validate", graph, "--backends", backends)[::2], 2, "memory")

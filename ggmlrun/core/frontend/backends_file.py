@@ -177,7 +177,7 @@ def parse_size(value) -> int:
     Binary units only (B, KiB, MiB, GiB, TiB; case-insensitive); 'GB' and friends are refused
     rather than guessed at, since users mean GiB as often as 10**9. Fractions round down.
     """
-    if is_number(value) and not (math.isfinite(value) and value <= MAX_BYTES):
+    if is_number(value) and not (value <= MAX_BYTES and math.isfinite(float(value))):
         raise ValueError(f"{clip(value, 40)} bytes is more than the 1 EiB any memory has")
     if is_number(value):
         if value < 1:
