@@ -379,3 +379,11 @@ def test_memory_as_a_huge_yaml_integer(tmp_path, graph):
     backends = tmp_path / "b.yaml"
     backends.write_text("backends:\n  - {name: CPU, kind: cpu, memory: %d}\n" % 2**1100)
     one_line(*invoke("validate", graph, "--backends", backends)[::2], 2, "memory")
+
+
+def test_link_bw_as_a_huge_yaml_integer(tmp_path, graph):
+    """Found by the fuzzer: 2**1100 as a rate overflowed float()."""
+    backends = tmp_path / "b.yaml"
+    backends.write_text("backends:\n  - {name: SIM0, kind: sim, link_bw: %d}\n"
+                        "  - {name: CPU, kind: cpu}\n" % 2**1100)
+    one_line(*invoke("validate", graph, "--backends", backends)[::2], 2, "link_bw")

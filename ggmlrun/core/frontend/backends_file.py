@@ -162,7 +162,7 @@ def _parse_op_list(doc, ops, where, culprit, key) -> list[str]:
 def _number(value) -> float | None:
     """A positive-number field: a YAML number, or a string a float() reads ('50e12')."""
     if is_number(value):
-        return float(value)
+        return float(value) if abs(value) < 1e300 else math.inf    # 2**1100 overflows float()
     if isinstance(value, str):
         try:
             return float(value.replace("_", ""))

@@ -123,7 +123,12 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     """
     shown = f"file '{path}'"
     try:
-        with open_regular(path, ".npy file", limit=None) as fh:
+        handle = open_regular(path, ".npy file", limit=None)
+    except InputError as err:        # the graph file's line is added by the caller
+        raise InputError(f"{shown} not found" if "no such file" in err.message
+                         else f"{shown} {err.message}") from None
+    try:
+        with handle as fh:
             if fh.read(len(NPY_MAGIC)) != NPY_MAGIC:
                 raise InputError(f"{shown} is not a .npy file (NumPy's format, written by "
                                  "np.save); pickles and .npz archives are not read")
@@ -137,8 +142,8 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
                 raise InputError(f"{shown}: .npy format version {version[0]}.{version[1]} is "
                                  "not supported; save a plain numeric array with np.save")
             data_offset = fh.tell()
-    except InputError as err:
-        raise err.located(culprit=shown)
+    except InputError:
+        raise
     except FileNotFoundError:
         raise InputError(f"{shown} not found") from None
     except OSError as err:
