@@ -387,3 +387,26 @@ def test_link_bw_as_a_huge_yaml_integer(tmp_path, graph):
     backends.write_text("backends:\n  - {name: SIM0, kind: sim, link_bw: %d}\n"
                         "  - {name: CPU, kind: cpu}\n" % 2**1100)
     one_line(*invoke("validate", graph, "--backends", backends)[::2], 2, "link_bw")
+
+
+def test_online_plan_is_valid_and_the_sweep_finds_what_pairs_find():
+    """The fallback planner and the fallback check, against the pair-listing check."""
+    from ggmlrun.core.memory.intervals import columns, online_plan, sweep_conflicts
+    from ggmlrun.core.memory.pack import Buffer, verify
+
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        n = int(rng.integers(1, 60))
+        lower = rng.integers(0, 30, n)
+        buffers = [Buffer(f"b{i}", int(lo), int(lo + rng.integers(0, 10)), int(rng.integers(0, 9)))
+                   for i, lo in enumerate(lower)]
+        cols = columns(buffers)
+        alignment = int(rng.choice([1, 4]))
+        offsets, peak = online_plan(*cols, alignment=alignment)
+        placed = {b.id: o for b, o in zip(buffers, offsets)}
+        assert verify(buffers, placed, alignment=alignment) == []
+        ends = [o + b.size for b, o, live in zip(buffers, offsets, cols[3]) if live]
+        assert peak == max(ends, default=0)
+        bad = rng.integers(0, 20, n).tolist()
+        by_pairs = verify(buffers, {b.id: o for b, o in zip(buffers, bad)})
+        assert bool(by_pairs) == bool(sweep_conflicts(*cols, bad)), trial

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 
@@ -66,8 +68,7 @@ def online_plan(lower, upper, size, active, alignment=1):
     O(n log n + n * free blocks), never quadratic in live buffers. Returns (offsets, peak)."""
     n = lower.size
     offsets = [0] * n
-    events = sorted([(int(upper[i]), 0, i) for i in np.flatnonzero(active)]
-                    + [(int(lower[i]), 1, i) for i in np.flatnonzero(active)])
+    events = _events(lower, upper, active)
     free: list[list[int]] = []          # [start, end) blocks, sorted, never adjacent
     top = 0
     sizes = size.tolist()
@@ -101,9 +102,14 @@ def online_plan(lower, upper, size, active, alignment=1):
     return offsets, top
 
 
-def _release(free, start, end):
-    import bisect
+def _events(lower, upper, active):
+    """(time, 0 = free / 1 = allocate, index), sorted: at equal times frees come first, as a
+    lifetime [lower, upper) ends before another one starting at `upper` begins."""
+    live = np.flatnonzero(active).tolist()
+    return sorted([(int(upper[i]), 0, i) for i in live] + [(int(lower[i]), 1, i) for i in live])
 
+
+def _release(free, start, end):
     k = bisect.bisect_left(free, [start, end])
     if k > 0 and free[k - 1][1] == start:
         k -= 1
@@ -116,10 +122,7 @@ def _release(free, start, end):
 def sweep_conflicts(lower, upper, size, active, offsets, limit=20):
     """Pairs live at once whose address ranges meet, found by a sweep over time with the live
     ranges kept sorted by offset: O(n log n) plus list shifts, where listing pairs is O(n^2)."""
-    import bisect
-
-    events = sorted([(int(upper[i]), 0, i) for i in np.flatnonzero(active)]
-                    + [(int(lower[i]), 1, i) for i in np.flatnonzero(active)])
+    events = _events(lower, upper, active)
     live: list[tuple[int, int]] = []     # (offset, index), sorted
     sizes = size.tolist()
     found = []
