@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -410,3 +411,15 @@ def test_online_plan_is_valid_and_the_sweep_finds_what_pairs_find():
         bad = rng.integers(0, 20, n).tolist()
         by_pairs = verify(buffers, {b.id: o for b, o in zip(buffers, bad)})
         assert bool(by_pairs) == bool(sweep_conflicts(*cols, bad)), trial
+
+
+def test_a_huge_randn_scale_warns_nothing(tmp_path):
+    """Found by the fuzzer: scale 1e308 is inf in f32 and printed a RuntimeWarning."""
+    path = tmp_path / "g.yaml"
+    path.write_text("tensors:\n  w: {shape: [4], init: randn, scale: 1e308}\n"
+                    "  u: {shape: [4], init: uniform, low: -1e308, high: 1e308}\n"
+                    "nodes:\n  - {name: y, op: add, src: [w, u]}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code, _, err = invoke("run", path)
+    assert code == 0 and "Warning" not in err, err

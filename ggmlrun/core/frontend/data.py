@@ -70,14 +70,17 @@ def _generate(tensor: Tensor, seed: int) -> np.ndarray:
             return flat.astype(dtype).reshape(tensor.shape)
     rng = np.random.Generator(np.random.PCG64(data_seed(seed, tensor.name, init, keys)))
     if init == "randn":
-        # drawn in f32 (half the memory of f64); mean and scale applied in f32
+        # drawn in f32 (half the memory of f64); mean and scale applied in f32, where a scale
+        # of 1e308 is inf, as it would be in ggml
         flat = rng.standard_normal(n, dtype=np.float32)
-        flat *= np.float32(keys["scale"])
-        flat += np.float32(keys["mean"])
+        with np.errstate(over="ignore", invalid="ignore"):
+            flat *= np.float32(keys["scale"])
+            flat += np.float32(keys["mean"])
     elif init == "uniform":
         flat = rng.random(n, dtype=np.float32)
-        flat *= np.float32(keys["high"] - keys["low"])
-        flat += np.float32(keys["low"])
+        with np.errstate(over="ignore", invalid="ignore"):
+            flat *= np.float32(keys["high"] - keys["low"])
+            flat += np.float32(keys["low"])
     elif init == "randint":
         flat = rng.integers(keys["low"], keys["high"], size=n, dtype=np.int64)
     else:  # the loader admits only the inits above
