@@ -481,6 +481,11 @@ def _main(argv: list[str]) -> None:
         if debug:
             raise
         fail(str(err), err.exit_code)
+    except MemoryError:       # the checks before each allocation missed one: still one line
+        if debug:
+            raise
+        fail("out of memory: the machine could not give what this run needs; use a smaller "
+             "graph or free memory", 1)
     except Exception as err:  # noqa: BLE001 - one line for anything unexpected
         if debug:
             raise
