@@ -32,6 +32,7 @@ DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
 POLICY = click.option("--policy", type=click.Choice(["ggml", "cost"]), default="ggml", show_default=True,
                       help="Placement: ggml's passes, or minimum modeled time (copies included).")
 MAX_REPEAT = 1_000_000
+MAX_MESSAGE = 1200
 PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default="best",
                        show_default=True,
                        help="Arena offsets: ggml's online best-fit, or the offline planner "
@@ -499,6 +500,8 @@ def fail(message: str, code: int) -> None:
     # a huge value or name in a message is shown cut, so an error stays a readable line
     # (a file path, up to 256 characters, stays whole)
     message = " ".join(word if len(word) <= 256 else clip(word) for word in message.split(" "))
+    if len(message) > MAX_MESSAGE:  # a huge value printed in full: keep where, and the advice
+        message = f"{message[:MAX_MESSAGE - 300]} … {message[-250:]}"
     click.echo(f"ggmlrun: error: {message}", err=True)
     sys.exit(code)
 

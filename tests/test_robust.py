@@ -423,3 +423,16 @@ def test_a_huge_randn_scale_warns_nothing(tmp_path):
         warnings.simplefilter("error", RuntimeWarning)
         code, _, err = invoke("run", path)
     assert code == 0 and "Warning" not in err, err
+
+
+def test_a_small_file_never_gives_a_huge_error_line(tmp_path):
+    """Aliases expand a 400-byte file into a 100k-item param; the error shows a part of it."""
+    lines = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i-1}'] * 10)}]" for i in range(1, 5)]
+    lines += ["tensors:", "  x: {shape: [4]}", "nodes:",
+              "  - {name: y, op: scale, src: [x], params: {s: *a4}}"]
+    path = tmp_path / "g.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    code, _, err = invoke("validate", path)
+    one_line(code, err, 2, "g.yaml")
+    assert len(err) < 1500
