@@ -36,7 +36,7 @@ SEARCH_MAX_BUFFERS = 20_000
 MAX_TOTAL_BYTES = 1 << 62
 # past this many lifetime-overlapping pairs the greedy passes (which list every pair) would
 # take minutes and gigabytes: 50k buffers live at once are 1.25e9 pairs
-MAX_PAIRS = 4_000_000
+MAX_PAIRS = 1_000_000
 FALLBACK_PREFIX = "size bound: "
 
 
