@@ -1,3 +1,19 @@
 """ggmlrun: ggml's scheduler, graph allocator and executor, rebuilt to be read and run."""
 
+import os as _os
+import signal as _signal
+import sys as _sys
+
 __version__ = "0.1.0"
+
+
+def _interrupted_at_startup(signum, frame):
+    """Ctrl-C while the command line is still importing: one line, never a traceback.
+    `cli.main` replaces this as soon as it runs."""
+    _os.write(2, b"ggmlrun: interrupted\n")
+    _os._exit(130)
+
+
+# only when this process is the ggmlrun command itself, never when a program imports us
+if _os.path.basename(_sys.argv[0] if _sys.argv else "") in ("ggmlrun", "-m"):
+    _signal.signal(_signal.SIGINT, _interrupted_at_startup)

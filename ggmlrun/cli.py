@@ -32,6 +32,8 @@ DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
                      help="Show Python tracebacks on errors.")
 POLICY = click.option("--policy", type=click.Choice(["ggml", "cost"]), default="ggml", show_default=True,
                       help="Placement: ggml's passes, or minimum modeled time (copies included).")
+MAX_REPEAT = 1_000_000
+MAX_MESSAGE = 1200
 PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default="best",
                        show_default=True,
                        help="Arena offsets: ggml's online best-fit, or the offline planner "
@@ -205,9 +207,9 @@ def _model_setup(model, backends, kw: dict):
 
 
 def emit_json(data: dict) -> None:
-    from ggmlrun.core.run.results import json_default
+    from ggmlrun.core.run.results import strict_json
 
-    click.echo(json.dumps(data, indent=2, default=json_default))
+    click.echo(strict_json(data, indent=2))
 
 
 def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
@@ -429,7 +431,8 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
               help="Set a graph input from a .npy file (repeatable).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every output, by name, to this .npz (atomically).")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, help="Compute N times after one plan.")
+@click.option("--repeat", type=click.IntRange(min=1, max=MAX_REPEAT), default=1,
+              help="Compute N times after one plan.")
 @click.option("--check", is_flag=True, help="Compare outputs with the plain NumPy reference evaluator.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.json", help="Write a Chrome/Perfetto trace of every run (atomically); "
@@ -479,6 +482,8 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     sched, result, errors, prof = outcome.schedule, outcome.result, outcome.errors, outcome.profile
     if trace_file:
         click.echo(f"wrote {trace_file}", err=True)
+    if out_file:
+        click.echo(f"wrote {out_file}", err=True)
     payload = {} if as_json else None
     fit, summary = _fit_and_summary(sched, outcome.memory, phases, payload)
     cpu_threads = sched.backends[-1].threads
@@ -523,9 +528,17 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
 
     from ggmlrun.core.observe.dot import RENDERED, render, to_dot
     from ggmlrun.core.run.results import write_atomic, write_text
+    from ggmlrun.core.util.outputs import check_output
 
+    if out_file is not None:
+        check_output(out_file, "--out", inputs=engine.files_read(graph, backends_file))
     model = _model_input(graph, backends_file, model_kw, ggml, policy)
-    sched = _model_schedule(*model) if model else _prepare(graph, backends_file, policy, ggml=ggml)[1]
+    if model:
+        sched = _model_schedule(*model)
+    else:
+        g, sched = _prepare(graph, backends_file, policy, ggml=ggml)
+        if out_file is not None:
+            check_output(out_file, "--out", inputs=engine.files_read(graph, backends_file, graph=g))
     text = to_dot(sched)
     if out_file is None:
         click.echo(text, nl=False)
@@ -542,7 +555,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
         click.echo(f"ggmlrun: warning: Graphviz `dot` is not on PATH, so no {fmt.upper()}; "
                    f"writing DOT to {dot_file} (render it with: dot -T{fmt} {dot_file} "
                    f"-o {out_file})", err=True)
-        out_file = dot_file
+        out_file = check_output(dot_file, "--out", inputs=engine.files_read(graph, backends_file))
     write_text(out_file, text)
     click.echo(f"wrote {out_file}", err=True)
 
@@ -576,8 +589,13 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
     """The offset planner alone, on MiniMalloc's CSV format (id,lower,upper,size)."""
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.core.frontend.loader import parse_size
-    from ggmlrun.core.memory.pack import plan_offsets, read_csv, verify, write_csv
+    from ggmlrun.core.memory.pack import (FALLBACK_PREFIX, plan_offsets, read_csv, verify,
+                                          write_csv)
+    from ggmlrun.core.util.notes import note
+    from ggmlrun.core.util.outputs import check_output
 
+    if out_file is not None:
+        check_output(out_file, "--out", inputs=[csv_file])
     if capacity is not None:
         try:
             capacity = parse_size(capacity)
@@ -585,11 +603,15 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
             raise InputError(f"--capacity: {err}") from None
     buffers = read_csv(csv_file)
     result = plan_offsets(buffers, capacity=capacity, time_limit=time_limit)
+    for text in result.notes:
+        if text.startswith(FALLBACK_PREFIX):
+            note(text)
     problems = verify(buffers, result.offsets)
     if problems:
         raise RunError(f"internal error: the planner produced overlapping offsets: {problems[0]}")
     if out_file:
         write_csv(out_file, buffers, result.offsets)
+        click.echo(f"wrote {out_file}", err=True)
     fits = capacity is None or result.peak <= capacity
     if as_json:
         emit_json({"peak_bytes": result.peak, "lower_bound_bytes": result.lower_bound,
@@ -606,6 +628,20 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
 @cli.group()
 def gen():
     """Write a generated graph file (llama-style or MLP) with real model shapes."""
+
+
+def _check_gen(name: str, device: str, out: Path | None) -> None:
+    """Refuse, before generating, what would make a file ggmlrun itself then rejects."""
+    from ggmlrun.core.frontend.yamlfile import NAME_RE
+    from ggmlrun.core.util.fmt import clip
+    from ggmlrun.core.util.outputs import check_output
+
+    for option, value in (("--name", name), ("--device", device)):
+        if not NAME_RE.match(value):
+            raise InputError(f"{option} '{clip(value)}' is not a valid name; use letters, digits, "
+                             "'_', '.' and '-', starting with a letter or '_'")
+    if out is not None:
+        check_output(out, "--out")
 
 
 def _write_text(text: str, out: Path | None) -> None:
@@ -639,6 +675,7 @@ def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, n
     """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN."""
     from ggmlrun.core.frontend.gen import LlamaShape, llama
 
+    _check_gen(name, device, out)
     if dim % heads or (dim // heads) % 2:
         raise InputError(f"--dim {dim} must be a multiple of --heads {heads} with an even head size")
     if offload > layers:
@@ -665,6 +702,7 @@ def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
     """A stack of gelu MLP blocks with residuals."""
     from ggmlrun.core.frontend.gen import mlp
 
+    _check_gen(name, device, out)
     if offload > layers:
         raise InputError(f"--offload {offload} is more than --layers {layers}")
     _write_text(mlp(layers, dim, hidden, batch, dtype, offload, device, name), out)
@@ -714,6 +752,10 @@ def _run_model(model, backends, opts, tokens, as_json, out_file):
     from ggmlrun.core.run import results
 
     ids = _parse_tokens(tokens, model.hparams.n_vocab)
+    if out_file is not None:
+        from ggmlrun.core.util.outputs import check_output
+
+        check_output(out_file, "--out", inputs=[model.path], suffixes=(".npz",))
     if any(t.offset is None for t in model.tensors.values()):
         raise InputError("a model card has no weights to run; run a GGUF file",
                          file=str(model.path))
@@ -727,6 +769,7 @@ def _run_model(model, backends, opts, tokens, as_json, out_file):
     summaries = {name: results.summarize(arr) for name, arr in outputs.items()}
     if out_file:
         results.write_npz(out_file, outputs)
+        click.echo(f"wrote {out_file}", err=True)
     if as_json:
         emit_json(report.model_run_dict(result, summaries))
     else:
@@ -814,8 +857,41 @@ def _parse_margins(text: str | None) -> tuple[int, int]:
     return sizes[0], sizes[1] if len(sizes) > 1 else 0
 
 
+def _on_sigterm(signum, frame):
+    """SIGTERM: leave no temporary file behind, then exit as a terminated process does."""
+    from ggmlrun.core.util.atomic import remove_temp_files
+
+    remove_temp_files()
+    raise SystemExit(128 + signum)
+
+
+def _install_signal_handlers() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        _install_signal_handlers()
+        _main(argv)
+    except KeyboardInterrupt:
+        _interrupted()
+
+
+def _interrupted() -> None:
+    from ggmlrun.core.util.atomic import remove_temp_files
+
+    remove_temp_files()
+    click.echo("ggmlrun: interrupted", err=True)
+    sys.exit(130)
+
+
+def _main(argv: list[str]) -> None:
     debug = "--debug" in argv
     try:
         cli.main(args=argv, prog_name="ggmlrun", standalone_mode=False)
@@ -824,13 +900,20 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as err:
         err.show()
         sys.exit(2 if isinstance(err, click.UsageError) else err.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as err:
+        if isinstance(err.__context__, KeyboardInterrupt):
+            _interrupted()
         stderr.print("ggmlrun: aborted")
         sys.exit(1)
     except GgmlrunError as err:
         if debug:
             raise
         fail(str(err), err.exit_code)
+    except MemoryError:       # the checks before each allocation missed one: still one line
+        if debug:
+            raise
+        fail("out of memory: the machine could not give what this run needs; use a smaller "
+             "graph or free memory", 1)
     except Exception as err:  # noqa: BLE001 - one line for anything unexpected
         if debug:
             raise
@@ -839,6 +922,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def fail(message: str, code: int) -> None:
+    from ggmlrun.core.util.fmt import clip
+
+    # a huge value or name in a message is shown cut, so an error stays a readable line
+    # (a file path, up to 256 characters, stays whole)
+    message = " ".join(word if len(word) <= 256 else clip(word) for word in message.split(" "))
+    if len(message) > MAX_MESSAGE:  # a huge value printed in full: keep where, and the advice
+        message = f"{message[:MAX_MESSAGE - 300]} … {message[-250:]}"
     click.echo(f"ggmlrun: error: {message}", err=True)
     sys.exit(code)
 

@@ -91,9 +91,10 @@ def test_running_failures_exit_1(tmp_path):
 
 
 def test_unwritable_out_is_one_line(tmp_path):
+    """Checked before any work, as bad input (docs/robustness.md)."""
     result = invoke("run", ROOT / "graphs/mlp.yaml", "--out", tmp_path / "no" / "such" / "dir.npz")
     code, out, err = result
-    assert code == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "--out" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 # --- fuzz: whatever the file holds, the loader answers with an InputError or a graph ---------

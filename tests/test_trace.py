@@ -109,7 +109,8 @@ def test_trace_with_json_keeps_stdout_one_object(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"]   # no temporary left behind
 
 
-def test_trace_into_a_missing_directory_is_one_line_exit_1(tmp_path):
+def test_trace_into_a_missing_directory_is_one_line_exit_2(tmp_path):
+    """Checked before any work, as bad input (docs/robustness.md)."""
     code, _, err = invoke("run", ROOT / "graphs/mlp.yaml", "--trace", tmp_path / "no" / "t.json")
-    assert code == 1 and "Traceback" not in err
-    assert len(err.strip().splitlines()) == 1 and "cannot write" in err
+    assert code == 2 and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "--trace" in err and "does not exist" in err

@@ -230,13 +230,16 @@ def run_pipeline(request: RunRequest, phases=None,
     from ggmlrun.core.run import results
 
     phase = phases or _no_phase
+    check_run_outputs(request)
     graph, sched = prepare(request.graph_path, request.backends_path, request.policy,
                            request.ggml, request.overrides, phases)
+    check_run_outputs(request, graph)
     with phase("load"):
         inputs = dict(load_input_override(graph, spec) for spec in request.input_specs)
     with phase("plan"):
         plan, memory = plan_memory(sched, request.planner)
     check_capacity(sched, memory)
+    check_run_ram(graph, memory, request.check)
     with phase("data"):
         values = leaf_values(graph)
     with phase("compute"), progress() as report_progress:
@@ -254,10 +257,43 @@ def run_pipeline(request: RunRequest, phases=None,
     if request.trace_path:
         from ggmlrun.core.observe.trace import build_trace
 
-        results.write_text(request.trace_path, json.dumps(build_trace(sched, plan, result),
-                                                          default=results.json_default))
+        results.write_text(request.trace_path, results.strict_json(build_trace(sched, plan, result)))
     if request.check:
-        outcome.errors = results.compare_with_reference(graph, values, inputs, result.outputs)
+        outcome.errors = results.compare_with_reference(graph, values, inputs, result.outputs,
+                                                        request.repeat)
     if request.out_path:
         results.write_npz(request.out_path, result.outputs)
     return outcome
+
+
+def files_read(graph_path, backends_path=None, input_specs=(), graph: Graph | None = None) -> list:
+    """Every file a run reads: outputs must never replace one of them."""
+    files = [graph_path, backends_path]
+    files += [spec.partition("=")[2].strip() for spec in input_specs]
+    if graph is not None:
+        files += [t.data.file for t in graph.leafs if t.data is not None and t.data.file]
+    return [f for f in files if f]
+
+
+def check_run_outputs(request: RunRequest, graph: Graph | None = None) -> None:
+    """`--out` and `--trace` refused before any work (util/outputs.py); again once the graph
+    names the .npy files it reads."""
+    from ggmlrun.core.util.outputs import check_output
+
+    reads = files_read(request.graph_path, request.backends_path, request.input_specs, graph)
+    if request.out_path is not None:
+        check_output(request.out_path, "--out", inputs=reads,
+                     others=[("--trace", request.trace_path)], suffixes=(".npz",))
+    if request.trace_path is not None:
+        check_output(request.trace_path, "--trace", inputs=reads)
+
+
+def check_run_ram(graph: Graph, memory: list[BackendMemory], check: bool) -> None:
+    """The whole run's arrays against the machine's free memory, before any is made: every
+    backend's weights and arena, and with --check the reference's copy of every node."""
+    from ggmlrun.core.util.ram import ensure_memory
+
+    need = sum(m.arena_bytes + m.weights_bytes for m in memory)
+    if check:
+        need += sum(t.nbytes for t in graph.nodes)
+    ensure_memory(need, "this run" + (" with --check's reference" if check else ""))

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: op lists are checked)
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import did_you_mean
+from ggmlrun.core.util.fmt import clip
+from ggmlrun.core.util.notes import note
+from ggmlrun.core.util.numbers import INT64_MAX, MAX_BYTES, checked_float, checked_int
 from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.frontend.yamlfile import (
     Doc,
@@ -25,6 +29,9 @@ BACKEND_KEYS = ("name", "kind", "memory", "alignment", "threads", "supports", "u
 CPU_ONLY_KEYS = ("threads",)
 SIM_ONLY_KEYS = ("supports", "unsupported", "offload_min_batch", "link_bw", "link_latency")
 KINDS = ("cpu", "sim")
+MAX_THREADS = 4096
+RATE_RANGE = {key: (1.0, 1e30) for key in ("flops", "mem_bw", "link_bw")}   # per second
+MAX_LATENCY = 3600.0
 SIZE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*\Z")
 MAX_ALIGNMENT = 2**30
@@ -108,9 +115,15 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
     for key in ("threads", "offload_min_batch"):
         if key in item:
             value = item[key]
-            if not is_int(value) or value < 1:
-                raise doc.error(f"{key} must be an integer >= 1, got {describe_value(value)}", at(key),
-                                culprit)
+            high = MAX_THREADS if key == "threads" else INT64_MAX
+            try:
+                value = checked_int(value, key, 1, high)
+            except ValueError as err:
+                raise doc.error(str(err), at(key), culprit) from None
+            if key == "threads" and value > (os.cpu_count() or 1):
+                note(f"{doc.file}: backend '{name}': threads {value} capped to the "
+                     f"{os.cpu_count() or 1} cores of this machine")
+                value = os.cpu_count() or 1
             setattr(spec, key, value)
     if "supports" in item and "unsupported" in item:
         raise doc.error("give supports or unsupported, not both", at("unsupported"), culprit)
@@ -126,7 +139,12 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
             if not ok:
                 raise doc.error(f"{key} must be a number {bound} (like 50e12), got "
                                 f"{describe_value(item[key])}", at(key), culprit)
-            setattr(spec, key, float(value))
+            low, high = RATE_RANGE.get(key, (0.0, MAX_LATENCY))
+            try:    # a rate of 1e-320 or a latency of 1e308 makes every modeled time infinite
+                value = checked_float(value, key, low, high)
+            except ValueError as err:
+                raise doc.error(str(err), at(key), culprit) from None
+            setattr(spec, key, value)
     return spec
 
 
@@ -144,7 +162,7 @@ def _parse_op_list(doc, ops, where, culprit, key) -> list[str]:
 def _number(value) -> float | None:
     """A positive-number field: a YAML number, or a string a float() reads ('50e12')."""
     if is_number(value):
-        return float(value)
+        return float(value) if abs(value) < 1e300 else math.inf    # 2**1100 overflows float()
     if isinstance(value, str):
         try:
             return float(value.replace("_", ""))
@@ -159,7 +177,9 @@ def parse_size(value) -> int:
     Binary units only (B, KiB, MiB, GiB, TiB; case-insensitive); 'GB' and friends are refused
     rather than guessed at, since users mean GiB as often as 10**9. Fractions round down.
     """
-    if is_number(value) and math.isfinite(value):
+    if is_number(value) and not (value <= MAX_BYTES and math.isfinite(float(value))):
+        raise ValueError(f"{clip(value, 40)} bytes is more than the 1 EiB any memory has")
+    if is_number(value):
         if value < 1:
             raise ValueError(f"must be at least 1 byte, got {value}")
         return int(value)
@@ -169,11 +189,14 @@ def parse_size(value) -> int:
     match = SIZE_RE.match(value)
     unit = match.group(2).lower() if match else ""
     if unit in ("k", "kb", "m", "mb", "g", "gb", "t", "tb"):
-        raise ValueError(f"'{value}': use binary units KiB, MiB, GiB or TiB")
+        raise ValueError(f"'{clip(value, 40)}': use binary units KiB, MiB, GiB or TiB")
     if match is None or (unit and unit not in SIZE_UNITS):
-        raise ValueError(f"cannot read '{value}' as a size; write bytes or e.g. '8GiB', "
+        raise ValueError(f"cannot read '{clip(value, 40)}' as a size; write bytes or e.g. '8GiB', "
                          "'512MiB', '64KiB'")
-    size = int(float(match.group(1)) * SIZE_UNITS.get(unit, 1))
+    size = float(match.group(1)) * SIZE_UNITS.get(unit, 1)
+    if not size <= MAX_BYTES:          # inf and nan too
+        raise ValueError(f"'{clip(value, 40)}' is more than the 1 EiB any memory has")
+    size = int(size)
     if size < 1:
         raise ValueError(f"'{value}' is less than 1 byte")
     return size

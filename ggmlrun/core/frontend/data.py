@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -21,6 +22,8 @@ import numpy as np
 
 from ggmlrun.core.util.errors import InputError, did_you_mean, missing_file_hint
 from ggmlrun.core.util.fmt import shape_text
+from ggmlrun.core.util.inputs import open_regular
+from ggmlrun.core.util.ram import ensure_memory
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.types import numpy_dtype
 
@@ -69,14 +72,17 @@ def _generate(tensor: Tensor, seed: int) -> np.ndarray:
             return flat.astype(dtype).reshape(tensor.shape)
     rng = np.random.Generator(np.random.PCG64(data_seed(seed, tensor.name, init, keys)))
     if init == "randn":
-        # drawn in f32 (half the memory of f64); mean and scale applied in f32
+        # drawn in f32 (half the memory of f64); mean and scale applied in f32, where a scale
+        # of 1e308 is inf, as it would be in ggml
         flat = rng.standard_normal(n, dtype=np.float32)
-        flat *= np.float32(keys["scale"])
-        flat += np.float32(keys["mean"])
+        with np.errstate(over="ignore", invalid="ignore"):
+            flat *= np.float32(keys["scale"])
+            flat += np.float32(keys["mean"])
     elif init == "uniform":
         flat = rng.random(n, dtype=np.float32)
-        flat *= np.float32(keys["high"] - keys["low"])
-        flat += np.float32(keys["low"])
+        with np.errstate(over="ignore", invalid="ignore"):
+            flat *= np.float32(keys["high"] - keys["low"])
+            flat += np.float32(keys["low"])
     elif init == "randint":
         flat = rng.integers(keys["low"], keys["high"], size=n, dtype=np.int64)
     else:  # the loader admits only the inits above
@@ -99,6 +105,8 @@ def leaf_array(tensor: Tensor, seed: int) -> np.ndarray:
             return load_npy(data.file, tensor.shape, tensor.dtype)
         except InputError as err:
             raise err.located(line=tensor.line, culprit=tensor.describe())
+    ensure_memory(2 * tensor.n_elements * max(tensor.itemsize, 8), f"generating the data of "
+                  f"{tensor.describe()}")      # float64 draws, then the cast
     return np.ascontiguousarray(_generate(tensor, seed))
 
 
@@ -116,7 +124,12 @@ def npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     """
     shown = f"file '{path}'"
     try:
-        with open(path, "rb") as fh:
+        handle = open_regular(path, ".npy file", limit=None)
+    except InputError as err:        # the graph file's line is added by the caller
+        raise InputError(f"{shown} not found{missing_file_hint(path)}" if "no such file" in err.message
+                         else f"{shown} {err.message}") from None
+    try:
+        with handle as fh:
             if fh.read(len(NPY_MAGIC)) != NPY_MAGIC:
                 raise InputError(f"{shown} is not a .npy file (NumPy's format, written by "
                                  "np.save); pickles and .npz archives are not read")
@@ -168,8 +181,10 @@ def _check_match(path, got_shape, got_dtype, shape, dtype):
 def load_npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     """Read a .npy that must hold exactly `shape` of `dtype`; native byte order, C order."""
     check_npy(path, shape, dtype)   # clear errors before reading any data
+    ensure_memory(math.prod(shape) * numpy_dtype(dtype).itemsize, f"reading '{path}'")
     try:
-        arr = np.load(path, allow_pickle=False)
+        with open_regular(path, ".npy file", limit=None) as handle:
+            arr = np.load(handle, allow_pickle=False)
     except (OSError, ValueError, EOFError) as err:
         raise InputError(f"cannot read file '{path}': {str(err).splitlines()[0]}") from None
     _check_match(path, arr.shape, arr.dtype, shape, dtype)   # the file may have changed

@@ -16,6 +16,7 @@ from ggmlrun.core.util.fmt import shape_text
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
+from ggmlrun.core.util.numbers import checked_int
 from ggmlrun.core.frontend.yamlfile import (
     check_name,
     describe_value,
@@ -164,6 +165,21 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _check_param_numbers(doc, key, value, path, culprit) -> None:
+    """Integers in params must fit int64 (ggml's int64_t fields): 2**70 is a typo, and would
+    otherwise surface as an OverflowError inside NumPy."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif is_int(item):
+            try:
+                checked_int(item, f"param '{key}'")
+            except ValueError as err:
+                raise doc.error(str(err), path, culprit) from None
+
+
 def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
     """Check an init's keys and fill in their defaults (the data depends on the full set)."""
     where = path + ("init",)
@@ -196,6 +212,11 @@ def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
             raise doc.error(f"'{key}' must be an integer here, got {describe_value(value)}", at, culprit)
         if not is_number(value):
             raise doc.error(f"'{key}' must be a number, got {describe_value(value)}", at, culprit)
+        if is_int(value):
+            try:
+                checked_int(value, f"'{key}'")
+            except ValueError as err:
+                raise doc.error(str(err), at, culprit) from None
         if not math.isfinite(value) and not (init == "full" and dtype != "i32"):
             raise doc.error(f"'{key}' must be finite, got {value}", at, culprit)
         keys[key] = value
@@ -333,6 +354,7 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
         if not isinstance(key, str):
             raise doc.error(f"param names are strings, got {describe_value(key)}", path + ("params",),
                             culprit)
+        _check_param_numbers(doc, key, params[key], path + ("params", key), culprit)
 
     backend = item.get("backend")
     if backend is not None and (not isinstance(backend, str) or not backend):

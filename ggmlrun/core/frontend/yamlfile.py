@@ -18,8 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from ggmlrun.core.util.errors import InputError, did_you_mean, missing_file_hint
+from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.core.util.fmt import is_int, is_number  # noqa: F401  (the loaders import them from here)
+from ggmlrun.core.util.inputs import read_text
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 
@@ -30,8 +31,7 @@ class _SafeLoader(yaml.SafeLoader):
 
 class _FastSafeLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """The same on libyaml's C parser (several times faster on big graphs). Its composer
-    recurses in C and crashes on absurdly deep nesting, so it is used only where `shallow`
-    bounds the depth; everything else goes through the Python parser, which fails cleanly."""
+    recurses in C and crashes on deep nesting, so `_check_events` bounds the depth first."""
 
 
 for _loader in (_SafeLoader, _FastSafeLoader):
@@ -40,25 +40,50 @@ for _loader in (_SafeLoader, _FastSafeLoader):
         re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
         list("-+0123456789"))
 
-_QUOTED_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\n]|\'\')*\'|(?:^|(?<=\s))#[^\n]*',
-                                re.MULTILINE)
-MAX_C_PARSER_DEPTH = 500
+PARSER = _FastSafeLoader          # the tests swap in the pure-Python one to compare
+MAX_DEPTH = 64                  # graph files nest about 6 deep; 4-d `values:` lists add 4
+MAX_ALIAS_NODES = 1_000_000     # nodes aliases (and `<<` merges) may add by expansion
 
 
-def shallow(text: str) -> bool:
-    """An upper bound on YAML nesting: deepest flow brackets plus deepest indentation."""
-    indent = max((len(line) - len(line.lstrip(" ")) for line in text.splitlines()), default=0)
-    if indent > MAX_C_PARSER_DEPTH:
-        return False
-    brackets = _NOT_BRACKET.sub("", _QUOTED_OR_COMMENT.sub("", text))
-    depth = peak = 0
-    for ch in brackets:
-        depth += 1 if ch in "[{" else -1
-        peak = max(peak, depth)
-    return indent + peak <= MAX_C_PARSER_DEPTH
-
-
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+def _check_events(text: str, file: str) -> None:
+    """Walk the parser's event stream (libyaml's parser keeps its stack on the heap, so this
+    cannot crash) and refuse, before anything is built, nesting deeper than MAX_DEPTH or
+    aliases that would expand to more than MAX_ALIAS_NODES nodes ("billion laughs", merge-key
+    bombs): each anchor's expanded size is counted as it closes, each alias adds it."""
+    sizes: dict[str, int] = {}
+    stack: list[list] = []          # per open collection: [nodes inside so far, anchor]
+    added = 0
+    loader = PARSER(text)
+    try:
+        while True:
+            event = loader.get_event()
+            if event is None or isinstance(event, yaml.StreamEndEvent):
+                return
+            if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+                if len(stack) >= MAX_DEPTH:
+                    raise InputError(f"YAML nested more than {MAX_DEPTH} levels deep", file=file,
+                                     line=event.start_mark.line + 1)
+                stack.append([1, event.anchor])
+                continue
+            if isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+                size, anchor = stack.pop()
+            elif isinstance(event, yaml.AliasEvent):
+                size, anchor = sizes.get(event.anchor, 1), None
+                added += size
+                if added > MAX_ALIAS_NODES:
+                    raise InputError(f"YAML aliases expand to more than {MAX_ALIAS_NODES:,} "
+                                     "nodes; write the data out instead of aliasing it",
+                                     file=file, line=event.start_mark.line + 1)
+            elif isinstance(event, yaml.ScalarEvent):
+                size, anchor = 1, event.anchor
+            else:
+                continue
+            if anchor is not None:
+                sizes[anchor] = size
+            if stack:
+                stack[-1][0] += size
+    finally:
+        loader.dispose()
 
 
 class Doc:
@@ -84,20 +109,11 @@ class Doc:
 
 def read_yaml(path) -> tuple[object, Doc]:
     file = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such file" + missing_file_hint(path), file=file) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a YAML file", file=file) from None
-    except UnicodeDecodeError:
-        raise InputError("is not UTF-8 text", file=file) from None
-    except OSError as err:
-        raise InputError(f"cannot read: {err.strerror or err}", file=file) from None
+    text = read_text(path, "YAML file")
     loader = None
     try:
-        parser = _FastSafeLoader if shallow(text) else _SafeLoader
-        loader = parser(text)           # the reader rejects control characters right here
+        _check_events(text, file)
+        loader = PARSER(text)
         root = loader.get_single_node()
         data = loader.construct_document(root) if root is not None else None
         lines: dict = {}

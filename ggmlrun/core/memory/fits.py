@@ -99,7 +99,7 @@ def failure_message(sched, fit: Fit) -> str | None:
                     f"or move weights to another backend")
     if not fit.host_fits:
         return (f"all backends together need {fit.host_bytes} bytes "
-                f"({human_bytes(fit.host_bytes)}) of host RAM (simulated devices live in it too) "
+                f"({human_bytes(fit.host_bytes)}) of host RAM (memory shared with the simulated devices) "
                 f"but this machine has {fit.host_memory_bytes} bytes "
                 f"({human_bytes(fit.host_memory_bytes)}); largest tensors: {names(None)}")
     return None

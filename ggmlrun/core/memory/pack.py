@@ -22,14 +22,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggmlrun.core.util.atomic import write_atomic
+from ggmlrun.core.util.fmt import clip
+from ggmlrun.core.util.inputs import read_text
+from ggmlrun.core.util.numbers import MAX_BYTES, checked_int
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.fmt import align_up
-from ggmlrun.core.memory.intervals import columns, neighbours, overlap_pairs
+from ggmlrun.core.memory.intervals import (columns, count_pairs, neighbours, online_plan,
+                                           overlap_pairs, sweep_conflicts)
 from ggmlrun.core.memory.pack_search import minimise_peak
 
 # The exact search keeps per-section state in memory and costs O(n) numpy work per node; past
 # this many buffers it is not worth starting (the arena planner's graphs only use greedy).
 SEARCH_MAX_BUFFERS = 20_000
+MAX_TOTAL_BYTES = 1 << 62
+# past this many lifetime-overlapping pairs the greedy passes (which list every pair) would
+# take minutes and gigabytes: 50k buffers live at once are 1.25e9 pairs
+MAX_PAIRS = 1_000_000
+FALLBACK_PREFIX = "size bound: "
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,12 @@ def verify(buffers, offsets, *, capacity=None, alignment=1, chunk_pairs=4_000_00
         for i in np.flatnonzero(off + size > capacity)[:20]:
             problems.append(f"buffer {buffers[i].id!r}: ends at {int(off[i] + size[i])} "
                             f"> capacity {capacity}")
-    problems.extend(_space_conflicts(buffers, off, lower, upper, size, active, chunk_pairs))
+    if count_pairs(lower, upper, active) > MAX_PAIRS:
+        offs = off.tolist()
+        problems.extend(f"buffers {buffers[i].id!r} and {buffers[j].id!r} overlap in time and "
+                        "in space" for i, j in sweep_conflicts(lower, upper, size, active, offs))
+    else:
+        problems.extend(_space_conflicts(buffers, off, lower, upper, size, active, chunk_pairs))
     return problems
 
 
@@ -282,10 +296,19 @@ def plan_offsets(buffers, capacity=None, time_limit=5.0, *, search=True, alignme
         raise ValueError(f"alignment must be >= 1, got {alignment}")
     if max_passes is None and len(buffers) > 20_000:
         max_passes = 2  # keep the greedy-only path of huge graphs to a couple of passes
-    offs, peak, method = plan_greedy(buffers, alignment, max_passes)
+    lower, upper, size, active = columns(buffers)
+    pairs = count_pairs(lower, upper, active)
+    notes = []
+    if pairs > MAX_PAIRS:     # the greedy passes' neighbour lists would be quadratic
+        offs, peak = online_plan(lower, upper, size, active, alignment)
+        method = "online best-fit"
+        notes.append(f"{FALLBACK_PREFIX}{pairs:,} overlapping lifetimes > {MAX_PAIRS:,}, so "
+                     "ggml's online best-fit instead of the greedy passes and the search")
+        search = False
+    else:
+        offs, peak, method = plan_greedy(buffers, alignment, max_passes)
     lb = lower_bound(buffers)
     greedy_peak = peak
-    notes = []
     target = lb if capacity is None else capacity
     if search and len(buffers) > SEARCH_MAX_BUFFERS:
         notes.append(f"search skipped: {len(buffers)} buffers > {SEARCH_MAX_BUFFERS}")
@@ -319,33 +342,40 @@ _COLUMNS = ("id", "lower", "upper", "size")
 def read_csv(path) -> list[Buffer]:
     """Buffers from MiniMalloc's CSV format; errors name the file and the line."""
     path = os.fspath(path)
+    text = read_text(path, "CSV file")
     try:
-        handle = open(path, newline="")
-    except OSError as e:
-        raise InputError(f"cannot read: {e.strerror}", file=path) from None
-    with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None:
-            raise InputError("empty file; expected a header 'id,lower,upper,size'", file=path,
-                             line=1)
-        header = [h.strip() for h in header]
-        missing = [c for c in _COLUMNS if c not in header]
-        if missing:
-            raise InputError(f"header lacks column(s) {', '.join(missing)}; "
-                             f"expected 'id,lower,upper,size'", file=path, line=1)
-        cols = [header.index(c) for c in _COLUMNS]
-        buffers, seen = [], {}
-        for row in reader:
-            line = reader.line_num
-            if not row or all(not c.strip() for c in row):
-                continue
-            buf = _parse_row(row, cols, path, line)
-            if buf.id in seen:
-                raise InputError(f"buffer id {buf.id!r} repeats the one on line {seen[buf.id]}",
-                                 file=path, line=line)
-            seen[buf.id] = line
-            buffers.append(buf)
+        return _read_rows(io.StringIO(text, newline=""), path)
+    except csv.Error as err:     # a field past csv's limit, a NUL byte, a broken quote
+        raise InputError(f"malformed CSV: {clip(err)}", file=path) from None
+
+
+def _read_rows(handle, path) -> list[Buffer]:
+    reader = csv.reader(handle)
+    header = next(reader, None)
+    if header is None:
+        raise InputError("empty file; expected a header 'id,lower,upper,size'", file=path,
+                         line=1)
+    header = [h.strip() for h in header]
+    missing = [c for c in _COLUMNS if c not in header]
+    if missing:
+        raise InputError(f"header lacks column(s) {', '.join(missing)}; "
+                         f"expected 'id,lower,upper,size'", file=path, line=1)
+    cols = [header.index(c) for c in _COLUMNS]
+    buffers, seen, total = [], {}, 0
+    for row in reader:
+        line = reader.line_num
+        if not row or all(not c.strip() for c in row):
+            continue
+        buf = _parse_row(row, cols, path, line)
+        if buf.id in seen:
+            raise InputError(f"buffer id {buf.id!r} repeats the one on line {seen[buf.id]}",
+                             file=path, line=line)
+        seen[buf.id] = line
+        buffers.append(buf)
+        total += buf.size
+    if total > MAX_TOTAL_BYTES:     # keeps every offset and peak exact in int64 arithmetic
+        raise InputError(f"the sizes add up to {total} bytes, more than 2**62; no memory is "
+                         "that large", file=path)
     return buffers
 
 
@@ -357,13 +387,12 @@ def _parse_row(row, cols, path, line):
     if not ident:
         raise InputError("empty id", file=path, line=line)
     values = []
+    shown = clip(ident)
     for name, c in zip(_COLUMNS[1:], cols[1:]):
-        text = row[c].strip()
         try:
-            values.append(int(text))
-        except ValueError:
-            raise InputError(f"buffer {ident!r}: {name} {text!r} is not an integer",
-                             file=path, line=line) from None
+            values.append(checked_int(row[c], f"buffer '{shown}': {name}", 0, MAX_BYTES))
+        except ValueError as err:
+            raise InputError(str(err), file=path, line=line) from None
     try:
         return Buffer(ident, *values)
     except ValueError as e:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ggmlrun.core.memory.alloc import MemoryPlan, Slot
-from ggmlrun.core.memory.pack import Buffer, plan_offsets
+from ggmlrun.core.memory.pack import FALLBACK_PREFIX, Buffer, plan_offsets
+from ggmlrun.core.util.notes import note
 
 SEARCH_MAX_SLOTS = 2000   # above this, the greedy orderings alone (the search would not pay)
 
@@ -28,6 +29,9 @@ def best_plan(plan: MemoryPlan, time_limit: float = 0.5) -> MemoryPlan:
                     for i, s in enumerate(slots)]
         result = plan_offsets(requests, time_limit=time_limit, alignment=alignment,
                               search=len(slots) <= SEARCH_MAX_SLOTS)
+        for text in result.notes:
+            if text.startswith(FALLBACK_PREFIX):
+                note(f"--planner best: {text}")
         if result.peak < arena[buffer]:
             arena[buffer] = result.peak
             for i, slot in enumerate(slots):

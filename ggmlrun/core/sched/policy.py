@@ -27,8 +27,10 @@ from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 from ggmlrun.core.util.ggml_version import GgmlVersion
+from ggmlrun.core.util.notes import note
 
 INF = 1 << 62
+MAX_CUT_NODES = 2000
 PICO = 1e12  # costs become integer picoseconds for the flow
 
 
@@ -109,6 +111,14 @@ class CostPolicy:
 
     def place(self, graph: Graph, fits=None) -> PolicyOutcome:
         base = Scheduler(self.backends, ggml=self.ggml).schedule(graph)
+        if len(graph.nodes) > MAX_CUT_NODES:
+            # Dinic's flow in Python grows about quadratically on long chains (10k nodes:
+            # two minutes where ggml's passes take seconds), so past the bound ggml's policy
+            ggml_time = costs.modeled_time(base)
+            why = (f"{len(graph.nodes):,} nodes > {MAX_CUT_NODES:,}: ggml's placement kept "
+                   "without the min-cut search")
+            note(f"--policy cost: {why}")
+            return PolicyOutcome(base, ggml_time, ggml_time, "ggml", why)
         labels = {t: b for t, b in base.backend_of.items() if t.role != "copy"}
         fixed = self._fixed(graph, base)
         for _ in range(2):

@@ -66,6 +66,8 @@ def did_you_mean(name: str, known, ask: bool = False) -> str:
                    SequenceMatcher(None, squash(name), squash(candidate)).ratio())
 
     known = sorted(known)
+    if len(name) > 64:      # no real name is this long; comparing it would cost seconds
+        return "known: " + ", ".join(known)
     close = [k for k in sorted(known, key=likeness, reverse=True)[:3] if likeness(k) >= 0.5]
     question = f"; did you mean '{close[0]}'?" if ask and close else ""
     return "known: " + ", ".join(close + [k for k in known if k not in close]) + question

@@ -43,3 +43,10 @@ def is_int(value) -> bool:
 def is_number(value) -> bool:
     return (isinstance(value, (int, float, np.integer, np.floating))
             and not isinstance(value, (bool, np.bool_)))
+
+
+def clip(text, limit: int = 80) -> str:
+    """A value or name as an error shows it: at most `limit` characters, an ellipsis if cut,
+    so a megabyte name never becomes a megabyte error line."""
+    text = str(text) if not isinstance(text, str) else text
+    return text if len(text) <= limit else text[:limit - 1] + "…"
