@@ -1,7 +1,7 @@
 """One reading of numeric fields for every file and option: integers that fit int64 and their
 field's range, finite floats, and MAX_BYTES, the bound on every size (`parse_size` in
-frontend/backends_file.py reads sizes with units and checks it). A number out of range is the user's mistake, so
-it is an error naming the field (exit 2), never an OverflowError deep inside NumPy.
+frontend/backends_file.py reads sizes with units and checks it). A number out of range is the
+user's mistake, so it is an error naming the field (exit 2), never an OverflowError in NumPy.
 """
 
 from __future__ import annotations
