@@ -147,8 +147,8 @@ def test_fifo_and_device_inputs_are_refused_at_once(tmp_path, graph):
 
 @pytest.mark.parametrize("text", [
     "- " * 100000 + "x\n",
-    "a: [it's, " + "[" * 3000 + "]" * 3000 + "]\n",
-    "a: [\"it's\", x'y, " + "{a: " * 3000 + "b" + "}" * 3000 + "]\n",
+    "a: [it's, " + "[" * 100000 + "]" * 100000 + ", it's]\n",
+    "a: [x'y, " + "{a: " * 100000 + "b" + "}" * 100000 + ", x'y]\n",
 ], ids=["dashes", "quote-in-flow", "quote-in-plain"])
 def test_deep_nesting_never_reaches_libyaml(tmp_path, text):
     """libyaml's composer overflows the C stack here: run it in a child to see a crash."""

@@ -1,6 +1,7 @@
 """One reading of numeric fields for every file and option: integers that fit int64 and their
-field's range, finite floats, sizes in bytes. A number out of range is the user's mistake, so
-it is an error naming the field (exit 2), never an OverflowError deep inside NumPy.
+field's range, finite floats, and MAX_BYTES, the bound on every size (`parse_size` in
+frontend/backends_file.py reads sizes with units and checks it). A number out of range is the
+user's mistake, so it is an error naming the field (exit 2), never an OverflowError in NumPy.
 """
 
 from __future__ import annotations
@@ -35,23 +36,15 @@ def checked_int(value, field: str, low: int = INT64_MIN, high: int = INT64_MAX) 
     return value
 
 
-def checked_float(value, field: str, low: float = -math.inf, high: float = math.inf,
-                  *, low_open: bool = False) -> float:
-    """`value` as a finite float in [low, high] (or (low, high] with `low_open`)."""
+def checked_float(value, field: str, low: float = -math.inf, high: float = math.inf) -> float:
+    """`value` as a finite float in [low, high]."""
     try:
         number = float(value.replace("_", "") if isinstance(value, str) else value)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{field} must be a number, got {clip(value, 40)}") from None
     if isinstance(value, bool) or not math.isfinite(number):
         raise ValueError(f"{field} must be a finite number, got {clip(value, 40)}")
-    if number < low or number > high or (low_open and number == low):
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        raise ValueError(f"{field} {number:g} is out of range; it must be {bound} and <= {high:g}")
+    if number < low or number > high:
+        raise ValueError(f"{field} {number:g} is out of range; it must be from {low:g} to {high:g}")
     return number
 
-
-def checked_bytes(count, field: str) -> int:
-    """A byte count computed from user sizes, refused past MAX_BYTES before anything is taken."""
-    if count > MAX_BYTES:
-        raise ValueError(f"{field} needs {count:.3g} bytes, more than any machine has")
-    return int(count)
