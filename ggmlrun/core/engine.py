@@ -8,7 +8,6 @@ only parses options and renders what comes back.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from ggmlrun.core.memory.alloc import GraphAllocator, MemoryPlan, allocation_seq
 from ggmlrun.core.run.exec import Executor, RunResult
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 from ggmlrun.core.util.errors import CapacityError
-from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.core.util.ggml_version import GgmlVersion
 
 

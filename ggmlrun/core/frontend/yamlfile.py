@@ -14,7 +14,6 @@ The small checks every section of a file shares live here too.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import yaml
 

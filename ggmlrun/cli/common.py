@@ -1,0 +1,114 @@
+"""What every command shares: the consoles, the options defined once, the group, and
+the fits check and summary that plan, measure and run print."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ggmlrun import report
+from ggmlrun.core import engine
+
+
+# piped output gets a wide fixed width so tables are not squeezed into 80 columns
+stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+stderr = Console(stderr=True)
+
+GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
+BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),
+                        help="YAML file with a `backends:` list; overrides the graph's own.")
+JSON = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
+                     help="Show Python tracebacks on errors.")
+POLICY = click.option("--policy", type=click.Choice(["ggml", "cost"]), default="ggml", show_default=True,
+                      help="Placement: ggml's passes, or minimum modeled time (copies included).")
+MAX_REPEAT = 1_000_000
+MAX_MESSAGE = 1200
+PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default="best",
+                       show_default=True,
+                       help="Arena offsets: ggml's online best-fit, or the offline planner "
+                            "(never larger).")
+
+
+GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), default="0.25",
+                    show_default=True,
+                    help="Whose scheduler and allocator rules: ggml 0.25.3 (llama.cpp's) or "
+                         "0.15.3.")
+
+
+def emit_json(data: dict) -> None:
+    from ggmlrun.core.run.results import strict_json
+
+    click.echo(strict_json(data, indent=2))
+
+
+def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
+             overrides=None, phases=None, ggml: str | None = None):
+    return engine.prepare(graph_path, backends_file, policy, ggml, overrides, phases)
+
+
+def placement_options(func):
+    """--memory, --remap, --no-op-offload, --offload-min-batch: "what if" without editing files,
+    received by the command as one `overrides` argument; and --progress (phase times)."""
+    @functools.wraps(func)
+    def wrapper(*args, memory_specs, remap_specs, no_op_offload, offload_min_batch, **kwargs):
+        from ggmlrun.core.frontend.overrides import parse
+
+        kwargs["overrides"] = parse(memory_specs, remap_specs, not no_op_offload,
+                                    offload_min_batch, kwargs.pop("threads", None))
+        return func(*args, **kwargs)
+
+    options = [
+        click.option("--memory", "memory_specs", multiple=True, metavar="NAME=SIZE",
+                     help="Override a backend's memory (e.g. SIM0=4GiB); repeatable."),
+        click.option("--remap", "remap_specs", multiple=True, metavar="NAME=NAME",
+                     help="Move every tensor and pin of one backend to another, which drops the "
+                          "first from the list (e.g. SIM0=CPU); repeatable."),
+        click.option("--no-op-offload", is_flag=True,
+                     help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
+                          "--no-op-offload)."),
+        click.option("--offload-min-batch", type=click.IntRange(min=1), metavar="N",
+                     help="Batch from which op offload moves an op to a device (every device)."),
+        click.option("--progress", "show_progress", is_flag=True,
+                     help="Phase times on stderr even when it is not a terminal."),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def _fit_and_summary(sched, memory, phases, payload: dict | None = None):
+    """The fits check, the llama.cpp-style summary and the op-offload note, shared by plan,
+    measure and run; returns both (a failure to fit is raised by the caller, after the output)."""
+    import os
+
+    from ggmlrun.core.memory.fits import check
+    from ggmlrun.core.observe.summary import summarize
+
+    fit = check(memory)
+    summary = summarize(sched, memory)
+    note = report.offload_note(summary)
+    if note:
+        click.echo(f"ggmlrun: {note}", err=True)
+    if os.environ.get("GGML_SCHED_DEBUG", "0") not in ("", "0"):
+        click.echo(report.ggml_dump(sched), err=True)
+    if payload is not None:
+        payload.update(report.fits_dict(fit))
+        payload["summary"] = report.summary_dict(summary)
+        payload["phases"] = phases.as_dict()
+    return fit, summary
+
+
+def _raise_unless_fits(sched, memory, fit) -> None:
+    engine.check_capacity(sched, memory, fit.host_memory_bytes)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ggmlrun")
+@DEBUG
+def cli():
+    """See and run how a ggml compute graph is placed, sized and executed across devices."""

@@ -1,0 +1,90 @@
+"""The one way out: every error becomes one line and an exit code (2 bad input, 1 a failure
+while running, 130 interrupted); a traceback only with --debug."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ggmlrun.core.util.errors import GgmlrunError, InputError
+from ggmlrun.cli.common import stderr, MAX_MESSAGE, cli
+
+
+def _on_sigterm(signum, frame):
+    """SIGTERM: leave no temporary file behind, then exit as a terminated process does."""
+    from ggmlrun.core.util.atomic import remove_temp_files
+
+    remove_temp_files()
+    raise SystemExit(128 + signum)
+
+
+def _install_signal_handlers() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        _install_signal_handlers()
+        _main(argv)
+    except KeyboardInterrupt:
+        _interrupted()
+
+
+def _interrupted() -> None:
+    from ggmlrun.core.util.atomic import remove_temp_files
+
+    remove_temp_files()
+    click.echo("ggmlrun: interrupted", err=True)
+    sys.exit(130)
+
+
+def _main(argv: list[str]) -> None:
+    debug = "--debug" in argv
+    try:
+        cli.main(args=argv, prog_name="ggmlrun", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(2 if isinstance(err, click.UsageError) else err.exit_code)
+    except click.exceptions.Abort as err:
+        if isinstance(err.__context__, KeyboardInterrupt):
+            _interrupted()
+        stderr.print("ggmlrun: aborted")
+        sys.exit(1)
+    except GgmlrunError as err:
+        if debug:
+            raise
+        fail(str(err), err.exit_code)
+    except MemoryError:       # the checks before each allocation missed one: still one line
+        if debug:
+            raise
+        fail("out of memory: the machine could not give what this run needs; use a smaller "
+             "graph or free memory", 1)
+    except Exception as err:  # noqa: BLE001 - one line for anything unexpected
+        if debug:
+            raise
+        fail(f"internal error: {type(err).__name__}: {err} (run with --debug for a traceback)", 1)
+    sys.exit(0)
+
+
+def fail(message: str, code: int) -> None:
+    from ggmlrun.core.util.fmt import clip
+
+    # a huge value or name in a message is shown cut, so an error stays a readable line
+    # (a file path, up to 256 characters, stays whole)
+    message = " ".join(word if len(word) <= 256 else clip(word) for word in message.split(" "))
+    if len(message) > MAX_MESSAGE:  # a huge value printed in full: keep where, and the advice
+        message = f"{message[:MAX_MESSAGE - 300]} … {message[-250:]}"
+    click.echo(f"ggmlrun: error: {message}", err=True)
+    sys.exit(code)
+
+
+__all__ = ["cli", "main", "InputError"]
