@@ -132,3 +132,14 @@ def test_min_cut_finds_the_optimum_of_the_model_on_small_graphs(seed):
         pytest.skip("too many free nodes to enumerate")
     got = engine.schedule(g, backends, "cost")
     assert total(got) == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def test_cost_policy_never_places_a_node_where_its_source_types_are_refused():
+    """The device runs `mul` by name but not on an f16 operand: the min-cut must ask per node,
+    with the source types, as the scheduler does, or it would move `hb` there."""
+    g = bias_graph()
+    backends = [default_sim(), default_cpu()]
+    assert engine.schedule(g, backends, "cost").backend_name(g.tensor("hb")) == "SIM0"
+    backends[0].unsupported_types = {"mul": frozenset({"f32"})}
+    cost = engine.schedule(g, backends, "cost")
+    assert cost.backend_name(g.tensor("hb")) == "CPU"

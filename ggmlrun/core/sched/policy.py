@@ -185,7 +185,8 @@ class CostPolicy:
             if get_op(node.op).view_op or owner(node) not in index:
                 continue
             v = index[owner(node)]
-            on_d[v] += ps(costs.compute_s(spec[device], node)) if spec[device].supports_op(node.op) else INF
+            runs = spec[device].supports_op(node.op, tuple(s.dtype for s in node.src))
+            on_d[v] += ps(costs.compute_s(spec[device], node)) if runs else INF
             on_c[v] += ps(costs.compute_s(spec[cpu], node))
 
         # 2. copies: once per tensor and destination backend
