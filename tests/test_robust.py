@@ -436,3 +436,17 @@ def test_a_small_file_never_gives_a_huge_error_line(tmp_path):
     code, _, err = invoke("validate", path)
     one_line(code, err, 2, "g.yaml")
     assert len(err) < 1500
+
+
+def test_a_16_gib_zero_stride_view_made_contiguous_is_one_line(tmp_path):
+    """The view costs nothing, its contiguous copy 16 GiB: under a 3 GB address-space cap the
+    run must end in one line, exit 1, never a MemoryError traceback or "internal error"."""
+    path = tmp_path / "zs.yaml"
+    path.write_text("backends:\n  - {name: CPU, kind: cpu}\ntensors:\n  a: {shape: [4], init: ones}\n"
+                    "nodes:\n  - {name: v, op: view, src: [a], params: {shape: [1024, 1024, 1024, 4],"
+                    " strides: [0, 0, 0, 4]}}\n  - {name: c, op: cont, src: [v]}\n")
+    proc = subprocess.run(["bash", "-c", f"ulimit -v 3000000; {sys.executable} -m ggmlrun "
+                           f"run {path}"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "memory" in proc.stderr
