@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIGURES_FILE = REPO / "tests" / "data" / "llamacpp" / "figures.json"
 MODELS_DIR = REPO / "examples" / "models"
 BACKENDS_FILE = REPO / "graphs" / "backends" / "llamacpp_rpc.yaml"
+BACKENDS_2_FILE = REPO / "graphs" / "backends" / "llamacpp_rpc2.yaml"   # -ts A,B: RPC0, RPC1
 FIGURES = json.loads(FIGURES_FILE.read_text())
 CONFIGS = FIGURES["configs"]
 IDS = [cfg["id"] for cfg in CONFIGS]
@@ -30,9 +31,12 @@ QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K")
 def model_options(cfg: dict) -> list[str]:
     """The ggmlrun options that mean what llama.cpp was given for this configuration."""
     opts = cfg["options"]
-    args = ["--backends", str(BACKENDS_FILE), "--ctx", str(opts["ctx"]),
+    split = opts.get("tensor_split", [])
+    args = ["--backends", str(BACKENDS_2_FILE if split else BACKENDS_FILE), "--ctx", str(opts["ctx"]),
             "--ubatch", str(opts["ubatch"]), "--flash-attn", "on" if opts["flash_attn"] else "off",
             "--ngl", str(opts["ngl"]), "--kv-type", opts["kv_type"]]
+    if split:
+        args += ["--tensor-split", ",".join(map(str, split))]
     if opts["no_kv_offload"]:
         args.append("--no-kv-offload")
     for pattern, backend in opts["overrides"]:
@@ -101,7 +105,8 @@ def test_the_recording_covers_the_whole_grid():
             for o in plain}
     assert grid <= seen
     assert (FIGURES["llama_cpp_python"], FIGURES["ggml"]) == ("0.3.36", "0.25.3")
-    assert all(set(cfg["backends"]) == {"RPC0", "CPU"} for cfg in CONFIGS)
+    assert all(set(cfg["backends"]) == ({"RPC0", "RPC1", "CPU"} if "tensor_split" in cfg["options"]
+                                        else {"RPC0", "CPU"}) for cfg in CONFIGS)
 
 
 def test_bundled_models_are_what_the_script_makes(tmp_path):
@@ -115,7 +120,13 @@ def test_bundled_models_are_what_the_script_makes(tmp_path):
         assert (tmp_path / name).read_bytes() == (MODELS_DIR / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+PIPELINE_PARALLEL = pytest.mark.xfail(
+    strict=True, reason="llama.cpp turns on pipeline parallelism (every layer offloaded over 2+ "
+    "devices: the scheduler keeps 4 copies of the graph's inputs), which ggmlrun does not model")
+
+
+@pytest.mark.parametrize("cfg", [pytest.param(cfg, marks=PIPELINE_PARALLEL)
+                                 if cfg.get("pipeline_parallel") else cfg for cfg in CONFIGS], ids=IDS)
 def test_measure_equals_llamacpp(cfg):
     assert compare_measure(cfg, measured(cfg)) == []
 

@@ -71,6 +71,13 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-llama-f16", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]]}),
     ("tiny-llama-f16", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]], "ubatch": 512}),
     ("tiny-llama-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+] + [
+    # -ts A,B over two RPC devices (graphs/backends/llamacpp_rpc2.yaml); ngl all is the one where
+    # llama.cpp turns on pipeline parallelism.
+    (model, "ts" + "-".join(map(str, split)), {"ngl": ngl, "tensor_split": split})
+    for model in ("tiny-llama-f16", "tiny-llama-q8_0") for split in ([1, 1], [3, 1]) for ngl in (3, 4)
+] + [
+    ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1]}),
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
@@ -88,7 +95,8 @@ def all_configs() -> list[dict]:
                    **opts) for m, suffix, opts in EXTRAS]
     configs = []
     for cfg in grid + extras:
-        cfg = {"no_kv_offload": False, "kv_type": "f16", "overrides": [], "suffix": ""} | cfg
+        cfg = {"no_kv_offload": False, "kv_type": "f16", "overrides": [], "suffix": "",
+               "tensor_split": []} | cfg
         cfg["id"] = config_id(cfg["model"], cfg["ctx"], cfg["ubatch"], cfg["flash_attn"], cfg["ngl"],
                               cfg["suffix"])
         configs.append(cfg)
@@ -151,7 +159,7 @@ def start_rpc_server() -> tuple[subprocess.Popen, str]:
 
 # ---------------------------------------------------------------- one configuration (child)
 
-def run_config(cfg: dict, endpoint: str) -> dict:
+def run_config(cfg: dict, endpoints: list[str]) -> dict:
     """Loads the model with llama.cpp as `llama-cli -c CTX -ub UB -fa on|off -ngl N ...` would,
     decodes TOKENS as one batch and returns llama.cpp's log (for its node and split counts) and
     the last token's logits; the shim writes the bytes meanwhile."""
@@ -160,7 +168,8 @@ def run_config(cfg: dict, endpoint: str) -> dict:
     rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
     rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server(endpoint.encode()))
+    for endpoint in endpoints[:max(1, len(cfg["tensor_split"]))]:   # devices RPC0, RPC1, in order
+        ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server(endpoint.encode()))
     shim = ctypes.CDLL(None)
     shim.shim_mark.argtypes = [ctypes.c_char_p]
 
@@ -177,6 +186,9 @@ def run_config(cfg: dict, endpoint: str) -> dict:
     n_layer = cfg["n_layer"]
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = n_layer + 1 if cfg["ngl"] == "all" else cfg["ngl"]
+    split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*cfg["tensor_split"])
+    if cfg["tensor_split"]:
+        mparams.tensor_split = split
     overrides = buffer_overrides(ggml, cfg["overrides"])
     if cfg["overrides"]:
         mparams.tensor_buft_overrides = ctypes.addressof(overrides)
@@ -231,9 +243,10 @@ def buffer_overrides(ggml: ctypes.CDLL, overrides: list[list[str]]) -> ctypes.Ar
 # ---------------------------------------------------------------- reading what the child left
 
 def backend_key(llama_name: str) -> str:
-    """ggmlrun's backend for a llama.cpp buffer or backend name (graphs/backends/llamacpp_rpc.yaml)."""
-    if llama_name.startswith("RPC"):
-        return "RPC0"
+    """ggmlrun's backend for a llama.cpp buffer or backend name (graphs/backends/llamacpp_rpc*.yaml);
+    parse_shim has already named the RPC devices RPC0, RPC1 in their registration order."""
+    if re.fullmatch(r"RPC\d+", llama_name):
+        return llama_name
     if llama_name.startswith("CPU"):
         return "CPU"
     raise ValueError(f"unexpected llama.cpp backend {llama_name!r}")
@@ -252,9 +265,14 @@ def names(field: str) -> list[str | None]:
     return [s or None for s in field.split("|")] if field else []
 
 
+def device_names(text: str, endpoints: list[str]) -> str:
+    """Each server's one device is `RPC0[endpoint]`; the ports change from run to run, so the n-th
+    endpoint's device becomes RPCn."""
+    return RPC_NAME.sub(lambda m: f"RPC{endpoints.index(m.group(1))}", text)
+
+
 def parse_shim(text: str) -> tuple[list[tuple[str, str, str, int]], list[tuple[str, str, int]], list[dict]]:
     """(buffers [(phase, fn, name, bytes)], sched sizes [(phase, backend, bytes)], graphs)."""
-    text = RPC_NAME.sub("RPC0", text)  # the endpoint's port changes from run to run
     phase, buffers, sizes, graphs = "", [], [], []
     graph: dict | None = None
     for line in text.splitlines():
@@ -286,14 +304,14 @@ def parse_shim(text: str) -> tuple[list[tuple[str, str, str, int]], list[tuple[s
     return buffers, sizes, graphs
 
 
-RPC_NAME = re.compile(r"RPC0\[[0-9.:]+\]")
+RPC_NAME = re.compile(r"RPC0\[([0-9.:]+)\]")
 GRAPH_LINE = re.compile(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: / (\d+))?, "
                         r"splits = (\d+)(?: / (\d+))?")
 
 
-def figures_of(cfg: dict, child: dict, shim_text: str) -> tuple[dict, dict]:
+def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str]) -> tuple[dict, dict]:
     """(the figures.json entry, the graph dump) of one configuration."""
-    buffers, sizes, graphs = parse_shim(shim_text)
+    buffers, sizes, graphs = parse_shim(device_names(shim_text, endpoints))
     backends: dict[str, dict[str, int]] = {}
 
     def add(name: str, key: str, nbytes: int) -> None:
@@ -313,6 +331,7 @@ def figures_of(cfg: dict, child: dict, shim_text: str) -> tuple[dict, dict]:
     for name, nbytes in arena.items():
         backends.setdefault(name, {"weights_bytes": 0, "kv_bytes": 0, "arena_bytes": 0})
         backends[name]["arena_bytes"] = nbytes
+    child["log"] = device_names(child["log"], endpoints)
     match = GRAPH_LINE.search(child["log"])
     if not match:
         raise RuntimeError(f"{cfg['id']}: no 'graph nodes' line in llama.cpp's log")
@@ -321,19 +340,21 @@ def figures_of(cfg: dict, child: dict, shim_text: str) -> tuple[dict, dict]:
         "id": cfg["id"], "model": cfg["model"] + ".gguf",
         "options": {"ctx": cfg["ctx"], "ubatch": cfg["ubatch"], "flash_attn": cfg["flash_attn"],
                     "ngl": cfg["ngl"], "kv_type": cfg["kv_type"],
-                    "no_kv_offload": cfg["no_kv_offload"], "overrides": cfg["overrides"]},
+                    "no_kv_offload": cfg["no_kv_offload"], "overrides": cfg["overrides"]}
+                   | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {}),
         "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
         "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
-        "backends": {k: backends[k] for k in sorted(backends, key=lambda k: k == "CPU")},
+        "backends": {k: backends[k] for k in sorted(backends, key=lambda k: (k == "CPU", k))},
         "buffers": [[fn, name, nbytes] for phase, fn, name, nbytes in buffers
                     if phase in ("load", "context") and nbytes],   # the dummy 0-byte ones dropped
         "output_buffer_bytes": output_bytes,
+        **({"pipeline_parallel": True} if "pipeline parallelism enabled" in child["log"] else {}),
         "logits": child["logits"],
     }
     reserves = [g for g in graphs if g["kind"] == "reserve" and g["phase"] == "context"]
     for label, g in zip(["pp", "tg", "pp_again"] if len(reserves) == 3 else [], reserves):
         g["label"] = label
-    debug = [line for line in RPC_NAME.sub("RPC0", child["log"]).splitlines()
+    debug = [line for line in child["log"].splitlines()
              if line.startswith("## SPLIT") or line.startswith("node #")]
     dump = {"id": cfg["id"], "options": entry["options"], "graphs": graphs,
             "sched_debug": "\n".join(debug)}
@@ -367,17 +388,17 @@ def write_json_atomic(path: Path, data, compress: bool = False) -> None:
     tmp.replace(path)
 
 
-def record_one(cfg: dict, endpoint: str, shim: Path, workdir: Path) -> tuple[dict, dict]:
+def record_one(cfg: dict, endpoints: list[str], shim: Path, workdir: Path) -> tuple[dict, dict]:
     shim_log = workdir / "shim.log"
     shim_log.unlink(missing_ok=True)
     env = dict(os.environ, LD_PRELOAD=str(shim), SHIM_LOG=str(shim_log), GGML_SCHED_DEBUG="2",
                OMP_NUM_THREADS=str(N_THREADS))
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg), "--endpoint", endpoint],
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg), "--endpoints", ",".join(endpoints)],
                           env=env, capture_output=True, text=True, timeout=300, preexec_fn=cap_memory)
     if proc.returncode != 0:
         raise RuntimeError(f"{cfg['id']}: llama.cpp child failed:\n{proc.stderr[-3000:]}")
     child = json.loads(proc.stdout.strip().splitlines()[-1])
-    return figures_of(cfg, child, shim_log.read_text())
+    return figures_of(cfg, child, shim_log.read_text(), endpoints)
 
 
 def versions() -> dict:
@@ -398,13 +419,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="redo configurations already recorded")
     parser.add_argument("--serve-rpc", help=argparse.SUPPRESS)
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoints", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_rpc:
         serve_rpc(args.serve_rpc)
         return 0
     if args.child:
-        print(json.dumps(run_config(json.loads(args.child), args.endpoint)))
+        print(json.dumps(run_config(json.loads(args.child), args.endpoints.split(","))))
         return 0
 
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -416,13 +437,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         shim = compile_shim(workdir)
-        server, endpoint = start_rpc_server()
+        servers = [start_rpc_server() for _ in range(2)]   # two devices for -ts; one otherwise
+        endpoints = [endpoint for _, endpoint in servers]
         try:
             for cfg in todo:
                 path = args.models / f"{cfg['model']}.gguf"
                 cfg = dict(cfg, path=str(path), n_layer=model_layers(path))
                 t0 = time.monotonic()
-                entry, dump = record_one(cfg, endpoint, shim, workdir)
+                entry, dump = record_one(cfg, endpoints, shim, workdir)
                 recorded[cfg["id"]] = entry
                 data["configs"] = [recorded[c["id"]] for c in all_configs() if c["id"] in recorded]
                 write_json_atomic(args.out, data)
@@ -436,8 +458,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{cfg['id']:45s} nodes {entry['n_nodes']:4d} splits {entry['n_splits']:2d} "
                       f"{sizes}  ({time.monotonic() - t0:.1f}s)", flush=True)
         finally:
-            server.kill()
-            server.wait()
+            for server, _ in servers:
+                server.kill()
+                server.wait()
     print(f"recorded {len(todo)} configurations in {time.monotonic() - started:.1f}s -> {args.out}")
     return 0
 
