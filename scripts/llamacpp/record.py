@@ -1,7 +1,9 @@
 """Records real llama.cpp's figures for the tiny models, the ground truth ggmlrun is tested on.
 
 llama.cpp (llama-cpp-python 0.3.36 built with -DGGML_RPC=ON) runs every model x ctx x ubatch x
-flash-attn x ngl configuration with one RPC server on 127.0.0.1 standing for a device. Each
+flash-attn x ngl configuration with one RPC server on 127.0.0.1 standing for a device; the
+`-ts A,B` configurations register a second server on another loopback port too, as device RPC1
+(graphs/backends/llamacpp_rpc2.yaml describes that pair; the others use llamacpp_rpc.yaml). Each
 configuration runs in a child process with shim.c preloaded, which reports the exact bytes
 llama.cpp only logs in MiB (model, KV and compute buffers per backend) and dumps every graph
 the scheduler reserves or computes, with each node's backend. llama.cpp's own log gives
