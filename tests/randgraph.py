@@ -108,3 +108,13 @@ def random_backends(rng: np.random.Generator, graph: Graph) -> list[BackendSpec]
 
 def leaf_values(graph: Graph, rng: np.random.Generator) -> dict[Tensor, np.ndarray]:
     return {t: rng.standard_normal(t.shape).astype(t.np_dtype) for t in graph.leafs}
+
+
+def fan_out(n: int) -> str:
+    """A graph file with n tensors live at once: n negations of x, then summed in a chain (the
+    planner's worst case: every pair of the first n lifetimes overlaps)."""
+    lines = ["name: fan", "tensors:", "  x: {shape: [4], role: input}", "nodes:"]
+    lines += [f"  - {{name: a{i}, op: neg, src: [x]}}" for i in range(n)]
+    lines.append("  - {name: s1, op: add, src: [a0, a1]}")
+    lines += [f"  - {{name: s{i}, op: add, src: [s{i - 1}, a{i}]}}" for i in range(2, n)]
+    return "\n".join(lines) + "\n"

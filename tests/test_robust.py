@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from clikit import invoke
+from tests.randgraph import fan_out
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "graphs" / "mlp.yaml"
@@ -266,18 +267,10 @@ def test_a_huge_sparse_npy_is_refused_before_it_is_read(tmp_path):
     one_line(*invoke("run", path)[::2], 1, "memory")
 
 
-def _fan_out(n: int) -> str:
-    lines = ["name: fan", "tensors:", "  x: {shape: [4], role: input}", "nodes:"]
-    lines += [f"  - {{name: a{i}, op: neg, src: [x]}}" for i in range(n)]
-    lines.append("  - {name: s1, op: add, src: [a0, a1]}")
-    lines += [f"  - {{name: s{i}, op: add, src: [s{i - 1}, a{i}]}}" for i in range(2, n)]
-    return "\n".join(lines) + "\n"
-
-
 def test_measure_is_not_quadratic_in_live_tensors(tmp_path):
     """5k live tensors: 12.5M overlapping pairs, past the bound; before, 97 s and 2 GB."""
     path = tmp_path / "fan.yaml"
-    path.write_text(_fan_out(5000))
+    path.write_text(fan_out(5000))
     t0 = time.monotonic()
     code, out, err = invoke("measure", path, "--json")
     assert code == 0 and "online best-fit" in err
@@ -287,7 +280,7 @@ def test_measure_is_not_quadratic_in_live_tensors(tmp_path):
 @pytest.mark.slow
 def test_measure_on_100k_live_tensors_in_bounded_memory(tmp_path):
     path = tmp_path / "fan.yaml"
-    path.write_text(_fan_out(100_000))
+    path.write_text(fan_out(100_000))
     proc = subprocess.run(["bash", "-c", f"ulimit -v 3000000; {sys.executable} -m ggmlrun "
                            f"measure {path} --json"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)

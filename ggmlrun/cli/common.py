@@ -104,7 +104,7 @@ def _fit_and_summary(sched, memory, phases, payload: dict | None = None):
 
 
 def _raise_unless_fits(sched, memory, fit) -> None:
-    engine.check_capacity(sched, memory, fit.host_memory_bytes)
+    engine.check_capacity(sched, memory, fit=fit)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -110,12 +110,14 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
     return plan, memory
 
 
-def check_capacity(sched: Schedule, memory: list[BackendMemory], host_memory: int | None = None):
+def check_capacity(sched: Schedule, memory: list[BackendMemory], host_memory: int | None = None,
+                   fit=None):
     """Fail before allocating anything when weights plus arena exceed a backend's memory, or
-    all backends together the machine's RAM (fits.py); returns the figures when it fits."""
+    all backends together the machine's RAM (fits.py); returns the figures when it fits.
+    `fit`: the figures already worked out for this plan (a report showed them), not redone."""
     from ggmlrun.core.memory.fits import check, failure_message
 
-    fit = check(memory, host_memory)
+    fit = fit if fit is not None else check(memory, host_memory)
     problem = failure_message(sched, fit)
     if problem:
         raise CapacityError(problem, file=str(sched.graph.path) if sched.graph.path else None)
