@@ -1,20 +1,28 @@
-"""Compute time of real model shapes: ggmlrun (CPU backend) vs the same math in plain NumPy,
-and vs onnxruntime on the MLP.
+"""Compute time of real model shapes: ggmlrun (CPU backend) vs the same math in plain NumPy
+and in onnxruntime, with f32 weights and with f16 weights, at 1 thread and at every core.
 
 Graphs come from ggmlrun's generators (`gen.llama`, `gen.mlp`), loaded like any graph file,
 scheduled on the CPU backend alone, planned and bound once; what is timed is
-`Executor.run(feed, repeat=R)` / R, the compute loop `engine.execute` runs. The NumPy side is
-written here by hand from the same weights, the way a NumPy user would (`x @ w.T`, fresh
-temporaries), and must give the same outputs. All f32.
+`Executor.run(feed, repeat=R)` / R, the compute loop `engine.execute` runs, with the
+executor's `threads` set to the thread count. The NumPy side is written here by hand from the
+same f32 weights, the way a NumPy user would (`x @ w.T`, fresh temporaries, BLAS at that
+thread count); the onnxruntime side is the same math built from ONNX ops (MatMul on
+pre-transposed constant weights, which ORT prepacks; rope's cos/sin tables and the causal mask
+are constants, computed from `pos`). All must give the same outputs (the error column).
 
-    python benchmarks/bench_compute.py            # dim 4096 (about 2 GiB of weights in all)
-    python benchmarks/bench_compute.py --quick    # dim 512, seconds (CI smoke)
-    python benchmarks/bench_compute.py --no-ort   # skip onnxruntime
+Targets (issue 11): ggmlrun f32 <= 1.0x onnxruntime on both graphs at each thread count;
+ggmlrun with f16 weights <= 1.2x ggmlrun f32 (b rounded to f16 as ggml does, sums in f32).
+
+    python benchmarks/bench_compute.py              # dim 4096 (about 2 GiB of weights in all)
+    python benchmarks/bench_compute.py --threads 1  # one thread count only
+    python benchmarks/bench_compute.py --quick      # dim 512, seconds (CI smoke)
+    python benchmarks/bench_compute.py --no-ort     # skip onnxruntime (also when not installed)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import resource
@@ -33,7 +41,6 @@ from ggmlrun.core.run.exec import Executor
 from ggmlrun.core.frontend.gen import LlamaShape, llama, mlp
 from ggmlrun.core.frontend.loader import load_graph
 
-TARGET = 1.10
 
 
 def load_text(text: str):
@@ -41,16 +48,6 @@ def load_text(text: str):
         path = Path(tmp) / "graph.yaml"
         path.write_text(text)
         return load_graph(path)
-
-
-def prepare(graph):
-    """Schedule (CPU only), plan, generate leaf data, bind. Returns (executor, feed, values)."""
-    sched = engine.schedule(graph, [default_cpu()])
-    plan, memory = engine.plan_memory(sched)
-    values = engine.leaf_values(graph)
-    executor = Executor(sched, plan, values)
-    feed = {t: values[t] for t in graph.inputs}
-    return executor, feed, {t.name: v for t, v in values.items()}, memory[0]
 
 
 # --- the same math in NumPy ---------------------------------------------------------------
@@ -110,33 +107,51 @@ def mlp_numpy(v: dict, layers: int):
     return x
 
 
-# --- onnxruntime on the MLP ----------------------------------------------------------------
+# --- the same math in onnxruntime ---------------------------------------------------------
 
-def mlp_onnx(v: dict, layers: int, threads: int):
-    """An ORT session computing the MLP (weights pre-transposed for MatMul), or a reason."""
+class OnnxGraph:
+    """Just enough of onnx.helper to write the two graphs: fresh names, constants."""
+
+    def __init__(self, helper, numpy_helper):
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.nodes, self.inits, self.count = [], [], 0
+
+    def const(self, value: np.ndarray) -> str:
+        name = f"c{len(self.inits)}"
+        self.inits.append(self.numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def op(self, kind: str, *inputs: str, **attrs) -> str:
+        self.count += 1
+        out = f"{kind.lower()}{self.count}"
+        self.nodes.append(self.helper.make_node(kind, list(inputs), [out], **attrs))
+        return out
+
+    def matmul_t(self, x: str, w: np.ndarray) -> str:
+        """x @ wᵀ with wᵀ stored as a constant: the layout ORT prepacks."""
+        return self.op("MatMul", x, self.const(w.T))
+
+    def rms_norm(self, x: str, weight: np.ndarray, eps: float = 1e-6) -> str:
+        mean = self.op("ReduceMean", self.op("Mul", x, x), self.const(np.array([-1])),
+                       keepdims=1)
+        rms = self.op("Sqrt", self.op("Add", mean, self.const(np.float32([eps]))))
+        return self.op("Mul", self.op("Div", x, rms), self.const(weight))
+
+
+def onnx_session(build, x: np.ndarray, threads: int):
+    """An ORT session for the graph `build(g, "x") -> output name` writes, or a reason."""
     try:
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
     except ImportError as err:
         return None, f"not installed ({err.name}); `pip install onnxruntime onnx`"
-    x = v["x"]
-    nodes, inits = [], []
-    cur = "x"
-    for layer in range(layers):
-        w1t, w2t = f"w1t_{layer}", f"w2t_{layer}"
-        inits += [numpy_helper.from_array(np.ascontiguousarray(v[f"l{layer}.w1"].T), w1t),
-                  numpy_helper.from_array(np.ascontiguousarray(v[f"l{layer}.w2"].T), w2t)]
-        h, a, y, out = f"h{layer}", f"a{layer}", f"y{layer}", f"out{layer}"
-        nodes += [helper.make_node("MatMul", [cur, w1t], [h]),
-                  helper.make_node("Gelu", [h], [a], approximate="tanh"),
-                  helper.make_node("MatMul", [a, w2t], [y]),
-                  helper.make_node("Add", [y, cur], [out])]
-        cur = out
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                      list(x.shape))],
-                          [helper.make_tensor_value_info(cur, TensorProto.FLOAT, list(x.shape))],
-                          initializer=inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    g = OnnxGraph(helper, numpy_helper)
+    out = build(g, "x")
+    io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(x.shape))
+          for name in ("x", out)]
+    model = helper.make_model(helper.make_graph(g.nodes, "bench", [io[0]], [io[1]],
+                                                initializer=g.inits),
+                              opset_imports=[helper.make_opsetid("", 20)])
     model.ir_version = 9
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -146,9 +161,62 @@ def mlp_onnx(v: dict, layers: int, threads: int):
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
-    del model, inits
-    return (lambda: sess.run(None, {"x": x})[0]), f"onnxruntime {ort.__version__}, " \
-                                                   f"{threads} threads"
+    del model, g
+    return (lambda: sess.run(None, {"x": x})[0]), f"onnxruntime {ort.__version__}"
+
+
+def mlp_onnx_graph(v: dict, layers: int):
+    def build(g: OnnxGraph, x: str) -> str:
+        for layer in range(layers):
+            h = g.op("Gelu", g.matmul_t(x, v[f"l{layer}.w1"]), approximate="tanh")
+            x = g.op("Add", g.matmul_t(h, v[f"l{layer}.w2"]), x)
+        return x
+    return build
+
+
+def llama_onnx_graph(v: dict, heads: int, layers: int):
+    """gen llama's math: rope mode 0 on pairs (2i, 2i+1), causal softmax, swiglu."""
+    t, dim = v["x"].shape
+    hd = dim // heads
+    theta = v["pos"][:, None].astype(np.float32) * np.power(
+        np.float32(10000.0), -np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd))
+    cos, sin = (f(theta)[:, None, :, None].astype(np.float32) for f in (np.cos, np.sin))
+    mask = np.where(np.triu(np.ones((t, t), bool), k=1), -np.inf, 0).astype(np.float32)
+
+    def rope(g: OnnxGraph, x: str) -> str:
+        pairs = g.op("Reshape", x, g.const(np.array([t, heads, hd // 2, 2])))
+        u = g.op("Slice", pairs, g.const(np.array([0])), g.const(np.array([1])),
+                 g.const(np.array([-1])))
+        w = g.op("Slice", pairs, g.const(np.array([1])), g.const(np.array([2])),
+                 g.const(np.array([-1])))
+        c, s = g.const(cos), g.const(sin)
+        first = g.op("Sub", g.op("Mul", u, c), g.op("Mul", w, s))
+        second = g.op("Add", g.op("Mul", u, s), g.op("Mul", w, c))
+        return g.op("Concat", first, second, axis=-1)      # [t, heads, hd/2, 2]
+
+    def build(g: OnnxGraph, x: str) -> str:
+        for layer in range(layers):
+            w = {k[len(f"l{layer}."):]: a for k, a in v.items() if k.startswith(f"l{layer}.")}
+            n = g.rms_norm(x, w["attn_norm"])
+            q, k = (rope(g, g.matmul_t(n, w[key])) for key in ("wq", "wk"))
+            q = g.op("Transpose", g.op("Reshape", q, g.const(np.array([t, heads, hd]))),
+                     perm=[1, 0, 2])
+            k = g.op("Transpose", g.op("Reshape", k, g.const(np.array([t, heads, hd]))),
+                     perm=[1, 2, 0])
+            vv = g.op("Transpose", g.op("Reshape", g.matmul_t(n, w["wv"]),
+                                        g.const(np.array([t, heads, hd]))), perm=[1, 0, 2])
+            kq = g.op("Mul", g.op("MatMul", q, k), g.const(np.float32([1.0 / math.sqrt(hd)])))
+            kq = g.op("Softmax", g.op("Add", kq, g.const(mask)), axis=-1)
+            kqv = g.op("Transpose", g.op("MatMul", kq, vv), perm=[1, 0, 2])
+            kqv = g.op("Reshape", kqv, g.const(np.array([t, dim])))
+            h = g.op("Add", g.matmul_t(kqv, w["wo"]), x)
+            n = g.rms_norm(h, w["ffn_norm"])
+            gate = g.matmul_t(n, w["ffn_gate"])
+            gate = g.op("Mul", gate, g.op("Sigmoid", gate))
+            up = g.op("Mul", gate, g.matmul_t(n, w["ffn_up"]))
+            x = g.op("Add", g.matmul_t(up, w["ffn_down"]), h)
+        return x
+    return build
 
 
 # --- timing --------------------------------------------------------------------------------
@@ -159,29 +227,71 @@ def timed(fn, repeat: int) -> float:
     return (time.perf_counter() - t0) / repeat
 
 
-def compare(name, graph, executor, feed, numpy_fn, repeat, trials, extra=None):
-    out_name = graph.outputs[0].name
-    got = executor.run(feed, repeat=1).outputs[out_name]
-    want = numpy_fn()
-    err = float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))
-    sides = {"ggmlrun": lambda r: executor.run(feed, repeat=r),
-             "numpy": lambda r: [numpy_fn() for _ in range(r)]}
-    if extra:
-        ort_fn = extra[0]
-        err_ort = float(np.max(np.abs(ort_fn() - want)) / float(np.max(np.abs(want))))
-        sides["onnxruntime"] = lambda r: [ort_fn() for _ in range(r)]
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))
+
+
+def compare(sides: dict, want: np.ndarray, repeat: int, trials: int) -> tuple[dict, dict]:
+    """Best seconds per compute and error vs NumPy of each side, interleaved trials."""
+    errors = {name: rel_err(fn(), want) for name, fn in sides.items()}
     best = {k: float("inf") for k in sides}
     for _ in range(trials):                      # interleaved: drift hits every side alike
-        for k, side in sides.items():
-            side(1)                              # untimed: let the other side's threads settle
-            best[k] = min(best[k], timed(side, repeat))
-    rows = [[name, "plain NumPy (same math)", ms(best["numpy"]), "1.00x", ""],
-            [name, "ggmlrun Executor.run", ms(best["ggmlrun"]),
-             f"{best['ggmlrun'] / best['numpy']:.2f}x", f"{err:.1e}"]]
-    if extra:
-        rows.append([name, extra[1], ms(best["onnxruntime"]),
-                     f"{best['onnxruntime'] / best['numpy']:.2f}x", f"{err_ort:.1e}"])
-    return rows, best["ggmlrun"] / best["numpy"], best
+        for k, fn in sides.items():
+            fn()                                 # untimed: let the other side's threads settle
+            best[k] = min(best[k], timed(lambda r: [fn() for _ in range(r)], repeat))
+    return best, errors
+
+
+class Graphs:
+    """One generated graph, f32 and f16 weights: ggmlrun executors, NumPy and ORT sides."""
+
+    def __init__(self, name: str, text_f32: str, text_f16: str, numpy_fn, onnx_build):
+        self.name = name
+        self.prepared = {}
+        for dtype, text in (("f32", text_f32), ("f16", text_f16)):
+            graph = load_text(text)
+            sched = engine.schedule(graph, [default_cpu()])
+            plan, memory = engine.plan_memory(sched)
+            values = engine.leaf_values(graph)
+            self.prepared[dtype] = (graph, sched, plan, values, memory[0])
+        graph, _, _, values, _ = self.prepared["f32"]
+        self.values = {t.name: v for t, v in values.items()}
+        self.numpy_fn = lambda: numpy_fn(self.values)
+        self.onnx_build = onnx_build(self.values)
+        self.wbytes = {d: sum(a.nbytes for t, a in p[3].items() if t.role == "weight")
+                       for d, p in self.prepared.items()}
+
+    def sides(self, threads: int, ort: bool) -> tuple[dict, str]:
+        sides = {}
+        for dtype, (graph, sched, plan, values, _) in self.prepared.items():
+            executor = Executor(sched, plan, values, threads=threads)
+            feed = {t: values[t] for t in graph.inputs}
+            out = graph.outputs[0].name
+            sides[f"ggmlrun {dtype}"] = (lambda e=executor, f=feed, o=out:
+                                         e.run(f, repeat=1).outputs[o])
+        sides["numpy"] = self.numpy_fn
+        note = "skipped (--no-ort)"
+        if ort:
+            fn, note = onnx_session(self.onnx_build, self.values["x"], threads)
+            if fn:
+                sides["onnxruntime"] = fn
+        return sides, note
+
+
+def measure(g: Graphs, threads: int, ort: bool, repeat: int, trials: int):
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=threads, user_api="blas"):     # NumPy's (and ORT-free) BLAS
+        sides, note = g.sides(threads, ort)
+        best, errors = compare(sides, g.numpy_fn(), repeat, trials)
+    del sides
+    base = best["numpy"]
+    labels = {"numpy": "plain NumPy (same math, f32)", "ggmlrun f32": "ggmlrun, f32 weights",
+              "ggmlrun f16": "ggmlrun, f16 weights", "onnxruntime": f"{note}, f32"}
+    rows = [[g.name, threads, labels[k], ms(best[k]), f"{best[k] / base:.2f}x",
+             "" if k == "numpy" else f"{errors[k]:.1e}"]
+            for k in ("numpy", "onnxruntime", "ggmlrun f32", "ggmlrun f16") if k in best]
+    return rows, best, note
 
 
 def main() -> None:
@@ -190,7 +300,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small dims, seconds (CI smoke)")
     ap.add_argument("--no-ort", action="store_true", help="skip onnxruntime")
     ap.add_argument("--threads", type=int, default=None,
-                    help="BLAS and onnxruntime threads (default: every core this process may use)")
+                    help="one thread count (default: 1, then every core this process may use)")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--trials", type=int, default=None)
     args = ap.parse_args()
@@ -203,52 +313,48 @@ def main() -> None:
     # one compute per timing, many timings, the fastest kept: on a shared 2-core machine the
     # minimum is the figure least disturbed by other processes
     repeat = args.repeat or 1
-    trials = args.trials or (5 if args.quick else 10)
-    threads = args.threads or len(os.sched_getaffinity(0))
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(limits=threads, user_api="blas")     # NumPy and ggmlrun alike
+    trials = args.trials or (3 if args.quick else 7)
+    cores = len(os.sched_getaffinity(0))
+    counts = [args.threads] if args.threads else sorted({1, cores})
 
-    print(f"bench_compute: f32, CPU backend, {threads} BLAS threads, {repeat} compute(s) per "
-          f"timing, best of {trials} ({machine()})")
+    print(f"bench_compute: CPU backend, threads {counts}, {repeat} compute(s) per timing, best "
+          f"of {trials} ({machine()})")
     rows, verdicts = [], []
-
-    t0 = time.perf_counter()
-    graph = load_text(llama(ls))
-    executor, feed, values, mem = prepare(graph)
-    setup = time.perf_counter() - t0
-    wbytes = sum(a.nbytes for k, a in values.items() if k not in ("x", "pos"))
-    label = (f"llama block: 1 layer, dim {ls.dim}, heads {ls.heads}, ffn {ls.ffn}, batch "
-             f"{ls.batch}; weights {wbytes / 2**20:.0f} MiB, arena {mem.arena_bytes / 2**20:.1f} MiB")
-    r, ratio, _ = compare("llama", graph, executor, feed,
-                          lambda: llama_numpy(values, ls.heads, ls.layers), repeat, trials)
-    rows += r
-    verdicts.append(("llama block", ratio))
-    print(f"- {label} (load+plan+data+bind {setup:.1f} s)")
-    del executor, feed, values, graph
-
-    t0 = time.perf_counter()
-    graph = load_text(mlp(**m))
-    executor, feed, values, mem = prepare(graph)
-    setup = time.perf_counter() - t0
-    wbytes = sum(a.nbytes for k, a in values.items() if k != "x")
-    extra, ort_note = None, "skipped (--no-ort)"
-    if not args.no_ort:
-        fn, ort_note = mlp_onnx(values, m["layers"], threads)
-        extra = (fn, ort_note) if fn else None
-    r, ratio, best = compare("mlp", graph, executor, feed,
-                             lambda: mlp_numpy(values, m["layers"]), repeat, trials, extra)
-    rows += r
-    verdicts.append(("mlp", ratio))
-    print(f"- mlp: {m['layers']} layers, dim {m['dim']}, hidden {m['hidden']}, batch "
-          f"{m['batch']}; weights {wbytes / 2**20:.0f} MiB, arena "
-          f"{mem.arena_bytes / 2**20:.1f} MiB (load+plan+data+bind {setup:.1f} s)")
-    print(f"- onnxruntime: {ort_note}")
-    print(table(["graph", "what", "ms per compute", "vs NumPy", "max rel err vs NumPy"], rows))
+    for name, build in (
+            ("llama", lambda: Graphs(
+                "llama", llama(ls), llama(dataclasses.replace(ls, dtype="f16")),
+                lambda v: llama_numpy(v, ls.heads, ls.layers),
+                lambda v: llama_onnx_graph(v, ls.heads, ls.layers))),
+            ("mlp", lambda: Graphs(
+                "mlp", mlp(**m), mlp(**m, dtype="f16"), lambda v: mlp_numpy(v, m["layers"]),
+                lambda v: mlp_onnx_graph(v, m["layers"])))):
+        t0 = time.perf_counter()
+        g = build()
+        setup = time.perf_counter() - t0
+        shape = (f"1 layer, dim {ls.dim}, heads {ls.heads}, ffn {ls.ffn}, batch {ls.batch}"
+                 if name == "llama" else f"{m['layers']} layers, dim {m['dim']}, hidden "
+                 f"{m['hidden']}, batch {m['batch']}")
+        print(f"- {name}: {shape}; weights {g.wbytes['f32'] / 2**20:.0f} MiB f32, "
+              f"{g.wbytes['f16'] / 2**20:.0f} MiB f16 (load+plan+data {setup:.1f} s)")
+        for threads in counts:
+            r, best, note = measure(g, threads, not args.no_ort, repeat, trials)
+            rows += r
+            f32, f16 = best["ggmlrun f32"], best["ggmlrun f16"]
+            if "onnxruntime" in best:
+                ratio = f32 / best["onnxruntime"]
+                verdicts.append(f"{name} f32, {threads} thread(s): ggmlrun <= 1.0x onnxruntime: "
+                                f"{verdict(ratio <= 1.0)} ({ratio:.2f}x)")
+            else:
+                verdicts.append(f"{name}, {threads} thread(s): onnxruntime {note}")
+            verdicts.append(f"{name}, {threads} thread(s): f16 weights <= 1.2x f32: "
+                            f"{verdict(f16 / f32 <= 1.2)} ({f16 / f32:.2f}x)")
+        del g
+    print(table(["graph", "threads", "what", "ms per compute", "vs NumPy",
+                 "max rel err vs NumPy"], rows))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"peak RSS {peak:.2f} GiB")
-    for what, ratio in verdicts:
-        print(f"target {what}: ggmlrun <= {TARGET}x NumPy: {verdict(ratio <= TARGET)} "
-              f"({ratio:.2f}x)")
+    for line in verdicts:
+        print(f"target {line}")
 
 
 if __name__ == "__main__":

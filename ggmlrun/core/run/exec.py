@@ -5,10 +5,17 @@ arrays) and run by `run_node`, in the spirit of torch.fx's Interpreter: a failin
 reported as "while executing node 'x' (op) on BACKEND". Copies really move bytes from one
 backend's memory into another's arena, and the executor counts what they moved as they move
 it, so the copy figures a run reports are what happened, not what the schedule promised.
+
+Threads: the CPU backend's `threads` (else every core this process may use) become the
+run's `Workers`, which mul_mat shares its panels among (ops/panels.py). While more than one
+works, BLAS is held to one thread for the run: OpenBLAS's own threads gain nothing on the
+thin products of a batch of tokens, and two layers of threads would fight for the cores.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -20,6 +27,7 @@ from ggmlrun.core.backends import costs
 from ggmlrun.core.backends.runtime import Backend, strided_view
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op
+from ggmlrun.core.ir.ops.panels import Workers
 from ggmlrun.core.memory.alloc import MemoryPlan
 from ggmlrun.core.sched.scheduler import COPY, Schedule, Step
 from ggmlrun.core.util.errors import RunError
@@ -95,7 +103,9 @@ def byte_span(arr: np.ndarray) -> int:
 
 
 class Executor:
-    def __init__(self, schedule: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndarray]):
+    def __init__(self, schedule: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndarray],
+                 threads: int | None = None):
+        """`threads`: None takes the CPU backend's `threads`, else every usable core."""
         if plan.weights is None:
             raise ValueError("the memory plan has no weight layout: plan it with engine.plan_memory")
         self.schedule = schedule
@@ -103,6 +113,8 @@ class Executor:
         self.backends = [Backend(spec, plan.arena_bytes[i], plan.weights.bytes[i])
                          for i, spec in enumerate(schedule.backends)]
         self.leaf_values = leaf_values
+        cpu_threads = next((b.threads for b in schedule.backends if b.kind == "cpu"), None)
+        self.workers = Workers(threads or cpu_threads or len(os.sched_getaffinity(0)))
         self.views: dict[Tensor, np.ndarray] = {}
         self._bind()
         self.steps: list[ExecStep] | None = None          # compiled on the first run
@@ -136,6 +148,8 @@ class Executor:
     # --- compiling: each step resolved once, so per-node work in the loop is one call --------
     def _compile(self) -> list[ExecStep]:
         sched = self.schedule
+        self._written = {n.view_src for n in sched.graph.nodes
+                         if n.is_view and not get_op(n.op).view_op}
         return [self._compile_copy(step) if step.kind == COPY else self._compile_compute(step)
                 for step in sched.execution_steps()]
 
@@ -158,11 +172,28 @@ class Executor:
         args = (self.views[tensor], *(self.views[s] for s in self.schedule.srcs_of[tensor]))
         kernel = get_op(tensor.op).kernel
         bind = getattr(kernel, "bind", None)
-        call = bind(*args, **tensor.params) if bind is not None else None
+        context = {}
+        if getattr(kernel, "binds_run_context", False):
+            context = {"workers": self.workers,
+                       "constant": tuple(map(self._constant, self.schedule.srcs_of[tensor]))}
+        call = bind(*args, **tensor.params, **context) if bind is not None else None
         if call is None:
             raw = getattr(kernel, "raw", kernel)
             call = (partial(raw, **tensor.params) if tensor.params else raw), args
         return ExecStep(step, *call)
+
+    def _constant(self, tensor: Tensor) -> bool:
+        """A weight no node writes into (set_rows, cpy): its bytes are fixed once bound."""
+        root = tensor.view_src or tensor
+        return root.op is None and root.role == "weight" and root not in self._written
+
+    def _blas_for_workers(self):
+        """One BLAS thread while the run's own threads share the work (see the module doc)."""
+        if self.workers.threads == 1:
+            return contextlib.nullcontext()
+        from threadpoolctl import threadpool_limits
+
+        return threadpool_limits(limits=1, user_api="blas")
 
     # --- running ---------------------------------------------------------------------------
     def run_node(self, step: ExecStep) -> None:
@@ -178,13 +209,25 @@ class Executor:
         if self.steps is None:           # views are fixed at bind, so steps are too
             self.steps = self._compile()
         steps = self.steps
-        n = len(steps)
-        seconds = np.zeros(n)
+        seconds = np.zeros(len(steps))
         events: list[tuple[int, int, float, float]] = []   # (run, step, start, end)
         clock = time.perf_counter
         input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
         moved_before = list(self.moved_count), list(self.moved_bytes)
         origin = clock()
+        with self._blas_for_workers():
+            self._loop(steps, repeat, input_views, seconds, events, origin, progress,
+                       record_events)
+        outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
+        moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
+                 [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])])
+        return self._result(seconds.tolist(), events, outputs, repeat, moved)
+
+    def _loop(self, steps, repeat, input_views, seconds, events, origin, progress,
+              record_events) -> None:
+        """The timed runs: per-step seconds and (optionally) events accumulate in place."""
+        clock = time.perf_counter
+        n = len(steps)
         for run_index in range(repeat):
             for view, value in input_views:
                 np.copyto(view, value)
@@ -206,10 +249,6 @@ class Executor:
                     events += [(run_index, i, ends[i], ends[i + 1]) for i in range(n)]
             if progress:
                 progress(run_index + 1)
-        outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
-        moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
-                 [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])])
-        return self._result(seconds.tolist(), events, outputs, repeat, moved)
 
     def _failure(self, step: Step, err: Exception) -> RunError:
         where = self.backends[step.backend].name

@@ -2,10 +2,14 @@
 
 mul_mat follows ggml: result [.., N, M] = b @ aᵀ in f32, and b is first rounded the way ggml
 converts it to a's "vec_dot_type" (f16 for f16 a, bf16 for bf16, q8_0 for q4_0/q5_*/q8_0, q8_K
-for the k-quants) while sums stay f32. A bf16 or quantized a is decoded to f32 per call, one
-matrix at a time (no cache: memory stays bounded by the largest single weight). A source with fewer
-than 2 dims counts as one row. Batch broadcasting repeats each of a's batches r times in a
-row (b's batch j reads a's batch j // r), which differs from the "tiles" rule of add & co.
+for the k-quants) while sums stay f32. A source with fewer than 2 dims counts as one row. Batch
+broadcasting repeats each of a's batches r times in a row (b's batch j reads a's batch j // r),
+which differs from the "tiles" rule of add & co.
+
+A single matrix a (every weight of a model) is multiplied panel by panel (panels.py): a's rows
+in L2-sized groups, each decoded to f32 only while it is used, so a quantized or f16 matrix is
+never held in f32 whole, and the panels can be shared out among the run's threads. Batched a
+(attention) is decoded whole and handed to one broadcasting matmul.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from numpy.lib.stride_tricks import as_strided
 from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
-from ggmlrun.core.ir.ops.common import F32, fmt, need_dtype, need_float, quiet, store, who
+from ggmlrun.core.ir.ops.common import (
+    F32, fast_path, fmt, need_dtype, need_float, quiet, store, who)
+from ggmlrun.core.ir.ops.panels import PanelProduct, Workers, f16_has_inf_nan
 from ggmlrun.core.ir.ops.quant import (
     MIN_TYPES, block_mins, q8_1_sum_error, round_like_vec_dot, to_f32, type_of)
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
@@ -80,22 +86,70 @@ def _batched_matmul(out, a32, b32, accumulate: bool = False) -> None:
         np.matmul(b_v, np.swapaxes(a_v, -1, -2), out=out_v)
 
 
-@quiet
-def _mul_mat_kernel(out, a, b):
+def _round_b(b: np.ndarray, weight_type: str) -> np.ndarray:
+    """b as ggml hands it to the dot products: rounded to a's vec_dot type, in f32."""
+    if weight_type == "f16":
+        return b.astype(np.float16).astype(F32)
+    return round_like_vec_dot(to_f32(b), weight_type)
+
+
+def _as_rows(arr: np.ndarray, width: int) -> np.ndarray | None:
+    """arr seen as [rows, width] without a copy (a writeable view of out), or None."""
+    try:
+        return np.reshape(arr, (-1, width), copy=False)
+    except ValueError:
+        return None
+
+
+def _mul_mat_bind(out, a, b, *, workers: Workers | None = None, constant=(False, False)):
+    """One matrix a (its batch dims all 1; every weight): the panel product, b's batch dims
+    flattened into rows. `constant[0]` (from the executor) says a is a weight no node writes,
+    so an f16 a is checked for inf/nan once, here, instead of per panel."""
+    if a.ndim < 2 or any(d != 1 for d in a.shape[:-2]) or 0 in out.shape or 0 in b.shape:
+        return None
+    m, k = out.shape[-1], b.shape[-1]
+    out2 = _as_rows(out, m)
+    if out2 is None:
+        return None
+    weight_type = type_of(a)
+    a2 = a.reshape(a.shape[-2:])
+    product = PanelProduct(a2, weight_type, k, workers,
+                           a_checked=weight_type == "f16" and constant[0]
+                           and not f16_has_inf_nan(a2))
+
+    def run(out2, b):
+        b2 = b.reshape(-1, k)
+        product(out2, to_f32(b2) if weight_type == "f32" else _round_b(b2, weight_type))
+        if weight_type in MIN_TYPES:     # a's block mins, read per call: a may change
+            mins = block_mins(np.asarray(a2).view(np.ndarray), weight_type)
+            out2 += np.matmul(q8_1_sum_error(to_f32(b2)), mins.T)
+    return run, (out2, b)
+
+
+def _mul_mat_batched(out, a, b) -> None:
     rank = out.ndim
     weight_type = type_of(a)
     a32 = to_f32(a)
     a32 = a32.reshape(_padded(a32.shape, rank))
     b = b.reshape(_padded(b.shape, rank))
-    if weight_type == "f16":
-        b32 = b.astype(np.float16).astype(F32)
-    else:
-        b32 = round_like_vec_dot(to_f32(b), weight_type)
-    _batched_matmul(out, a32, b32)
+    _batched_matmul(out, a32, _round_b(b, weight_type))
     if weight_type in MIN_TYPES:
         mins = block_mins(np.asarray(a).view(np.ndarray), weight_type)
         _batched_matmul(out, mins.reshape(_padded(mins.shape, rank)),
                         q8_1_sum_error(to_f32(b)), accumulate=True)
+
+
+@fast_path(_mul_mat_bind)
+@quiet
+def _mul_mat_kernel(out, a, b):
+    call = _mul_mat_bind(out, a, b)
+    if call is None:
+        _mul_mat_batched(out, a, b)
+    else:
+        call[0](*call[1])
+
+
+_mul_mat_kernel.binds_run_context = True   # the executor passes workers= and constant=
 
 
 register(OpSpec(name="mul_mat", n_src=(2, 2), infer=_mul_mat_infer, kernel=_mul_mat_kernel,

@@ -1,0 +1,131 @@
+"""b @ aᵀ for one matrix a, panel by panel: how mul_mat keeps up with onnxruntime in NumPy.
+
+Why panels (figures from benchmarks/bench_compute.py, one 4096x16384 product at 32 rows, one
+thread, on the 2-core EPYC this was written on):
+- `b @ a.T` in one call costs ~100-130 ms; the same product over panels of 64-256 of a's rows
+  (`np.matmul(b, a[i:j].T, out=out[:, i:j])`, no copy) ~75-85 ms, as fast as prepacked
+  contiguous panels of aᵀ (so nothing is prepacked and no memory is spent on it), and about
+  onnxruntime's MatMul (70-85 ms, which prepacks its constant weights).
+- OpenBLAS's own threads gain nothing at 32 rows (it splits the small side); splitting the
+  panels between the run's threads, each calling a 1-thread BLAS (NumPy releases the GIL), does.
+- An f16 matrix costs NumPy ~2 ns an element to cast (no SIMD), 3x the product itself. Here a
+  panel's f16 bits become f32 bits in three integer passes (~0.25-0.4 ns an element, while the
+  panel sits in L2): sign-extend to int32, shift left 13, keep the sign, exponent and mantissa.
+  That f32 is the f16 value times 2^-112 (denormals included), so b is multiplied by 2^112
+  instead: each product b·a, hence each sum, is exactly what f32 a would give (b is rounded to
+  f16 first, so |b| <= 65504 and b·2^112 stays finite). f16 inf/nan would come out finite:
+  a panel holding one takes NumPy's cast instead (a constant weight is checked once).
+- A quantized or bf16 panel is decoded with quant.to_f32 just before its product, so the
+  whole matrix is never in f32 at once.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+
+from ggmlrun.core.ir.ops.quant import F32, to_f32
+
+DECODED_PANEL_BYTES = 1 << 20    # a decoded panel stays in one core's L2 (1 MiB here)
+F32_PANEL_BYTES = 4 << 20        # f32 panels are read in place: fewer, larger calls
+SPLIT_MIN_MACS = 1 << 22         # below this a product is not worth a thread hand-off
+
+F16_SCALE = F32(2.0 ** 112)                 # f16 bits << 13, read as f32, are value·2^-112
+_SIGN_EXP_MANTISSA = np.int32(-1879056384)  # 0x8FFFE000
+_F16_INF_NAN_POSITIVE = 0x7C00              # int16 bits at or above: +inf / nan
+_F16_INF_NAN_NEGATIVE = 0xFC00              # uint16 bits at or above: -inf / nan
+
+
+class Workers:
+    """The threads one run computes on: the caller plus threads-1 from a shared pool."""
+
+    _pool: ThreadPoolExecutor | None = None
+
+    def __init__(self, threads: int):
+        self.threads = max(1, min(int(threads), os.cpu_count() or 1))
+
+    def share(self, work: Callable[[int, int], None], chunks: list[tuple[int, int]]) -> None:
+        """work(lo, hi) for every chunk; the caller takes the last one, errors re-raised."""
+        if len(chunks) == 1:
+            work(*chunks[0])
+            return
+        if Workers._pool is None:
+            Workers._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
+                                               thread_name_prefix="ggmlrun-panels")
+        futures = [Workers._pool.submit(work, lo, hi) for lo, hi in chunks[:-1]]
+        try:
+            work(*chunks[-1])
+        finally:
+            for future in futures:
+                future.result()
+
+
+def f16_has_inf_nan(bits: np.ndarray) -> bool:
+    """Whether f16 storage holds an inf or nan (exponent all ones): two SIMD max passes."""
+    if bits.size == 0:
+        return False
+    return bool(bits.view(np.int16).max() >= _F16_INF_NAN_POSITIVE
+                or bits.view(np.uint16).max() >= _F16_INF_NAN_NEGATIVE)
+
+
+def f16_scaled(bits: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+    """f16 values·2^-112 as f32, written into `scratch` (int32, at least bits' size)."""
+    buf = scratch.reshape(-1)[:bits.size].reshape(bits.shape)
+    np.copyto(buf, bits.view(np.int16))
+    np.left_shift(buf, 13, out=buf)
+    np.bitwise_and(buf, _SIGN_EXP_MANTISSA, out=buf)
+    return buf.view(F32)
+
+
+def panel_rows(k: int, nbytes: int) -> int:
+    """Rows of a per panel: `nbytes` of f32, a multiple of 16 (BLAS's unroll), at least 16."""
+    return max(16, nbytes // max(1, 4 * k) // 16 * 16)
+
+
+class PanelProduct:
+    """out2 [N, M] = b2 @ a2ᵀ for one matrix a2 [M, K] of any type, b2 already rounded.
+
+    Built once per node (the executor binds it); `a_checked` says a2 is a constant weight
+    whose f16 bits were found free of inf/nan, so panels skip that check.
+    """
+
+    def __init__(self, a2: np.ndarray, weight_type: str, k: int, workers: Workers | None,
+                 a_checked: bool = False):
+        self.a2 = a2
+        self.k = k
+        self.fast_f16 = weight_type == "f16"
+        self.a_checked = a_checked
+        self.rows = panel_rows(k, F32_PANEL_BYTES if weight_type == "f32" else DECODED_PANEL_BYTES)
+        self.workers = workers
+
+    def __call__(self, out2: np.ndarray, b2: np.ndarray) -> None:
+        m = self.a2.shape[0]
+        b_scaled = b2 * F16_SCALE if self.fast_f16 else None
+
+        def work(lo: int, hi: int) -> None:
+            scratch = np.empty(self.rows * self.k, np.int32) if self.fast_f16 else None
+            for i in range(lo, hi, self.rows):
+                j = min(i + self.rows, hi)
+                panel = self.a2[i:j]
+                if not self.fast_f16:
+                    np.matmul(b2, to_f32(panel).T, out=out2[:, i:j])
+                elif self.a_checked or not f16_has_inf_nan(panel):
+                    np.matmul(b_scaled, f16_scaled(panel, scratch).T, out=out2[:, i:j])
+                else:
+                    np.matmul(b2, panel.astype(F32).T, out=out2[:, i:j])
+
+        self.workers_share(work, m, b2.shape[0])
+
+    def workers_share(self, work: Callable[[int, int], None], m: int, n: int) -> None:
+        """Whole panels per thread, as evenly as they go; small products stay on one."""
+        threads = self.workers.threads if self.workers else 1
+        panels = -(-m // self.rows)
+        if threads == 1 or panels < 2 or n * m * self.k < SPLIT_MIN_MACS:
+            work(0, m)
+            return
+        parts = min(threads, panels)
+        bounds = [min(m, (panels * t // parts) * self.rows) for t in range(parts + 1)]
+        self.workers.share(work, list(zip(bounds, bounds[1:])))
