@@ -14,12 +14,16 @@ temporaries are made. Types without a decoder here return None and are decoded b
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 F32 = np.float32
 U8 = np.uint8
 QK_K = 256
 _CHUNK_VALUES = 1 << 19          # values decoded per step: 2 MiB of f32, an L2-sized working set
+_POOL: ThreadPoolExecutor | None = None
 
 
 def _f16_at(u16: np.ndarray, col: int) -> np.ndarray:
@@ -27,10 +31,13 @@ def _f16_at(u16: np.ndarray, col: int) -> np.ndarray:
     return u16[:, col].view(np.float16).astype(F32)
 
 
-def _nibbles(qs: np.ndarray, out: np.ndarray) -> None:
-    """qs [n, .., L] bytes -> out [n, .., 2, L]: low nibbles first, then high (ggml's order)."""
-    np.bitwise_and(qs, 15, out=out[..., 0, :])
-    np.right_shift(qs, 4, out=out[..., 1, :])
+def _split_nibbles(qs: np.ndarray, out: np.ndarray) -> None:
+    """qs [n, .., L] bytes -> out [n, .., 2, L] f32: low nibbles, then high (ggml's order).
+
+    The bit operations run on whole contiguous chunks and the uint8 -> f32 cast happens in
+    the copy into `out`; NumPy is several times slower at short strided rows than at this."""
+    np.copyto(out[..., 0, :], qs & U8(15))
+    np.copyto(out[..., 1, :], qs >> U8(4))
 
 
 def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
@@ -40,48 +47,48 @@ def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
 
 
 def _q8_0(blocks, out):
-    np.multiply(blocks[:, 2:].view(np.int8), _f16_at(blocks.view(np.uint16), 0)[:, None],
-                out=out)
+    np.copyto(out, blocks[:, 2:].view(np.int8))
+    out *= _f16_at(blocks.view(np.uint16), 0)[:, None]
 
 
 def _q4_0(blocks, out):
     n = len(blocks)
-    q = np.empty((n, 2, 16), U8)
-    _nibbles(blocks[:, 2:], q)
-    q = q.view(np.int8)
-    q -= np.int8(8)
-    np.multiply(q.reshape(n, 32), _f16_at(blocks.view(np.uint16), 0)[:, None], out=out)
+    _split_nibbles(np.ascontiguousarray(blocks[:, 2:]), out.reshape(n, 2, 16))
+    out -= F32(8)                       # exact: small integers, as ggml's int8 q - 8
+    out *= _f16_at(blocks.view(np.uint16), 0)[:, None]
 
 
 def _q4_1(blocks, out):
     n = len(blocks)
     u16 = blocks.view(np.uint16)
-    q = np.empty((n, 2, 16), U8)
-    _nibbles(blocks[:, 4:], q)
-    np.multiply(q.reshape(n, 32), _f16_at(u16, 0)[:, None], out=out)
+    _split_nibbles(np.ascontiguousarray(blocks[:, 4:]), out.reshape(n, 2, 16))
+    out *= _f16_at(u16, 0)[:, None]
     out += _f16_at(u16, 1)[:, None]
 
 
-def _five_bit(blocks, qh_at: int, qs_at: int) -> np.ndarray:
-    """q5_0/q5_1 quants 0..31: bit i of the little-endian u32 qh is value i's fifth bit."""
+def _five_bit(blocks, qh_at: int, qs_at: int, out) -> None:
+    """q5_0/q5_1 quants 0..31 into out (f32): bit i of the little-endian u32 qh is value i's
+    fifth bit."""
     n = len(blocks)
+    qs = blocks[:, qs_at:]
     q = np.empty((n, 2, 16), U8)
-    _nibbles(blocks[:, qs_at:], q)
-    high = np.unpackbits(blocks[:, qh_at:qh_at + 4], axis=1, bitorder="little")
+    np.bitwise_and(qs, U8(15), out=q[:, 0])
+    np.right_shift(qs, U8(4), out=q[:, 1])
     q = q.reshape(n, 32)
-    q |= high << U8(4)
-    return q
+    q |= np.unpackbits(blocks[:, qh_at:qh_at + 4], axis=1, bitorder="little") << U8(4)
+    np.copyto(out, q)
 
 
 def _q5_0(blocks, out):
-    q = _five_bit(blocks, 2, 6).view(np.int8)
-    q -= np.int8(16)
-    np.multiply(q, _f16_at(blocks.view(np.uint16), 0)[:, None], out=out)
+    _five_bit(blocks, 2, 6, out)
+    out -= F32(16)                      # exact, as ggml's int8 q - 16
+    out *= _f16_at(blocks.view(np.uint16), 0)[:, None]
 
 
 def _q5_1(blocks, out):
     u16 = blocks.view(np.uint16)
-    np.multiply(_five_bit(blocks, 4, 8), _f16_at(u16, 0)[:, None], out=out)
+    _five_bit(blocks, 4, 8, out)
+    out *= _f16_at(u16, 0)[:, None]
     out += _f16_at(u16, 1)[:, None]
 
 
@@ -94,51 +101,65 @@ def _k_scales(blocks) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(F32), mn.astype(F32)
 
 
-def _k_affine(blocks, q: np.ndarray, out) -> None:
-    """out = (d·sc)·q − dmin·m per 32-value sub-block, rounded as gguf rounds it."""
+def _k_affine(blocks, out) -> None:
+    """out (holding the quants) = (d·sc)·q − dmin·m per 32-value sub-block, as gguf rounds it."""
     n = len(blocks)
     u16 = blocks.view(np.uint16)
     sc, mn = _k_scales(blocks)
     sc *= _f16_at(u16, 0)[:, None]
     mn *= _f16_at(u16, 1)[:, None]
     view = out.reshape(n, 8, 32)
-    np.multiply(q.reshape(n, 8, 32), sc[..., None], out=view)
+    view *= sc[..., None]
     view -= mn[..., None]
 
 
 def _q4_K(blocks, out):
-    q = np.empty((len(blocks), 4, 2, 32), U8)
-    _nibbles(blocks[:, 16:].reshape(-1, 4, 32), q)
-    _k_affine(blocks, q, out)
+    n = len(blocks)
+    _split_nibbles(np.ascontiguousarray(blocks[:, 16:]).reshape(n, 4, 32),
+                   out.reshape(n, 4, 2, 32))
+    _k_affine(blocks, out)
 
 
 def _q5_K(blocks, out):
     n = len(blocks)
-    q = np.empty((n, 4, 2, 32), U8)
-    _nibbles(blocks[:, 48:].reshape(n, 4, 32), q)
-    q = q.reshape(n, 8, 32)
-    q |= _high_bits(blocks[:, 16:48], 8) << U8(4)
-    _k_affine(blocks, q, out)
+    q = _high_bits(blocks[:, 16:48], 8) << U8(4)          # [n, 8, 32]
+    qs = np.ascontiguousarray(blocks[:, 48:]).reshape(n, 4, 32)
+    q = q.reshape(n, 4, 2, 32)
+    q[:, :, 0] |= qs & U8(15)
+    q[:, :, 1] |= qs >> U8(4)
+    np.copyto(out, q.reshape(n, 256))
+    _k_affine(blocks, out)
 
 
 def _q6_K(blocks, out):
     n = len(blocks)
-    low = np.empty((n, 2, 2, 64), U8)
-    _nibbles(blocks[:, :128].reshape(n, 2, 64), low)
+    low = np.ascontiguousarray(blocks[:, :128]).reshape(n, 2, 64)
     high = (blocks[:, 128:192].reshape(n, 2, 1, 32)
             >> np.array([0, 2, 4, 6], U8).reshape(1, 1, 4, 1)) & U8(3)
-    q = low.reshape(n, 8, 32)
-    q |= high.reshape(n, 8, 32) << U8(4)
-    q = q.view(np.int8)
-    q -= np.int8(32)
-    scale = blocks[:, 192:208].view(np.int8).astype(F32) * _f16_at(blocks.view(np.uint16), 104)[:, None]
-    np.multiply(q.reshape(n, 16, 16), scale[..., None], out=out.reshape(n, 16, 16))
+    q = (high << U8(4)).reshape(n, 2, 2, 64)
+    q[:, :, 0] |= low & U8(15)
+    q[:, :, 1] |= low >> U8(4)
+    np.copyto(out, q.reshape(n, 256))
+    out -= F32(32)                      # exact, as ggml's int8 q - 32
+    scale = (blocks[:, 192:208].view(np.int8).astype(F32)
+             * _f16_at(blocks.view(np.uint16), 104)[:, None])
+    out.reshape(n, 16, 16)[...] *= scale[..., None]
 
 
 # name -> (decoder, values per block, bytes per block)
 DECODERS = {"q8_0": (_q8_0, 32, 34), "q4_0": (_q4_0, 32, 18), "q4_1": (_q4_1, 32, 20),
             "q5_0": (_q5_0, 32, 22), "q5_1": (_q5_1, 32, 24), "q4_K": (_q4_K, QK_K, 144),
             "q5_K": (_q5_K, QK_K, 176), "q6_K": (_q6_K, QK_K, 210)}
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One worker per usable core: NumPy lets go of the GIL inside its loops, so chunks decode
+    in parallel, as ggml's own dequantization runs on all its threads."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0))),
+                                   thread_name_prefix="ggmlrun-decode")
+    return _POOL
 
 
 def decode_fast(raw: np.ndarray, name: str) -> np.ndarray | None:
@@ -155,7 +176,15 @@ def decode_fast(raw: np.ndarray, name: str) -> np.ndarray | None:
     blocks = raw.reshape(-1, type_size)
     out = np.empty((len(blocks), block_size), F32)
     step = max(1, _CHUNK_VALUES // block_size)
-    with np.errstate(all="ignore"):          # inf/nan scales decode to inf/nan, as in ggml
-        for start in range(0, len(blocks), step):
+
+    def chunk(start: int) -> None:
+        with np.errstate(all="ignore"):      # inf/nan scales decode to inf/nan, as in ggml
             decode(blocks[start:start + step], out[start:start + step])
+
+    starts = range(0, len(blocks), step)
+    if len(starts) > 1:
+        for _ in _pool().map(chunk, starts):
+            pass
+    elif starts:
+        chunk(0)
     return out.reshape(raw.shape[:-1] + (raw.shape[-1] // type_size * block_size,))
