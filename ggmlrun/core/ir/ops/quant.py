@@ -130,28 +130,40 @@ def vec_dot_type(weight_type: str) -> str:
     return _VEC_DOT.get(weight_type, "f32")
 
 
+def _q8_0_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_q8_0 on [.., 32] blocks: d = amax/127 (f32, before its f16 rounding) and
+    the quants rint(x/d) as f32 (ggml-cpu's SIMD from_float rounds half to even)."""
+    d = np.abs(blocks).max(axis=-1)
+    d /= F32(127)
+    inv = np.zeros_like(d)
+    np.divide(F32(1), d, out=inv, where=d != 0)
+    q = blocks * inv[..., None]
+    np.rint(q, out=q)
+    return d, q
+
+
 def _q8_0_round(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_0 then dequantize: per 32 values, d = amax/127 (stored f16)."""
-    blocks = x.reshape(-1, 32)
-    amax = np.max(np.abs(blocks), axis=1, keepdims=True)
-    d = amax / F32(127)
-    inv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0))
-    q = np.rint(blocks * inv)   # ggml-cpu's SIMD from_float rounds half to even
-    return (q * d.astype(np.float16).astype(F32)).reshape(x.shape)
+    """quantize_row_q8_0 then dequantize: per 32 values, q·f16(d)."""
+    d, q = _q8_0_quants(x.reshape(-1, 32))
+    q *= d.astype(np.float16).astype(F32)[:, None]
+    return q.reshape(x.shape)
 
 
 def _q8_k_round(x: np.ndarray) -> np.ndarray:
     """quantize_row_q8_K_ref then dequantize: per 256 values, iscale = -127/max (signed max),
-    q = nearest_int(iscale·x) capped at 127, d = 1/iscale kept in f32."""
+    q = nearest_int(iscale·x) capped at 127, d = 1/iscale kept in f32; an all-zero block is 0."""
     blocks = x.reshape(-1, QK_K)
     idx = np.argmax(np.abs(blocks), axis=1)
-    signed_max = blocks[np.arange(blocks.shape[0]), idx][:, None]
-    safe = np.where(signed_max != 0, signed_max, F32(1))
-    iscale = F32(-127) / safe
-    q = np.minimum(np.rint(blocks * iscale), F32(127))      # nearest_int rounds half to even
-    d = F32(1) / iscale
-    out = q * d
-    return np.where(signed_max != 0, out, F32(0)).reshape(x.shape).astype(F32)
+    signed_max = np.take_along_axis(blocks, idx[:, None], axis=1)[:, 0]
+    nonzero = signed_max != 0
+    iscale = np.full_like(signed_max, F32(-127))
+    np.divide(F32(-127), signed_max, out=iscale, where=nonzero)
+    q = blocks * iscale[:, None]
+    np.rint(q, out=q)                      # nearest_int rounds half to even
+    np.minimum(q, F32(127), out=q)
+    q *= (F32(1) / iscale)[:, None]
+    q[~nonzero] = 0
+    return q.reshape(x.shape)
 
 
 def round_like_vec_dot(b: np.ndarray, weight_type: str) -> np.ndarray:
@@ -187,8 +199,7 @@ def block_mins(raw: np.ndarray, name: str) -> np.ndarray:
 def q8_1_sum_error(b: np.ndarray) -> np.ndarray:
     """Per 32-value block of b: f16(d·Σq) − f16(d)·Σq, the rounding of q8_1's stored sum."""
     blocks = np.ascontiguousarray(b, dtype=F32).reshape(b.shape[:-1] + (-1, 32))
-    d = np.max(np.abs(blocks), axis=-1) / F32(127)
-    inv = np.where(d != 0, F32(1) / np.where(d != 0, d, F32(1)), F32(0))
-    total = np.sum(np.rint(blocks * inv[..., None]), axis=-1, dtype=F32)
+    d, q = _q8_0_quants(blocks)
+    total = np.sum(q, axis=-1, dtype=F32)      # integers: exact in any order
     stored = (d * total).astype(np.float16).astype(F32)
     return stored - d.astype(np.float16).astype(F32) * total
