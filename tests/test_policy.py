@@ -20,6 +20,15 @@ from tests.randgraph import leaf_values, random_graph
 GRAPHS = sorted((Path(__file__).resolve().parents[1] / "graphs").glob("*.yaml"))
 
 
+def f32_sum_tolerance(want) -> float:
+    """f32 sums come out in another order when BLAS is called on other shapes (the panel
+    product): an element that cancels to near zero may differ by a few ulps of its row's
+    largest terms, and a later mul_mat that rounds its input to f16 (f16 weights) may then
+    round an element the other way (one f16 ulp, 5e-4 relative). So the absolute tolerance
+    scales with the output's magnitude; a wrong kernel is off by far more."""
+    return 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
 def total(sched):
     return sum(costs.modeled_time(sched))
 
@@ -64,7 +73,8 @@ def test_cost_policy_keeps_a_cheap_op_on_the_device_to_avoid_two_copies():
     values = leaf_values(g, rng)
     plan, _ = engine.plan_memory(cost)
     got = engine.execute(cost, plan, dict(values)).outputs["y"]
-    np.testing.assert_allclose(got, evaluate(g, dict(values))["y"], rtol=1e-5)
+    want = evaluate(g, dict(values))["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=f32_sum_tolerance(want))
 
 
 @pytest.mark.parametrize("path", GRAPHS, ids=lambda p: p.stem)
@@ -79,7 +89,7 @@ def test_on_bundled_graphs_cost_is_never_worse_and_outputs_equal_the_reference(p
     got = engine.execute(cost, plan, dict(values)).outputs
     want = evaluate(g, dict(values))
     for name, arr in got.items():
-        np.testing.assert_allclose(arr, want[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(arr, want[name], rtol=1e-5, atol=f32_sum_tolerance(want[name]))
 
 
 @pytest.mark.parametrize("path", GRAPHS, ids=lambda p: p.stem)
