@@ -20,6 +20,7 @@ from ggmlrun.core.memory.alloc import GraphAllocator, MemoryPlan, allocation_seq
 from ggmlrun.core.run.exec import Executor, RunResult
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 from ggmlrun.core.util.errors import CapacityError
+from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion
 
 
@@ -93,6 +94,11 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
     `ggml` is ggml's allocator, faithfully; `best` re-places the same slots offline and keeps,
     per arena, whichever plan is smaller.
     """
+    with gc_paused():        # the whole pass: bounds and weight layout too (util/gcpause.py)
+        return _plan_memory(sched, planner)
+
+
+def _plan_memory(sched: Schedule, planner: str) -> tuple[MemoryPlan, list[BackendMemory]]:
     alignments = [b.alignment for b in sched.backends]
     leafs, entries = allocation_sequence(sched)
     ggml_plan = GraphAllocator(alignments, ggml=sched.ggml).plan(leafs, entries)

@@ -129,13 +129,12 @@ class MemoryPlan:
         return peak
 
     def no_reuse_bytes(self, buffer: int) -> int:
-        """What the arena would need if no tensor ever reused another's bytes."""
-        total = 0
-        for slot in self.slots:
-            if slot.buffer == buffer:
-                for tensor in slot.tensors:
-                    total += align_up(tensor.nbytes, self.alignments[buffer])
-        return total
+        """What the arena would need if no tensor ever reused another's bytes.
+
+        A slot is shared only in place, by tensors of its first tensor's exact layout, so each
+        of them needs `slot.size` bytes: no tensor is read again (on a big graph that sweep
+        over every tensor costs more than the sum)."""
+        return sum(slot.size * len(slot.tensors) for slot in self.slots if slot.buffer == buffer)
 
     def overlaps(self) -> list[tuple[Slot, Slot]]:
         """Pairs of slots alive at the same time whose bytes overlap; empty for a sound plan."""
@@ -301,14 +300,25 @@ def layout_weights(sched: Schedule) -> WeightLayout:
 def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], list[PlanEntry]]:
     """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then the
     split's nodes; and the leafs, which the allocator places first."""
+    view_ops = frozenset(name for name, spec in OPS.items() if spec.view_op)
+    backend_of = sched.backend_of
+    # the splits hold the nodes in srcs_of's order, and every op but a view runs on its split's
+    # backend: on a big graph, two lookups per node in dicts of every tensor would cost more
+    # than the rest of this walk (the dicts are far bigger than the CPU's caches)
+    srcs_in_order = iter(sched.srcs_of.items())
     with gc_paused():
         entries: list[PlanEntry] = []
         for split in sched.splits:
-            for original, copy in zip(split.inputs, split.copies):
-                entries.append(PlanEntry(original, [original], sched.backend_of[original],
+            for original, copy in split.copy_of.items():
+                entries.append(PlanEntry(original, [original], backend_of[original],
                                          dependency=True))
                 entries.append(PlanEntry(copy, [], split.backend))
             for node in split.nodes:
-                entries.append(PlanEntry(node, sched.srcs_of[node], sched.backend_of[node]))
-        leafs = [(leaf, sched.backend_of[leaf]) for leaf in sched.graph.leafs_by_first_use()]
+                listed, srcs = next(srcs_in_order, (None, None))
+                if listed is not node:                  # a schedule built some other way
+                    srcs, srcs_in_order = sched.srcs_of[node], iter(())
+                entries.append(PlanEntry(node, srcs, backend_of[node] if node.op in view_ops
+                                         else split.backend))
+        order = sched.graph.leafs_by_first_use() if sched.leaf_order is None else sched.leaf_order
+        leafs = [(leaf, backend_of[leaf]) for leaf in order]
     return leafs, entries

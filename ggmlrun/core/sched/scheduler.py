@@ -68,6 +68,8 @@ class Schedule:
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
     ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
+    # graph.leafs_by_first_use(), worked out once by pass 1: the allocator places leafs in it
+    leaf_order: list[Tensor] | None = None
 
     @cached_property
     def copy_source(self) -> dict[Tensor, Tensor]:
@@ -142,14 +144,15 @@ class Scheduler:
         for tensor, (b, cause) in (decided or {}).items():
             if self._get(tensor) == -1:
                 self._set(tensor, b, cause)
-        self._pass1_preallocated(graph)
+        leaf_order = graph.leafs_by_first_use()
+        self._pass1_preallocated(leaf_order + graph.nodes)
         self._pass2_expand(graph.nodes)
         self._pass3_best_and_upgrade(graph.nodes)
         self._pass4_remaining(graph.nodes)
         splits, srcs_of = self._pass5_split(graph.nodes)
         return Schedule(graph=graph, backends=self.backends, backend_of=self.backend_of,
                         cause=self.cause, splits=splits, srcs_of=srcs_of,
-                        ggml=self.ggml)
+                        ggml=self.ggml, leaf_order=leaf_order)
 
     # --- facts the passes use ---------------------------------------------------------------
     def _backend_index(self, name: str, tensor: Tensor, what: str) -> int:
@@ -234,9 +237,10 @@ class Scheduler:
             self._set(tensor, b, "usr")
 
     # --- pass 1: from pre-allocated tensors, inputs and weights ------------------------------
-    def _pass1_preallocated(self, graph: Graph) -> None:
+    def _pass1_preallocated(self, tensors: list[Tensor]) -> None:
+        """`tensors`: the leafs in first-use order, then the nodes."""
         get = self.backend_of.get
-        for tensor in graph.leafs_by_first_use() + graph.nodes:
+        for tensor in tensors:
             if get(tensor, -1) == -1:
                 b, cause = self._from_current(tensor)
                 if b != -1:
