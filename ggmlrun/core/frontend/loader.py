@@ -293,11 +293,12 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
     if not isinstance(nodes_data, list):
         raise doc.error(f"nodes must be a list of {{name, op, src}}, in execution order; got "
                         f"{describe_value(nodes_data)}", ("nodes",))
-    # where each node name is defined, to tell "defined later" from "undefined"
+    # where each node name is defined (its index: the line is looked up only for an error),
+    # to tell "defined later" from "undefined"
     later = {}
     for i, item in enumerate(nodes_data):
         if isinstance(item, dict) and isinstance(item.get("name"), str):
-            later.setdefault(item["name"], doc.line(("nodes", i)))
+            later.setdefault(item["name"], i)
 
     defined: dict[str, Tensor] = dict(leafs)
     nodes = []
@@ -338,7 +339,8 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
         elif src == name:
             raise doc.error("a node cannot use itself as a source", at, culprit)
         elif src in later:
-            raise doc.error(f"src '{src}' is defined later (line {later[src]}); a source must "
+            where = doc.line(("nodes", later[src]))
+            raise doc.error(f"src '{src}' is defined later (line {where}); a source must "
                             "be defined above the node that uses it", at, culprit)
         else:
             raise doc.error(f"src '{src}' is not defined; {did_you_mean(src, defined)}", at,

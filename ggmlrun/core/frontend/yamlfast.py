@@ -218,6 +218,9 @@ class FlatLines:
     def get(self, path: tuple, default=None):
         if not path:
             return self._root
+        line = self._shallow.get(path)      # a block-level key or item: the common question
+        if line is not None:
+            return line
         for depth in (2, 1):
             base = path[:depth]
             line = self._shallow.get(base) if len(path) >= depth else None
