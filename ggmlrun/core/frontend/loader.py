@@ -13,6 +13,7 @@ from ggmlrun.core.frontend.backends_file import load_backends, parse_backends, p
 from ggmlrun.core.frontend.data import FLOAT_ONLY_INITS, INIT_KEYS, REQUIRED, check_npy
 from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.core.util.fmt import shape_text
+from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
@@ -44,7 +45,14 @@ ROLES = ("weight", "input")
 
 # --- graph files ----------------------------------------------------------------------------
 def load_graph(path) -> Graph:
-    """Read and check a graph file; every node is built (shapes inferred) on the way."""
+    """Read and check a graph file; every node is built (shapes inferred) on the way. Without
+    the cyclic GC: the many small objects of a big file form no cycles, and the full
+    collections they trigger re-scan every tensor built so far (a third of the time at 100k)."""
+    with gc_paused():
+        return _load_graph(path)
+
+
+def _load_graph(path) -> Graph:
     data, doc = read_yaml(path)
     if not isinstance(data, dict):
         raise doc.error(f"a graph file is a mapping with tensors: and nodes:, got {describe_value(data)}")
