@@ -17,6 +17,7 @@ import re
 
 import yaml
 
+from ggmlrun.core.frontend.yamlfast import FlowReader, NotMine
 from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.core.util.fmt import is_int, is_number  # noqa: F401  (the loaders import them from here)
 from ggmlrun.core.util.inputs import read_text
@@ -40,6 +41,8 @@ for _loader in (_SafeLoader, _FastSafeLoader):
         list("-+0123456789"))
 
 PARSER = _FastSafeLoader          # the tests swap in the pure-Python one to compare
+FAST = True                       # the tests turn the fast reader off to compare
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null")}
 MAX_DEPTH = 64                  # graph files nest about 6 deep; 4-d `values:` lists add 4
 MAX_ALIAS_NODES = 1_000_000     # nodes aliases (and `<<` merges) may add by expansion
 
@@ -94,21 +97,57 @@ class Doc:
 
     def line(self, path: tuple) -> int | None:
         """The line of `path`, or of its nearest ancestor the file has a line for."""
+        lines = self.lines
         while True:
-            if path in self.lines:
-                return self.lines[path]
+            line = lines.get(path)
+            if line is not None:
+                return line
             if not path:
                 return None
             path = path[:-1]
+
+    def all_lines(self) -> dict:
+        """Every recorded path and its line, as one dict (the fast reader keeps them compact)."""
+        lines = self.lines
+        return lines.as_dict() if hasattr(lines, "as_dict") else dict(lines)
 
     def error(self, message: str, path: tuple = (), culprit: str | None = None) -> InputError:
         return InputError(" ".join(message.split()), file=self.file, line=self.line(path),
                           culprit=culprit)
 
 
+def _flow_reader() -> FlowReader:
+    """yamlfast.py's reader, typing plain scalars with this module's resolver and constructor
+    (it cannot import yaml itself). Made once: it caches each distinct scalar's type."""
+    global _FLOW_READER
+    if _FLOW_READER is None:
+        table = _SafeLoader.yaml_implicit_resolvers
+        constructor = _SafeLoader("")
+
+        def resolve(text: str):
+            tag = _SafeLoader.resolve(constructor, yaml.ScalarNode, text, (True, False))
+            if tag not in _PLAIN_TAGS:
+                raise NotMine       # timestamps, `<<`, `=`: the full parser's business
+            return constructor.yaml_constructors[tag](constructor, yaml.ScalarNode(tag, text))
+
+        first = "".join(k for k in table if k) if None not in table else "".join(
+            map(chr, range(128)))
+        _FLOW_READER = FlowReader(resolve, first)
+    return _FLOW_READER
+
+
+_FLOW_READER = None
+
+
 def read_yaml(path) -> tuple[object, Doc]:
     file = str(path)
     text = read_text(path, "YAML file")
+    if FAST:
+        try:
+            data, lines = _flow_reader().read(text)
+            return data, Doc(file, lines)
+        except NotMine:
+            pass
     loader = None
     try:
         _check_events(text, file)

@@ -1,0 +1,281 @@
+"""A fast reader for the plain YAML that `gen` writes and most people hand-write; for any other
+file it answers "not mine" (None) and the full parser in yamlfile.py reads it.
+
+Why: PyYAML, even on libyaml's C parser, resolves and constructs every scalar in Python and
+builds a node (with two marks) per scalar, about 200 us a graph node; a 100k-node graph took
+20-40 s to read. This reader handles a strict subset, line by line, and hands every flow
+collection to the C JSON scanner, so a node costs a few microseconds.
+
+The subset, and why each rule keeps the meaning identical to PyYAML's:
+- printable ASCII and newlines only (no tabs, CR, BOM, quotes, tags, anchors, aliases, block
+  scalars, directives or document markers: their characters are simply not accepted);
+- a top-level block mapping (keys at column 0); each key holds a plain scalar or a one-line
+  flow collection on its own line, or a block one level deeper (one indent for all its lines)
+  whose entries (`- value` or `key: value`) each hold such a value on their own line;
+- plain scalars are runs of `A-Za-z0-9_.+-` (no spaces, so no multi-line or `a:b` forms); each
+  is typed by PyYAML's own resolver and constructor (`resolve`, given by yamlfile.py), so
+  `yes`, `0x10`, `1e-5`, `.inf` and `2001-01-01` mean what they mean there;
+- comments (a `#` after a space, or a whole line) are dropped, as YAML does;
+- anything PyYAML would refuse or read differently (a duplicate key, a key that is not a
+  string, a timestamp, `<<`, a line over 1000 characters where libyaml's 1024-character
+  simple-key limit could start to matter, a flow collection opening over MAX_FLOW_OPENS
+  brackets, a scalar of indicator characters only such as `-` or `...`) makes the reader
+  give up, so every error message still comes from the full parser.
+A flow collection is rewritten as JSON (scalars quoted or typed) and must then be one valid
+JSON value: JSON's grammar is a strict subset of YAML's flow grammar, so whatever JSON accepts
+reads the same in both, and the odd YAML forms (`{a, b}`, `[a: b]`, trailing commas) fail JSON
+and go to the full parser.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+MAX_LINE = 1000
+MAX_FLOW_OPENS = 60        # brackets a flow collection may open: it nests no deeper, and the
+                           # full parser's limit is 64 levels in all (the file adds 2)
+_CHAR = r"A-Za-z0-9_.+\-"
+_TOKEN = re.compile(f"[{_CHAR}]+")
+_BAD_TEXT = re.compile(r"[^\n\x20-\x7e]")
+_BLOCK_LINE = re.compile(f"( *)(- +|([{_CHAR}]+):(?: +|$))(.*)")
+_SPLIT = re.compile(f"([{_CHAR}]+)")
+_SEPARATOR = re.compile(r"(?:[{}\[\], ]|: )*")      # what may stand between two scalars
+
+
+class NotMine(Exception):
+    """The file is outside the subset: the full parser must read it."""
+
+
+def _json_scalar(value) -> str:
+    """A typed scalar as JSON text that decodes to the same Python value."""
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if type(value) is int:
+        return str(value)
+    if type(value) is float:
+        if math.isnan(value):
+            return "NaN"
+        return repr(value) if math.isfinite(value) else ("Infinity" if value > 0 else "-Infinity")
+    if type(value) is str:
+        return f'"{value}"'
+    raise NotMine          # a timestamp, or anything JSON cannot carry
+
+
+class _JsonTokens(dict):
+    """Plain scalar -> its JSON text; a lookup that hits stays in C, a miss types the scalar."""
+
+    def __init__(self, scalar):
+        super().__init__()
+        self._scalar = scalar
+
+    def __missing__(self, token: str) -> str:
+        text = self[token] = _json_scalar(self._scalar(token))
+        return text
+
+
+class FlowReader:
+    """Turns one text into (data, FlatLines), or raises NotMine. `resolve(text)` gives a plain
+    scalar's value exactly as PyYAML would; `plain_first` are the first characters for which
+    PyYAML might type a scalar as something other than a string (its resolver table's keys)."""
+
+    def __init__(self, resolve, plain_first: str):
+        self._resolve = resolve
+        self._json = _JsonTokens(self.scalar)
+        self._decoder = json.JSONDecoder(object_pairs_hook=_unique_pairs)
+
+    def scalar(self, token: str):
+        if not token.strip("-+."):
+            raise NotMine        # a lone indicator character: leave it to the full parser
+        return self._resolve(token)
+
+    def read(self, text: str):
+        if _BAD_TEXT.search(text):
+            raise NotMine
+        top: dict = {}
+        shallow: dict = {}
+        root_line = None
+        flows: list = []        # (container, key, flow text)
+        block = None            # the open second-level block: [indent, kind, container, key]
+        for number, line in enumerate(text.split("\n"), 1):
+            cut = line.find(" #")
+            if cut >= 0:
+                line = line[:cut]
+            elif line.lstrip().startswith("#"):
+                continue
+            line = line.rstrip(" ")
+            if not line:
+                continue
+            if len(line) > MAX_LINE:
+                raise NotMine
+            match = _BLOCK_LINE.fullmatch(line)
+            if match is None:
+                raise NotMine
+            indent, marker, key, rest = match.groups()
+            if not indent:                               # a top-level key
+                if key is None:
+                    raise NotMine
+                key = self._key(key)
+                if key in top:
+                    raise NotMine
+                if root_line is None:
+                    root_line = number
+                shallow[(key,)] = number
+                block = None
+                if rest:
+                    self._value(top, key, rest, flows)
+                else:
+                    top[key] = None
+                    block = [None, None, top, key]
+                continue
+            if block is None:
+                raise NotMine            # deeper than one block level, or a continuation
+            width, kind = len(indent), key is None
+            if block[0] is None:
+                block[0], block[1] = width, kind
+                block[2][block[3]] = [] if kind else {}
+                block[2], block[3] = block[2][block[3]], block[3]
+            elif block[0] != width or block[1] != kind:
+                raise NotMine
+            container, parent = block[2], block[3]
+            if not rest:
+                raise NotMine
+            if kind:
+                shallow[(parent, len(container))] = number
+                container.append(None)
+                self._value(container, len(container) - 1, rest, flows)
+            else:
+                key = self._key(key)
+                if key in container:
+                    raise NotMine
+                shallow[(parent, key)] = number
+                self._value(container, key, rest, flows)
+        if root_line is None:
+            raise NotMine
+        self._decode(flows)
+        return top, FlatLines(top, shallow, root_line)
+
+    def _key(self, token: str) -> str:
+        key = self.scalar(token)
+        if type(key) is not str:
+            raise NotMine
+        return key
+
+    def _value(self, container, key, rest: str, flows: list) -> None:
+        if rest[0] in "[{":
+            opens = rest.count("[") + rest.count("{")
+            if opens > MAX_FLOW_OPENS or opens != rest.count("]") + rest.count("}"):
+                raise NotMine
+            container[key] = None
+            flows.append((container, key, rest))
+        elif _TOKEN.fullmatch(rest):
+            container[key] = self.scalar(rest)
+        else:
+            raise NotMine
+
+    def _decode(self, flows: list) -> None:
+        """Every flow collection in one JSON text, `[[flow 1], [flow 2], ...]`: scalars typed
+        through the cache (a dict lookup each, in C), then one C decode. Each flow's brackets
+        balance, so the text decodes to one list per flow, each of one value, exactly when every
+        flow is one whole JSON value; anything else is not ours."""
+        if not flows:
+            return
+        parts = _SPLIT.split("],[".join(flow for _, _, flow in flows))
+        separators = parts[0::2]
+        if not all(map(_SEPARATOR.fullmatch, set(separators))):
+            raise NotMine
+        parts[1::2] = map(self._json.__getitem__, parts[1::2])
+        try:
+            values = self._decoder.decode("[[" + "".join(parts) + "]]")
+        except (ValueError, RecursionError):
+            raise NotMine from None
+        if len(values) != len(flows) or set(map(len, values)) != {1}:
+            raise NotMine
+        for (container, key, _), (value,) in zip(flows, values):
+            container[key] = value
+
+
+def _unique_pairs(pairs: list) -> dict:
+    mapping = dict(pairs)
+    if len(mapping) != len(pairs):
+        raise NotMine            # a duplicate key: the full parser names it and its line
+    return mapping
+
+
+class FlatLines:
+    """The line of every key and item of a file the fast reader read, without a dict entry for
+    each: a flow collection sits on one line, so everything inside a block-level entry shares
+    that entry's line. Behaves as the full parser's {path: line} dict does for lookups."""
+
+    def __init__(self, data, shallow: dict, root_line: int):
+        self._data = data
+        self._shallow = shallow
+        self._root = root_line
+
+    def get(self, path: tuple, default=None):
+        if not path:
+            return self._root
+        line = self._shallow.get(path)      # a block-level key or item: the common question
+        if line is not None:
+            return line
+        for depth in (2, 1):
+            base = path[:depth]
+            line = self._shallow.get(base) if len(path) >= depth else None
+            if line is not None:
+                break
+        else:
+            return default
+        value = self._data[base[0]]
+        if depth == 2:
+            value = value[base[1]]
+        for part in path[depth:]:
+            if isinstance(value, dict):
+                if part not in value:
+                    return default
+                value = value[part]
+            elif isinstance(value, list) and part in range(len(value)):
+                value = value[int(part)]
+            else:
+                return default
+        return line
+
+    def __contains__(self, path) -> bool:
+        return self.get(path) is not None
+
+    def __getitem__(self, path):
+        line = self.get(path)
+        if line is None:
+            raise KeyError(path)
+        return line
+
+    def __bool__(self) -> bool:
+        return True
+
+    def as_dict(self) -> dict:
+        """Every path the full parser would record, with its line (for tests and comparisons)."""
+        out = {(): self._root}
+
+        def walk(path, value, line):
+            if isinstance(value, dict):
+                items = value.items()
+            elif isinstance(value, list):
+                items = enumerate(value)
+            else:
+                return
+            for key, sub in items:
+                here = path + (key,)
+                here_line = self._shallow.get(here, line)
+                out[here] = here_line
+                walk(here, sub, here_line)
+
+        walk((), self._data, self._root)
+        return out
+
+    def __eq__(self, other) -> bool:
+        mine = self.as_dict()
+        return mine == (other.as_dict() if isinstance(other, FlatLines) else other)
+
+    __hash__ = None
