@@ -24,6 +24,7 @@ U8 = np.uint8
 QK_K = 256
 _CHUNK_VALUES = 1 << 19          # values decoded per step: 2 MiB of f32, an L2-sized working set
 _POOL: ThreadPoolExecutor | None = None
+_THREADS: int | None = None
 
 
 def _f16_at(u16: np.ndarray, col: int) -> np.ndarray:
@@ -153,13 +154,22 @@ DECODERS = {"q8_0": (_q8_0, 32, 34), "q4_0": (_q4_0, 32, 18), "q4_1": (_q4_1, 32
 
 
 def _pool() -> ThreadPoolExecutor:
-    """One worker per usable core: NumPy lets go of the GIL inside its loops, so chunks decode
-    in parallel, as ggml's own dequantization runs on all its threads."""
+    """One worker per usable core (or per `set_decode_threads`): NumPy lets go of the GIL
+    inside its loops, so chunks decode in parallel, as ggml dequantizes on all its threads."""
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0))),
+        _POOL = ThreadPoolExecutor(_THREADS or max(1, len(os.sched_getaffinity(0))),
                                    thread_name_prefix="ggmlrun-decode")
     return _POOL
+
+
+def set_decode_threads(threads: int | None) -> None:
+    """Caps the decoding threads, as a CPU backend's `threads` caps BLAS (None: the cores)."""
+    global _POOL, _THREADS
+    if threads != _THREADS:
+        if _POOL is not None:
+            _POOL.shutdown(wait=True)
+        _POOL, _THREADS = None, threads
 
 
 def decode_fast(raw: np.ndarray, name: str) -> np.ndarray | None:

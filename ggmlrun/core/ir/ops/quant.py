@@ -6,8 +6,10 @@ last axis being the row's bytes) that remembers its ggml type. Kernels turn it i
 `to_f32` only where they use it (the rows get_rows picks, the one matrix a mul_mat reads), so
 a model's weights are never all held in f32 at once.
 
-Decoding uses `gguf.quants` (the reference code llama.cpp publishes), and encoding too where
-it has one. `round_like_vec_dot` reproduces what ggml does to mul_mat's `b` before the dot
+Decoding goes through types.decode_blocks: NumPy decoders of its own for the hot types
+(core/ir/blockdecode.py, bit-identical to gguf.quants and several times faster) and
+`gguf.quants` (the reference code llama.cpp publishes) for the rest; encoding uses gguf where it
+has an encoder. `round_like_vec_dot` reproduces what ggml does to mul_mat's `b` before the dot
 products: it converts b to the weight's "vec_dot type" (f16, bf16, q8_0 or q8_K) and back.
 """
 
