@@ -332,6 +332,7 @@ def test_c_and_python_parsers_agree(path, monkeypatch):
     """libyaml's parser is used for speed; it must see what the pure-Python one sees."""
     import ggmlrun.core.frontend.yamlfile as yamlfile
 
+    monkeypatch.setattr(yamlfile, "FAST", False)     # the line reader is compared in test_load_fast
     fast = yamlfile.read_yaml(path)
     monkeypatch.setattr(yamlfile, "PARSER", yamlfile._SafeLoader)
     slow = yamlfile.read_yaml(path)
