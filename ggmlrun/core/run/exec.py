@@ -7,14 +7,11 @@ backend's memory into another's arena, and the executor counts what they moved a
 it, so the copy figures a run reports are what happened, not what the schedule promised.
 
 Threads: the CPU backend's `threads` (else every core this process may use) become the
-run's `Workers`, which mul_mat shares its panels among (ops/panels.py). While more than one
-works, BLAS is held to one thread for the run: OpenBLAS's own threads gain nothing on the
-thin products of a batch of tokens, and two layers of threads would fight for the cores.
+run's `Workers`, which mul_mat shares a big product's panels among (ops/panels.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -187,14 +184,6 @@ class Executor:
         root = tensor.view_src or tensor
         return root.op is None and root.role == "weight" and root not in self._written
 
-    def _blas_for_workers(self):
-        """One BLAS thread while the run's own threads share the work (see the module doc)."""
-        if self.workers.threads == 1:
-            return contextlib.nullcontext()
-        from threadpoolctl import threadpool_limits
-
-        return threadpool_limits(limits=1, user_api="blas")
-
     # --- running ---------------------------------------------------------------------------
     def run_node(self, step: ExecStep) -> None:
         """Run one step (to step through a run by hand); any failure comes back as a RunError
@@ -215,9 +204,7 @@ class Executor:
         input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
         moved_before = list(self.moved_count), list(self.moved_bytes)
         origin = clock()
-        with self._blas_for_workers():
-            self._loop(steps, repeat, input_views, seconds, events, origin, progress,
-                       record_events)
+        self._loop(steps, repeat, input_views, seconds, events, origin, progress, record_events)
         outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
         moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
                  [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])])

@@ -8,6 +8,8 @@ thread, on the 2-core EPYC this was written on):
   onnxruntime's MatMul (70-85 ms, which prepacks its constant weights).
 - OpenBLAS's own threads gain nothing at 32 rows (it splits the small side); splitting the
   panels between the run's threads, each calling a 1-thread BLAS (NumPy releases the GIL), does.
+  BLAS is held to one thread only while a product is shared out (~20 us to switch, so only
+  products of 32M multiply-adds or more are shared); everything else keeps BLAS as it was.
 - An f16 matrix costs NumPy ~2 ns an element to cast (no SIMD), 3x the product itself. Here a
   panel's f16 bits become f32 bits in three integer passes (~0.25-0.4 ns an element, while the
   panel sits in L2): sign-extend to int32, shift left 13, keep the sign, exponent and mantissa.
@@ -31,7 +33,7 @@ from ggmlrun.core.ir.ops.quant import F32, to_f32
 
 DECODED_PANEL_BYTES = 1 << 20    # a decoded panel stays in one core's L2 (1 MiB here)
 F32_PANEL_BYTES = 4 << 20        # f32 panels are read in place: fewer, larger calls
-SPLIT_MIN_MACS = 1 << 22         # below this a product is not worth a thread hand-off
+SPLIT_MIN_MACS = 1 << 25         # below this a product is not worth a thread hand-off
 
 F16_SCALE = F32(2.0 ** 112)                 # f16 bits << 13, read as f32, are value·2^-112
 _SIGN_EXP_MANTISSA = np.int32(-1879056384)  # 0x8FFFE000
@@ -43,6 +45,7 @@ class Workers:
     """The threads one run computes on: the caller plus threads-1 from a shared pool."""
 
     _pool: ThreadPoolExecutor | None = None
+    _blas = None            # threadpoolctl's controller, found once (~2 ms)
 
     def __init__(self, threads: int):
         self.threads = max(1, min(int(threads), os.cpu_count() or 1))
@@ -55,12 +58,17 @@ class Workers:
         if Workers._pool is None:
             Workers._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
                                                thread_name_prefix="ggmlrun-panels")
-        futures = [Workers._pool.submit(work, lo, hi) for lo, hi in chunks[:-1]]
-        try:
-            work(*chunks[-1])
-        finally:
-            for future in futures:
-                future.result()
+        if Workers._blas is None:
+            from threadpoolctl import ThreadpoolController
+
+            Workers._blas = ThreadpoolController()
+        with Workers._blas.limit(limits=1, user_api="blas"):   # our threads, not BLAS's
+            futures = [Workers._pool.submit(work, lo, hi) for lo, hi in chunks[:-1]]
+            try:
+                work(*chunks[-1])
+            finally:
+                for future in futures:
+                    future.result()
 
 
 def f16_has_inf_nan(bits: np.ndarray) -> bool:
