@@ -39,6 +39,20 @@ def prompt(n_tokens: int, n_vocab: int) -> list[int]:
     return np.random.default_rng(n_tokens).integers(3, n_vocab, n_tokens).tolist()
 
 
+def peak_rss_bytes() -> int:
+    """This process's own peak RSS. VmHWM belongs to the address space exec made; getrusage's
+    ru_maxrss survives exec on Linux, so a child started by a parent that already holds
+    llama.cpp's models would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def ggmlrun_child(path: str, sizes: list[int], rounds: int) -> None:
     """Runs in the child: prints {size: best seconds, "rss": peak bytes} as one JSON line."""
     from ggmlrun.core.backends.spec import default_cpu
@@ -55,7 +69,7 @@ def ggmlrun_child(path: str, sizes: list[int], rounds: int) -> None:
             _, result = run_model(model, [default_cpu()], ModelOptions(ctx=N_CTX), tokens)
             best = min(best, result.run_seconds[0])
         figures[n] = best
-    figures["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    figures["rss"] = peak_rss_bytes()
     print(json.dumps(figures))
 
 
