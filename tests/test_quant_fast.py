@@ -79,18 +79,6 @@ def test_decoding_a_chunked_batch_matches_row_by_row():
     assert same_bits(decode_blocks(raw[2, 3], "q4_0"), whole[2, 3])
 
 
-def test_one_decoding_thread_gives_the_same_values():
-    from ggmlrun.core.ir import blockdecode
-    raw = random_blocks("q4_K", 6000, seed=8).reshape(20, -1)      # several chunks
-    pooled = decode_blocks(raw, "q4_K")
-    blockdecode.set_decode_threads(1)
-    try:
-        assert blockdecode._pool()._max_workers == 1
-        assert same_bits(decode_blocks(raw, "q4_K"), pooled)
-    finally:
-        blockdecode.set_decode_threads(None)
-
-
 def test_types_without_a_fast_decoder_still_decode():
     values = np.linspace(-1, 1, 256 * 4, dtype=np.float32).reshape(2, -1)
     raw = gq.quantize(values, Q.Q8_0)

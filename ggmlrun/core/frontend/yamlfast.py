@@ -79,10 +79,9 @@ class _JsonTokens(dict):
 
 class FlowReader:
     """Turns one text into (data, FlatLines), or raises NotMine. `resolve(text)` gives a plain
-    scalar's value exactly as PyYAML would; `plain_first` are the first characters for which
-    PyYAML might type a scalar as something other than a string (its resolver table's keys)."""
+    scalar's value exactly as PyYAML would."""
 
-    def __init__(self, resolve, plain_first: str):
+    def __init__(self, resolve):
         self._resolve = resolve
         self._json = _JsonTokens(self.scalar)
         self._decoder = json.JSONDecoder(object_pairs_hook=_unique_pairs)

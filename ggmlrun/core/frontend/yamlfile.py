@@ -121,7 +121,6 @@ def _flow_reader() -> FlowReader:
     (it cannot import yaml itself). Made once: it caches each distinct scalar's type."""
     global _FLOW_READER
     if _FLOW_READER is None:
-        table = _SafeLoader.yaml_implicit_resolvers
         constructor = _SafeLoader("")
 
         def resolve(text: str):
@@ -130,9 +129,7 @@ def _flow_reader() -> FlowReader:
                 raise NotMine       # timestamps, `<<`, `=`: the full parser's business
             return constructor.yaml_constructors[tag](constructor, yaml.ScalarNode(tag, text))
 
-        first = "".join(k for k in table if k) if None not in table else "".join(
-            map(chr, range(128)))
-        _FLOW_READER = FlowReader(resolve, first)
+        _FLOW_READER = FlowReader(resolve)
     return _FLOW_READER
 
 

@@ -14,17 +14,12 @@ temporaries are made. Types without a decoder here return None and are decoded b
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 F32 = np.float32
 U8 = np.uint8
 QK_K = 256
 _CHUNK_VALUES = 1 << 19          # values decoded per step: 2 MiB of f32, an L2-sized working set
-_POOL: ThreadPoolExecutor | None = None
-_THREADS: int | None = None
 
 
 def _f16_at(u16: np.ndarray, col: int) -> np.ndarray:
@@ -153,25 +148,6 @@ DECODERS = {"q8_0": (_q8_0, 32, 34), "q4_0": (_q4_0, 32, 18), "q4_1": (_q4_1, 32
             "q5_K": (_q5_K, QK_K, 176), "q6_K": (_q6_K, QK_K, 210)}
 
 
-def _pool() -> ThreadPoolExecutor:
-    """One worker per usable core (or per `set_decode_threads`): NumPy lets go of the GIL
-    inside its loops, so chunks decode in parallel, as ggml dequantizes on all its threads."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(_THREADS or max(1, len(os.sched_getaffinity(0))),
-                                   thread_name_prefix="ggmlrun-decode")
-    return _POOL
-
-
-def set_decode_threads(threads: int | None) -> None:
-    """Caps the decoding threads, as a CPU backend's `threads` caps BLAS (None: the cores)."""
-    global _POOL, _THREADS
-    if threads != _THREADS:
-        if _POOL is not None:
-            _POOL.shutdown(wait=True)
-        _POOL, _THREADS = None, threads
-
-
 def decode_fast(raw: np.ndarray, name: str) -> np.ndarray | None:
     """Whole rows of type `name` (bytes in the last axis) as f32; None where there is no fast
     decoder for the type (the caller falls back to gguf.quants)."""
@@ -187,14 +163,7 @@ def decode_fast(raw: np.ndarray, name: str) -> np.ndarray | None:
     out = np.empty((len(blocks), block_size), F32)
     step = max(1, _CHUNK_VALUES // block_size)
 
-    def chunk(start: int) -> None:
-        with np.errstate(all="ignore"):      # inf/nan scales decode to inf/nan, as in ggml
+    with np.errstate(all="ignore"):          # inf/nan scales decode to inf/nan, as in ggml
+        for start in range(0, len(blocks), step):
             decode(blocks[start:start + step], out[start:start + step])
-
-    starts = range(0, len(blocks), step)
-    if len(starts) > 1:
-        for _ in _pool().map(chunk, starts):
-            pass
-    elif starts:
-        chunk(0)
     return out.reshape(raw.shape[:-1] + (raw.shape[-1] // type_size * block_size,))

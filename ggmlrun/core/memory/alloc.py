@@ -300,12 +300,7 @@ def layout_weights(sched: Schedule) -> WeightLayout:
 def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], list[PlanEntry]]:
     """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then the
     split's nodes; and the leafs, which the allocator places first."""
-    view_ops = frozenset(name for name, spec in OPS.items() if spec.view_op)
     backend_of = sched.backend_of
-    # the splits hold the nodes in srcs_of's order, and every op but a view runs on its split's
-    # backend: on a big graph, two lookups per node in dicts of every tensor would cost more
-    # than the rest of this walk (the dicts are far bigger than the CPU's caches)
-    srcs_in_order = iter(sched.srcs_of.items())
     with gc_paused():
         entries: list[PlanEntry] = []
         for split in sched.splits:
@@ -314,11 +309,6 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], list
                                          dependency=True))
                 entries.append(PlanEntry(copy, [], split.backend))
             for node in split.nodes:
-                listed, srcs = next(srcs_in_order, (None, None))
-                if listed is not node:                  # a schedule built some other way
-                    srcs, srcs_in_order = sched.srcs_of[node], iter(())
-                entries.append(PlanEntry(node, srcs, backend_of[node] if node.op in view_ops
-                                         else split.backend))
-        order = sched.graph.leafs_by_first_use() if sched.leaf_order is None else sched.leaf_order
-        leafs = [(leaf, backend_of[leaf]) for leaf in order]
+                entries.append(PlanEntry(node, sched.srcs_of[node], backend_of[node]))
+        leafs = [(leaf, backend_of[leaf]) for leaf in sched.leaf_order]
     return leafs, entries

@@ -198,23 +198,13 @@ class Executor:
         if self.steps is None:           # views are fixed at bind, so steps are too
             self.steps = self._compile()
         steps = self.steps
-        seconds = np.zeros(len(steps))
+        n = len(steps)
+        seconds = np.zeros(n)
         events: list[tuple[int, int, float, float]] = []   # (run, step, start, end)
         clock = time.perf_counter
         input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
         moved_before = list(self.moved_count), list(self.moved_bytes)
         origin = clock()
-        self._loop(steps, repeat, input_views, seconds, events, origin, progress, record_events)
-        outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
-        moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
-                 [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])])
-        return self._result(seconds.tolist(), events, outputs, repeat, moved)
-
-    def _loop(self, steps, repeat, input_views, seconds, events, origin, progress,
-              record_events) -> None:
-        """The timed runs: per-step seconds and (optionally) events accumulate in place."""
-        clock = time.perf_counter
-        n = len(steps)
         for run_index in range(repeat):
             for view, value in input_views:
                 np.copyto(view, value)
@@ -236,6 +226,10 @@ class Executor:
                     events += [(run_index, i, ends[i], ends[i + 1]) for i in range(n)]
             if progress:
                 progress(run_index + 1)
+        outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
+        moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
+                 [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])])
+        return self._result(seconds.tolist(), events, outputs, repeat, moved)
 
     def _failure(self, step: Step, err: Exception) -> RunError:
         where = self.backends[step.backend].name

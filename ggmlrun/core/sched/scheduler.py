@@ -65,11 +65,10 @@ class Schedule:
     cause: dict[Tensor, str]
     splits: list[Split]
     srcs_of: dict[Tensor, list[Tensor]]       # each node's sources, copies substituted
+    leaf_order: list[Tensor]                  # graph.leafs_by_first_use(), once, by pass 1
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
     ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
-    # graph.leafs_by_first_use(), worked out once by pass 1: the allocator places leafs in it
-    leaf_order: list[Tensor] | None = None
 
     @cached_property
     def copy_source(self) -> dict[Tensor, Tensor]:
@@ -152,7 +151,7 @@ class Scheduler:
         splits, srcs_of = self._pass5_split(graph.nodes)
         return Schedule(graph=graph, backends=self.backends, backend_of=self.backend_of,
                         cause=self.cause, splits=splits, srcs_of=srcs_of,
-                        ggml=self.ggml, leaf_order=leaf_order)
+                        leaf_order=leaf_order, ggml=self.ggml)
 
     # --- facts the passes use ---------------------------------------------------------------
     def _backend_index(self, name: str, tensor: Tensor, what: str) -> int:

@@ -21,7 +21,7 @@ from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
-    F32, fast_path, fmt, need_dtype, need_float, quiet, store, who)
+    fast_path, fmt, need_dtype, need_float, quiet, store, who)
 from ggmlrun.core.ir.ops.panels import PanelProduct, Workers, f16_has_inf_nan
 from ggmlrun.core.ir.ops.quant import (
     MIN_TYPES, block_mins, q8_1_sum_error, round_like_vec_dot, to_f32, type_of)
@@ -88,8 +88,6 @@ def _batched_matmul(out, a32, b32, accumulate: bool = False) -> None:
 
 def _round_b(b: np.ndarray, weight_type: str) -> np.ndarray:
     """b as ggml hands it to the dot products: rounded to a's vec_dot type, in f32."""
-    if weight_type == "f16":
-        return b.astype(np.float16).astype(F32)
     return round_like_vec_dot(to_f32(b), weight_type)
 
 
@@ -119,7 +117,7 @@ def _mul_mat_bind(out, a, b, *, workers: Workers | None = None, constant=(False,
 
     def run(out2, b):
         b2 = b.reshape(-1, k)
-        product(out2, to_f32(b2) if weight_type == "f32" else _round_b(b2, weight_type))
+        product(out2, _round_b(b2, weight_type))
         if weight_type in MIN_TYPES:     # a's block mins, read per call: a may change
             mins = block_mins(np.asarray(a2).view(np.ndarray), weight_type)
             out2 += np.matmul(q8_1_sum_error(to_f32(b2)), mins.T)
