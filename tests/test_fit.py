@@ -69,16 +69,22 @@ def brute_ngl(measure, model, backends, opts, margins, ctx):
     return best
 
 
+def tiny_model_with_fake_measure(tmp_path, monkeypatch):
+    """The tiny card, fit's measure replaced by the layer-cost model; and its total bytes."""
+    model = read_card(tiny_card(tmp_path))
+    costs = fitmod._layer_costs(model)
+    measure = fake_measure(model, costs)
+    monkeypatch.setattr(fitmod, "measure_model", measure)
+    return model, measure, sum(costs.values())
+
+
 def backends_with(dev_mem, cpu_mem):
     return [BackendSpec("DEV", "sim", dev_mem, 32), BackendSpec("CPU", "cpu", cpu_mem, 32)]
 
 
 def test_search_equals_brute_force_on_many_budgets(tmp_path, monkeypatch):
-    model = read_card(tiny_card(tmp_path))
-    measure = fake_measure(model, fitmod._layer_costs(model))
-    monkeypatch.setattr(fitmod, "measure_model", measure)
+    model, measure, total = tiny_model_with_fake_measure(tmp_path, monkeypatch)
     rng = random.Random(7)
-    total = sum(fitmod._layer_costs(model).values())
     for _ in range(150):
         dev = rng.randint(0, total + 6 * MiB)
         cpu = rng.choice([2**40, rng.randint(4 * MiB, total + 12 * MiB)])
@@ -98,11 +104,8 @@ def test_search_equals_brute_force_on_many_budgets(tmp_path, monkeypatch):
 
 
 def test_ctx_auto_equals_brute_force(tmp_path, monkeypatch):
-    model = read_card(tiny_card(tmp_path))
-    measure = fake_measure(model, fitmod._layer_costs(model))
-    monkeypatch.setattr(fitmod, "measure_model", measure)
+    model, measure, total = tiny_model_with_fake_measure(tmp_path, monkeypatch)
     rng = random.Random(11)
-    total = sum(fitmod._layer_costs(model).values())
     for _ in range(60):
         backends = backends_with(rng.randint(total // 2, total + 16 * MiB), 2**40)
         opts = ModelOptions()
