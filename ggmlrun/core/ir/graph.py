@@ -49,7 +49,7 @@ class LeafData:
     file: Path | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Tensor:
     name: str
     shape: tuple[int, ...]
