@@ -152,3 +152,29 @@ def test_to_f32_of_a_typed_weight_uses_the_fast_path():
     buf = np.ascontiguousarray(raw).reshape(-1).copy()
     typed = storage_view(buf, 0, (2, 1024), (4 * 210, 1), TYPES["q6_K"])
     assert same_bits(to_f32(typed), gguf_decode(raw.reshape(2, -1), "q6_K"))
+
+
+# --- f32 -> f16 -> f32 rounding (b of an f16 weight: attention's q and softmax) ---------------
+
+def f32_sweep() -> np.ndarray:
+    """Every 1021st f32 bit pattern, plus, for every sign and exponent, mantissas whose low 13
+    bits sit at and around the f16 halfway point (ties, both parities) and the ends."""
+    coarse = np.arange(0, 1 << 32, 1021, dtype=np.uint64).astype(np.uint32)
+    high = np.arange(1 << 9, dtype=np.uint32)[None, :] << np.uint32(13)     # 9 of the 10 kept
+    parity = np.array([0, 1 << 13], np.uint32)[:, None, None]               # the 10th: even/odd
+    low = np.array([0, 1, 0xFFE, 0xFFF, 0x1000, 0x1001, 0x1FFE, 0x1FFF], np.uint32)[:, None]
+    mantissas = (high[None] | parity | low[None]).reshape(-1) & np.uint32(0x7FFFFF)
+    exponents = np.arange(256, dtype=np.uint32) << np.uint32(23)
+    signs = np.array([0, 1 << 31], np.uint32)
+    dense = (signs[:, None, None] | exponents[None, :, None] | mantissas[None, None, :])
+    return np.concatenate([coarse, dense.reshape(-1)]).view(np.float32)
+
+
+def test_f16_round_gives_numpys_round_trip_bit_for_bit():
+    from ggmlrun.core.ir.ops.quant import f16_round
+    x = f32_sweep()
+    with np.errstate(all="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+        got = f16_round(x)
+    assert same_bits(got, want)
+    assert same_bits(f16_round(x[:1000].reshape(10, 100)), want[:1000].reshape(10, 100))
