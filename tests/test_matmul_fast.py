@@ -23,7 +23,7 @@ from ggmlrun.core.frontend.loader import load_graph
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op, make_node
 from ggmlrun.core.ir.ops import panels
-from ggmlrun.core.ir.ops.matmul import _mul_mat_batched, _mul_mat_bind
+from ggmlrun.core.ir.ops.matmul import _mul_mat_batched, _mul_mat_bind, _mul_mat_bind_any
 from ggmlrun.core.ir.ops.quant import storage_view
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.run.exec import Executor
@@ -171,6 +171,40 @@ def test_batched_and_single_matrix_products_both_match_numpy(a_shape, b_shape):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     single = all(d == 1 for d in a.shape[:-2])
     assert (_mul_mat_bind(out, a, b) is not None) == single
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["kq", "kqv"])
+def test_attention_products_shared_among_threads_give_one_thread_blas_bits(threads, kind):
+    """kq and kqv as llama's graph makes them: a the f16 cache (strided views, 3 KV heads for
+    6 query heads), b permuted or the softmax. Shared out by KV head (BLAS at one thread per
+    part), the bits are those of the whole batched product with BLAS at one thread."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(threads)
+    if kind == "kq":
+        a = rng.standard_normal((3, 40, 16)).astype(F16)[None, :, :24]       # cache [.., cells, d]
+        b = rng.standard_normal((1, 24, 6, 16)).astype(F32).transpose(0, 2, 1, 3)
+        shape = (1, 6, 24, 24)
+    else:
+        a = rng.standard_normal((3, 16, 40)).astype(F16)[None, :, :, :24]    # transposed V
+        b = rng.random((1, 6, 24, 24)).astype(F32)
+        shape = (1, 6, 24, 16)
+    want = np.empty(shape, F32)
+    with threadpool_limits(limits=1, user_api="blas"):
+        _mul_mat_batched(want, a, b)
+    got = np.full(shape, np.nan, F32)
+    old = panels.SPLIT_MIN_MACS
+    panels.SPLIT_MIN_MACS = 0
+    try:
+        call = _mul_mat_bind_any(got, a, b, workers=panels.Workers(threads))
+    finally:
+        panels.SPLIT_MIN_MACS = old
+    assert (call is None) == (panels.Workers(threads).threads == 1)
+    if call is None:
+        return
+    call[0](*call[1])
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_an_out_that_is_not_rows_takes_the_batched_path():

@@ -22,6 +22,7 @@ from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
     fast_path, fmt, need_dtype, need_float, quiet, store, who)
+from ggmlrun.core.ir.ops import panels
 from ggmlrun.core.ir.ops.panels import PanelProduct, Workers, f16_has_inf_nan
 from ggmlrun.core.ir.ops.quant import (
     MIN_TYPES, block_mins, q8_1_sum_error, round_like_vec_dot, to_f32, type_of)
@@ -113,7 +114,7 @@ def _mul_mat_bind(out, a, b, *, workers: Workers | None = None, constant=(False,
     a2 = a.reshape(a.shape[-2:])
     product = PanelProduct(a2, weight_type, k, workers,
                            a_checked=weight_type == "f16" and constant[0]
-                           and not f16_has_inf_nan(a2))
+                           and not f16_has_inf_nan(a2), n=out2.shape[0])
 
     def run(out2, b):
         b2 = b.reshape(-1, k)
@@ -137,7 +138,45 @@ def _mul_mat_batched(out, a, b) -> None:
                         q8_1_sum_error(to_f32(b)), accumulate=True)
 
 
-@fast_path(_mul_mat_bind)
+def _shared_batches(out, a, b, workers: Workers):
+    """Attention's products (kq, kqv: a the f16 cache, one matrix per KV head) shared out
+    among the run's threads by a's largest batch dim, BLAS at one thread: each thread rounds
+    its part of b (the softmax, 8M values at 512 tokens), converts its part of a and
+    multiplies it. OpenBLAS's own threads re-synchronise on each of the 32 small products and
+    lose badly when the other core is busy. None where the product is too small to share."""
+    rank = out.ndim
+    weight_type = type_of(a)
+    groups = _padded(a.shape, rank)[:-2]
+    axis = int(np.argmax(groups)) if groups else 0
+    if (weight_type in MIN_TYPES or workers.threads == 1 or not groups or groups[axis] < 2
+            or out.size * b.shape[-1] < panels.SPLIT_MIN_MACS):
+        return None
+    a_v = a.reshape([d for g in groups for d in (g, 1)] + list(a.shape[-2:]))
+    out_v = _split_batches(out, groups)
+    b_v = _split_batches(b.reshape(_padded(b.shape, rank)), groups)
+    pick = (slice(None),) * (2 * axis)
+
+    def work(lo: int, hi: int) -> None:
+        part = pick + (slice(lo, hi),)
+        a32 = to_f32(a_v[part])
+        np.matmul(_round_b(b_v[part], weight_type), np.swapaxes(a32, -1, -2), out=out_v[part])
+
+    parts = min(workers.threads, groups[axis])
+    bounds = [groups[axis] * t // parts for t in range(parts + 1)]
+    chunks = list(zip(bounds, bounds[1:]))
+    return (lambda: workers.share(work, chunks)), ()
+
+
+def _mul_mat_bind_any(out, a, b, *, workers: Workers | None = None, constant=(False, False)):
+    """The executor's binding: the panel product for one matrix a, shared batches for
+    attention's, else None (the kernel)."""
+    call = _mul_mat_bind(out, a, b, workers=workers, constant=constant)
+    if call is None and workers is not None and 0 not in out.shape and 0 not in b.shape:
+        call = _shared_batches(out, a, b, workers)
+    return call
+
+
+@fast_path(_mul_mat_bind_any)
 @quiet
 def _mul_mat_kernel(out, a, b):
     call = _mul_mat_bind(out, a, b)
