@@ -53,6 +53,26 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def phase_of(node) -> str:
+    """Where a node's time goes, in the words of the issue: weight products by b's rows,
+    attention's products, and every other op by name."""
+    if node.op != "mul_mat":
+        return node.op
+    a = node.src[0].view_src or node.src[0]
+    if a.role != "weight":
+        return "mul_mat attention (kq, kqv)"
+    rows = node.shape[-2] if len(node.shape) > 1 else 1
+    return f"mul_mat weights, {rows} row{'s' if rows > 1 else ''}"
+
+
+def phases(result) -> dict[str, float]:
+    spent: dict[str, float] = {}
+    for timing in result.node_timings:
+        key = phase_of(timing.node)
+        spent[key] = spent.get(key, 0.0) + timing.seconds
+    return spent
+
+
 def ggmlrun_child(path: str, sizes: list[int], rounds: int) -> None:
     """Runs in the child: prints {size: best seconds, "rss": peak bytes} as one JSON line."""
     from ggmlrun.core.backends.spec import default_cpu
@@ -67,7 +87,10 @@ def ggmlrun_child(path: str, sizes: list[int], rounds: int) -> None:
         best = float("inf")
         for _ in range(rounds):
             _, result = run_model(model, [default_cpu()], ModelOptions(ctx=N_CTX), tokens)
-            best = min(best, result.run_seconds[0])
+            if result.run_seconds[0] < best:
+                best = result.run_seconds[0]
+                if n == max(sizes):
+                    figures["phases"] = phases(result)
         figures[n] = best
     figures["rss"] = peak_rss_bytes()
     print(json.dumps(figures))
@@ -79,7 +102,7 @@ def ggmlrun_times(path, sizes, rounds) -> dict:
     if out.returncode:
         raise RuntimeError(f"ggmlrun on {path} failed:\n{out.stderr[-2000:]}")
     figures = json.loads(out.stdout.strip().splitlines()[-1])
-    return {(k if k == "rss" else int(k)): v for k, v in figures.items()}
+    return {(k if k in ("rss", "phases") else int(k)): v for k, v in figures.items()}
 
 
 def llama_cpp_times(llama_cpp, path, sizes, rounds) -> dict:
@@ -117,13 +140,15 @@ def speed_table(quick: bool) -> None:
     headers = ["model", "type", "test", "ggmlrun tok/s"]
     if llama_cpp:
         headers += ["llama.cpp tok/s", "ggmlrun time / llama.cpp", "pp512 <= 2x"]
-    rows, rss = [], {}
+    rows, rss, spent = [], {}, {}
     for model, by_type in files.items():
         rounds = 2 if model.startswith("llama8b") else 5
         for qtype, path in by_type.items():
             ours = ggmlrun_times(path, sizes, rounds)
             theirs = llama_cpp_times(llama_cpp, path, sizes, rounds) if llama_cpp else {}
             rss[f"{model} {qtype}"] = ours["rss"]
+            if model.startswith("llama8b") and "phases" in ours:
+                spent[qtype] = ours["phases"]
             for n in sizes:
                 row = [model, qtype, f"pp{n}" if n > 1 else "tg1", f"{n / ours[n]:.1f}"]
                 if llama_cpp:
@@ -137,6 +162,21 @@ def speed_table(quick: bool) -> None:
     print(table(headers, rows))
     print("\nggmlrun peak RSS (its own process: the memory-mapped file's touched pages included)")
     print(table(["file", "peak RSS MiB"], [[k, f"{v / 2**20:.0f}"] for k, v in rss.items()]))
+    if spent:
+        phase_table(spent, max(sizes))
+
+
+def phase_table(spent: dict[str, dict[str, float]], n: int) -> None:
+    """ms per phase of ggmlrun's best pp-n run on the 8B-dims layer, per type."""
+    types = list(spent)
+    names = sorted({k for by_phase in spent.values() for k in by_phase},
+                   key=lambda k: -max(by_phase.get(k, 0.0) for by_phase in spent.values()))
+    rows = [[name] + [f"{spent[t].get(name, 0.0) * 1e3:.1f}" for t in types] for name in names
+            if max(spent[t].get(name, 0.0) for t in types) >= 5e-4]
+    rows.append(["all nodes"] + [f"{sum(spent[t].values()) * 1e3:.1f}" for t in types])
+    print(f"\nwhere ggmlrun's pp{n} time goes on the 8B-dims layer, ms (its best run; nodes of "
+          f"0.5 ms or more)")
+    print(table(["phase"] + types, rows))
 
 
 def decoder_table(quick: bool) -> None:
