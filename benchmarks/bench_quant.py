@@ -58,8 +58,7 @@ def phase_of(node) -> str:
     attention's products, and every other op by name."""
     if node.op != "mul_mat":
         return node.op
-    a = node.src[0].view_src or node.src[0]
-    if a.role != "weight":
+    if any(d != 1 for d in node.src[0].shape[:-2]):      # a matrix per KV head: the cache
         return "mul_mat attention (kq, kqv)"
     rows = node.shape[-2] if len(node.shape) > 1 else 1
     return f"mul_mat weights, {rows} row{'s' if rows > 1 else ''}"
