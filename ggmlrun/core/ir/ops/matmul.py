@@ -9,7 +9,9 @@ which differs from the "tiles" rule of add & co.
 A single matrix a (every weight of a model) is multiplied panel by panel (panels.py): a's rows
 in L2-sized groups, each decoded to f32 only while it is used, so a quantized or f16 matrix is
 never held in f32 whole, and the panels can be shared out among the run's threads. Batched a
-(attention) is decoded whole and handed to one broadcasting matmul.
+(attention: the KV cache) is decoded whole and handed to one broadcasting matmul, or, bound
+by the executor with more than one thread, split by KV head among the threads
+(`_shared_batches`).
 """
 
 from __future__ import annotations
