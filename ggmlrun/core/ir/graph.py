@@ -65,6 +65,7 @@ class Tensor:
     data: LeafData | None = None          # leafs only
     is_output: bool = False
     line: int | None = None               # YAML line, for error messages
+    index: int = -1                       # row in the tables of the pass that last numbered it
 
     def __post_init__(self):
         self.shape = tuple(int(d) for d in self.shape)

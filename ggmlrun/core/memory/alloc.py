@@ -12,6 +12,7 @@ output that is a view keeps its view source alive (SPEC.md section 1; ggml frees
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import OPS
@@ -74,7 +75,7 @@ class FreeBlocks:
         blocks.insert(pos, [offset, size])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot:
     """One allocation: a tensor's bytes, shared by the nodes that reuse it in place."""
 
@@ -87,13 +88,23 @@ class Slot:
 
 
 @dataclass
-class PlanEntry:
-    """One node of the sequence the allocator walks (ggml's graph copy)."""
+class AllocationSequence:
+    """The sequence the allocator walks (ggml's graph copy), as parallel lists: one row per
+    entry rather than an object per node (a big graph has a hundred thousand)."""
 
-    tensor: Tensor
-    srcs: list[Tensor]             # as the node sees them: copies already substituted
-    buffer: int
-    dependency: bool = False       # ggml's op-NONE helper: keeps `srcs` alive up to here
+    tensors: list[Tensor] = field(default_factory=list)
+    srcs: list[list[Tensor]] = field(default_factory=list)   # copies already substituted
+    buffers: list[int] = field(default_factory=list)
+    # rows that are ggml's op-NONE helper: it keeps its `srcs` alive up to there, owns nothing
+    dependencies: set[int] = field(default_factory=set)
+    rows: list[Tensor] | None = None   # every tensor, numbered (Tensor.index); None: not yet
+
+    def add(self, tensor: Tensor, srcs: list[Tensor], buffer: int, dependency: bool = False):
+        if dependency:
+            self.dependencies.add(len(self.tensors))
+        self.tensors.append(tensor)
+        self.srcs.append(srcs)
+        self.buffers.append(buffer)
 
 
 @dataclass
@@ -155,86 +166,95 @@ class MemoryPlan:
 
 
 class GraphAllocator:
-    """ggml_gallocr over several arenas (one per backend), measure mode only."""
+    """ggml_gallocr over several arenas (one per backend), measure mode only.
+
+    Its per-tensor state (slot, consumers and views left, never-freed) lives in flat lists
+    indexed by `Tensor.index`, not in dicts keyed by Tensor: on a big graph every dict lookup
+    is a cache miss."""
 
     def __init__(self, alignments: list[int], ggml: GgmlVersion | str | None = None):
         self.alignments = alignments
         self.ggml = ggml_version(ggml)
 
-    def plan(self, leafs: list[tuple[Tensor, int]], entries: list[PlanEntry]) -> MemoryPlan:
+    def plan(self, leafs: list[tuple[Tensor, int]], sequence: AllocationSequence) -> MemoryPlan:
         with gc_paused():
-            return self._plan(leafs, entries)
+            return self._plan(leafs, sequence)
 
-    def _plan(self, leafs: list[tuple[Tensor, int]], entries: list[PlanEntry]) -> MemoryPlan:
+    def _plan(self, leafs: list[tuple[Tensor, int]], seq: AllocationSequence) -> MemoryPlan:
+        rows = seq.rows if seq.rows is not None else _number_found(leafs, seq)
         self.arenas = [FreeBlocks(a) for a in self.alignments]
-        self.slot_of: dict[Tensor, Slot] = {}
         self.slots: list[Slot] = []
+        self.slot_at: list[Slot | None] = [None] * len(rows)   # the slot a row's bytes are in
+        self.owner: list[bool] = [False] * len(rows)  # ggml's `allocated`: owns its slot now
+        self.placed: list[Tensor] = []                # slot_of's keys, in placement order
         self.inplace: list[tuple[Tensor, Tensor]] = []
-        self.children: dict[Tensor, int] = {}
-        self.views: dict[Tensor, int] = {}
         self.event = 0
-        self._owner: dict[Slot, Tensor | None] = {}   # ggml's `allocated` flag, per slot
-        self.pinned = self._never_freed(entries, leafs)
         self._inplace_ops = frozenset(name for name, spec in OPS.items()
                                       if spec.inplace and name not in self.ggml.not_inplace)
+        # outputs (ggml's OUTPUT flag) are never freed, nor, unlike ggml, an output view's source
+        self.pinned = pinned = bytearray(len(rows))
+        for leaf, _ in leafs:
+            if leaf.is_output:
+                pinned[leaf.index] = 1
+                if leaf.view_src is not None:
+                    pinned[leaf.view_src.index] = 1
+        # each row's consumers and views (ggml's n_children / n_views), in the same walk
+        self.children = children = [0] * len(rows)
+        self.views = views = [0] * len(rows)
+        dependencies = seq.dependencies
+        for k, (node, srcs) in enumerate(zip(seq.tensors, seq.srcs)):
+            if node.is_output:
+                pinned[node.index] = 1
+                if node.view_src is not None:
+                    pinned[node.view_src.index] = 1
+            if node.view_src is not None and k not in dependencies:
+                views[node.view_src.index] += 1
+            for src in srcs:
+                children[src.index] += 1
 
         # 1. leafs first, so graph inputs never overlap one another or anything else
         for leaf, buffer in leafs:
             self._allocate(leaf, buffer)
-        # 2. count each tensor's consumers and views (ggml's n_children / n_views)
-        views, children = self.views, self.children
-        for entry in entries:
-            node = entry.tensor
-            if node.view_src is not None and not entry.dependency:
-                views[node.view_src] = views.get(node.view_src, 0) + 1
-            for src in entry.srcs:
-                children[src] = children.get(src, 0) + 1
-        # 3. per node: sources, the node (maybe in a parent's slot), then free finished sources
-        slot_of, allocate, release = self.slot_of, self._allocate, self._release
-        for entry in entries:
-            srcs = entry.srcs
+        # 2. per node: sources, the node (maybe in a parent's slot), then free finished sources
+        slot_at, allocate, release = self.slot_at, self._allocate, self._release
+        for k, (node, srcs, buffer) in enumerate(zip(seq.tensors, seq.srcs, seq.buffers)):
             for src in srcs:
-                if src not in slot_of:            # (most are placed already)
-                    allocate(src, entry.buffer)
-            if not entry.dependency:
-                allocate(entry.tensor, entry.buffer, srcs)
+                if slot_at[src.index] is None:    # (most are placed already)
+                    allocate(src, buffer)
+            if k not in dependencies:
+                allocate(node, buffer, srcs)
             for src in srcs:
                 release(src)
+        slot_of = dict(zip(self.placed, map(slot_at.__getitem__, map(_row_of, self.placed))))
         return MemoryPlan(arena_bytes=[a.high_water for a in self.arenas],
                           alignments=list(self.alignments), slots=self.slots,
-                          slot_of=self.slot_of, inplace=self.inplace, n_events=self.event)
+                          slot_of=slot_of, inplace=self.inplace, n_events=self.event)
 
     # --- the rules ------------------------------------------------------------------------
-    @staticmethod
-    def _never_freed(entries: list[PlanEntry], leafs) -> set[Tensor]:
-        """Outputs (ggml's OUTPUT flag) and, unlike ggml, the view source of an output view."""
-        pinned = set()
-        for tensor in [e.tensor for e in entries] + [t for t, _ in leafs]:
-            if tensor.is_output:
-                pinned.add(tensor)
-                if tensor.view_src is not None:
-                    pinned.add(tensor.view_src)
-        return pinned
-
     def _allocate(self, node: Tensor, buffer: int, srcs: list[Tensor] = ()) -> None:
-        if node in self.slot_of or node.view_src is not None or node.role == "weight":
+        row = node.index
+        if self.slot_at[row] is not None or node.view_src is not None or node.role == "weight":
             return                                # placed already, or owns no memory
         if node.op in self._inplace_ops:
             for parent in srcs:
                 if self._can_take_slot_of(node, parent):
-                    slot = self.slot_of[parent]
+                    slot = self.slot_at[parent.index]
                     slot.tensors.append(node)
-                    self.slot_of[node] = slot
-                    self._owner[slot] = node
+                    self.slot_at[row] = slot
+                    self.owner[parent.index] = False
+                    self.owner[row] = True
+                    self.placed.append(node)
                     self.inplace.append((node, parent))
                     return
         nbytes = node.nbytes
         offset = self.arenas[buffer].alloc(nbytes)
-        slot = Slot(buffer=buffer, offset=offset, size=align_up(nbytes, self.alignments[buffer]),
-                    born=self._tick(), tensors=[node])
+        self.event += 1
+        slot = Slot(buffer, offset, align_up(nbytes, self.alignments[buffer]), self.event,
+                    None, [node])
         self.slots.append(slot)
-        self.slot_of[node] = slot
-        self._owner[slot] = node
+        self.slot_at[row] = slot
+        self.owner[row] = True
+        self.placed.append(node)
 
     def _can_take_slot_of(self, node: Tensor, parent: Tensor) -> bool:
         """ggml's in-place conditions (ggml_gallocr_allocate_node).
@@ -243,41 +263,58 @@ class GraphAllocator:
         view parent is never reused in 0.15.3), not be an output nor a view of one, have the
         node's exact layout, and have this node as its only remaining consumer and no views.
         """
-        slot = self.slot_of.get(parent)
-        if slot is None or self._owner.get(slot) is not parent or parent.is_view:
+        row = parent.index
+        if not self.owner[row] or parent.view_src is not None:
             return False
-        if parent in self.pinned or parent.is_output:
+        if self.pinned[row] or parent.is_output:
             return False
-        if not node.same_layout(parent):
+        if not (node.dtype == parent.dtype and node.shape == parent.shape
+                and node.strides == parent.strides):      # Tensor.same_layout, inline
             return False
-        return self.children.get(parent, 0) == 1 and self.views.get(parent, 0) == 0
+        return self.children[row] == 1 and self.views[row] == 0
 
     def _release(self, parent: Tensor) -> None:
-        left = self.children[parent] - 1
-        self.children[parent] = left
-        if left != 0 or self.views.get(parent, 0) != 0:
+        row = parent.index
+        left = self.children[row] - 1
+        self.children[row] = left
+        if left != 0 or self.views[row] != 0:
             return
         if parent.view_src is not None:
-            root = parent.view_src
+            root = parent.view_src.index
             self.views[root] -= 1
-            if self.views[root] == 0 and self.children.get(root, 0) == 0:
+            if self.views[root] == 0 and self.children[root] == 0:
                 self._free(root)
         else:
-            self._free(parent)
+            self._free(row)
 
-    def _free(self, tensor: Tensor) -> None:
-        slot = self.slot_of.get(tensor)
-        if slot is None or self._owner.get(slot) is not tensor or tensor in self.pinned:
+    def _free(self, row: int) -> None:
+        if not self.owner[row] or self.pinned[row]:
             return
-        # slot.size is tensor.nbytes aligned: the owner is the slot's first tensor or an
-        # in-place node of the very same layout
+        # slot.size is nbytes aligned: the owner is the slot's first tensor or an in-place
+        # node of the very same layout
+        slot = self.slot_at[row]
         self.arenas[slot.buffer].free(slot.offset, slot.size)
-        slot.died = self._tick()
-        self._owner[slot] = None
-
-    def _tick(self) -> int:
         self.event += 1
-        return self.event
+        slot.died = self.event
+        self.owner[row] = False
+
+
+_row_of = attrgetter("index")
+
+
+def _number_found(leafs: list[tuple[Tensor, int]], seq: AllocationSequence) -> list[Tensor]:
+    """Rows for a sequence built by hand (no schedule numbered its tensors)."""
+    found = [leaf for leaf, _ in leafs] + seq.tensors
+    found += [src for srcs in seq.srcs for src in srcs]
+    found += [t.view_src for t in found if t.view_src is not None]
+    for tensor in found:
+        tensor.index = -1
+    rows = []
+    for tensor in found:
+        if tensor.index == -1:
+            tensor.index = len(rows)
+            rows.append(tensor)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -290,25 +327,26 @@ def layout_weights(sched: Schedule) -> WeightLayout:
     """Weights packed one after another per backend, each aligned (ggml_backend_alloc_ctx_tensors)."""
     offsets: dict[Tensor, int] = {}
     used = [0] * len(sched.backends)
+    sched.numbered()
+    where = sched.where
     for weight in sched.graph.weights:
-        b = sched.backend_of[weight]
+        b = where[weight.index]
         offsets[weight] = used[b]
         used[b] += align_up(weight.nbytes, sched.backends[b].alignment)
     return WeightLayout(offsets, used)
 
 
-def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], list[PlanEntry]]:
+def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], AllocationSequence]:
     """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then the
     split's nodes; and the leafs, which the allocator places first."""
-    backend_of = sched.backend_of
     with gc_paused():
-        entries: list[PlanEntry] = []
+        seq = AllocationSequence(rows=sched.numbered())
+        where, srcs_of, add = sched.where, sched.srcs_of, seq.add
         for split in sched.splits:
             for original, copy in split.copy_of.items():
-                entries.append(PlanEntry(original, [original], backend_of[original],
-                                         dependency=True))
-                entries.append(PlanEntry(copy, [], split.backend))
+                add(original, [original], where[original.index], dependency=True)
+                add(copy, [], split.backend)
             for node in split.nodes:
-                entries.append(PlanEntry(node, sched.srcs_of[node], backend_of[node]))
-        leafs = [(leaf, backend_of[leaf]) for leaf in sched.leaf_order]
-    return leafs, entries
+                add(node, srcs_of[node], where[node.index])
+        leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
+    return leafs, seq
