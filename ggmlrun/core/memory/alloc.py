@@ -16,7 +16,7 @@ from operator import attrgetter
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import OPS
-from ggmlrun.core.sched.scheduler import Schedule
+from ggmlrun.core.sched.scheduler import Schedule, renumbered
 from ggmlrun.core.util.fmt import align_up
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
@@ -87,24 +87,59 @@ class Slot:
     tensors: list[Tensor] = field(default_factory=list)
 
 
-@dataclass
 class AllocationSequence:
     """The sequence the allocator walks (ggml's graph copy), as parallel lists: one row per
-    entry rather than an object per node (a big graph has a hundred thousand)."""
+    entry rather than an object per node (a big graph has a hundred thousand).
 
-    tensors: list[Tensor] = field(default_factory=list)
-    srcs: list[list[Tensor]] = field(default_factory=list)   # copies already substituted
-    buffers: list[int] = field(default_factory=list)
-    # rows that are ggml's op-NONE helper: it keeps its `srcs` alive up to there, owns nothing
-    dependencies: set[int] = field(default_factory=set)
-    rows: list[Tensor] | None = None   # every tensor, numbered (Tensor.index); None: not yet
+    Each tensor met gets a row (`Tensor.index`; `rows` from a schedule are numbered already)
+    and the facts the allocator counts are counted as entries are added, while the entry's
+    tensors are still in the cache: consumers (ggml's n_children), views (n_views) and the
+    tensors never freed (outputs and, unlike ggml, an output view's source)."""
+
+    def __init__(self, rows: list[Tensor] | None = None):
+        self.tensors: list[Tensor] = []
+        self.srcs: list[list[Tensor]] = []        # copies already substituted
+        self.buffers: list[int] = []
+        # entries that are ggml's op-NONE helper: keeps its `srcs` alive to there, owns nothing
+        self.dependencies: set[int] = set()
+        self.rows: list[Tensor] = rows if rows is not None else []
+        self.children = [0] * len(self.rows)
+        self.views = [0] * len(self.rows)
+        self.pinned = bytearray(len(self.rows))
 
     def add(self, tensor: Tensor, srcs: list[Tensor], buffer: int, dependency: bool = False):
+        rows, children = self.rows, self.children
         if dependency:
             self.dependencies.add(len(self.tensors))
         self.tensors.append(tensor)
         self.srcs.append(srcs)
         self.buffers.append(buffer)
+        self.row(tensor)
+        if tensor.is_output:
+            self.pin(tensor)
+        if tensor.view_src is not None and not dependency:
+            self.views[self.row(tensor.view_src)] += 1
+        for src in srcs:
+            i = src.index
+            if not (0 <= i < len(rows) and rows[i] is src):
+                i = self.row(src)
+            children[i] += 1
+
+    def pin(self, tensor: Tensor) -> None:
+        self.pinned[self.row(tensor)] = 1
+        if tensor.view_src is not None:
+            self.pinned[self.row(tensor.view_src)] = 1
+
+    def row(self, tensor: Tensor) -> int:
+        """The tensor's row, given one if it has none here yet."""
+        i = tensor.index
+        if not (0 <= i < len(self.rows) and self.rows[i] is tensor):
+            i = tensor.index = len(self.rows)
+            self.rows.append(tensor)
+            self.children.append(0)
+            self.views.append(0)
+            self.pinned.append(0)
+        return i
 
 
 @dataclass
@@ -181,7 +216,12 @@ class GraphAllocator:
             return self._plan(leafs, sequence)
 
     def _plan(self, leafs: list[tuple[Tensor, int]], seq: AllocationSequence) -> MemoryPlan:
-        rows = seq.rows if seq.rows is not None else _number_found(leafs, seq)
+        renumbered(seq.rows)          # (another sequence built meanwhile may share tensors)
+        for leaf, _ in leafs:
+            seq.row(leaf)
+            if leaf.is_output:
+                seq.pin(leaf)
+        rows, dependencies = seq.rows, seq.dependencies
         self.arenas = [FreeBlocks(a) for a in self.alignments]
         self.slots: list[Slot] = []
         self.slot_at: list[Slot | None] = [None] * len(rows)   # the slot a row's bytes are in
@@ -191,26 +231,7 @@ class GraphAllocator:
         self.event = 0
         self._inplace_ops = frozenset(name for name, spec in OPS.items()
                                       if spec.inplace and name not in self.ggml.not_inplace)
-        # outputs (ggml's OUTPUT flag) are never freed, nor, unlike ggml, an output view's source
-        self.pinned = pinned = bytearray(len(rows))
-        for leaf, _ in leafs:
-            if leaf.is_output:
-                pinned[leaf.index] = 1
-                if leaf.view_src is not None:
-                    pinned[leaf.view_src.index] = 1
-        # each row's consumers and views (ggml's n_children / n_views), in the same walk
-        self.children = children = [0] * len(rows)
-        self.views = views = [0] * len(rows)
-        dependencies = seq.dependencies
-        for k, (node, srcs) in enumerate(zip(seq.tensors, seq.srcs)):
-            if node.is_output:
-                pinned[node.index] = 1
-                if node.view_src is not None:
-                    pinned[node.view_src.index] = 1
-            if node.view_src is not None and k not in dependencies:
-                views[node.view_src.index] += 1
-            for src in srcs:
-                children[src.index] += 1
+        self.pinned, self.children, self.views = seq.pinned, list(seq.children), list(seq.views)
 
         # 1. leafs first, so graph inputs never overlap one another or anything else
         for leaf, buffer in leafs:
@@ -302,21 +323,6 @@ class GraphAllocator:
 _row_of = attrgetter("index")
 
 
-def _number_found(leafs: list[tuple[Tensor, int]], seq: AllocationSequence) -> list[Tensor]:
-    """Rows for a sequence built by hand (no schedule numbered its tensors)."""
-    found = [leaf for leaf, _ in leafs] + seq.tensors
-    found += [src for srcs in seq.srcs for src in srcs]
-    found += [t.view_src for t in found if t.view_src is not None]
-    for tensor in found:
-        tensor.index = -1
-    rows = []
-    for tensor in found:
-        if tensor.index == -1:
-            tensor.index = len(rows)
-            rows.append(tensor)
-    return rows
-
-
 @dataclass(frozen=True)
 class WeightLayout:
     offsets: dict[Tensor, int]     # weight -> bytes into its backend's weights buffer
@@ -341,12 +347,12 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
     split's nodes; and the leafs, which the allocator places first."""
     with gc_paused():
         seq = AllocationSequence(rows=sched.numbered())
-        where, srcs_of, add = sched.where, sched.srcs_of, seq.add
+        where, replaced, add = sched.where, sched.replaced, seq.add
         for split in sched.splits:
             for original, copy in split.copy_of.items():
                 add(original, [original], where[original.index], dependency=True)
                 add(copy, [], split.backend)
             for node in split.nodes:
-                add(node, srcs_of[node], where[node.index])
+                add(node, replaced.get(node, node.src), where[node.index])
         leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
     return leafs, seq

@@ -63,8 +63,7 @@ class Schedule:
     graph: Graph
     backends: list[BackendSpec]
     splits: list[Split]
-    srcs_of: dict[Tensor, list[Tensor]]       # each node's sources, copies substituted (read only:
-                                              # a node's own `src` list when nothing is replaced)
+    replaced: dict[Tensor, list[Tensor]]      # the nodes a copy replaces a source of: sources
     leaf_order: list[Tensor]                  # graph.leafs_by_first_use(), once, by pass 1
     # the passes' tables, one row per tensor (graph leafs, nodes, then copies: `Tensor.index`
     # while `numbered()` holds): `backend_of` and `cause` are built from them when first read
@@ -75,6 +74,13 @@ class Schedule:
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
     ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
+
+    @cached_property
+    def srcs_of(self) -> dict[Tensor, list[Tensor]]:
+        """Each node's sources, copies substituted (read only: a node's own `src` list when no
+        copy replaces one of them)."""
+        replaced = self.replaced
+        return {node: replaced.get(node, node.src) for node in self.graph.nodes}
 
     @cached_property
     def backend_of(self) -> dict[Tensor, int]:
@@ -92,10 +98,7 @@ class Schedule:
     def numbered(self) -> list[Tensor]:
         """`rows`, each tensor's index pointing at its row again: scheduling another graph
         that shares tensors with this one (a model's weights) renumbers them."""
-        rows = self.rows
-        if not all(map(int.__eq__, map(_row_of, rows), range(len(rows)))):
-            number(rows)
-        return rows
+        return renumbered(self.rows)
 
     @cached_property
     def copy_source(self) -> dict[Tensor, Tensor]:
@@ -155,6 +158,13 @@ def number(tensors: list[Tensor]) -> list[Tensor]:
     return tensors
 
 
+def renumbered(rows: list[Tensor]) -> list[Tensor]:
+    """`rows`, numbered again only if some tensor's index no longer points at its row."""
+    if not all(map(int.__eq__, map(_row_of, rows), range(len(rows)))):
+        number(rows)
+    return rows
+
+
 WEIGHT_CAUSES = tuple(f"1.wgt{i}" for i in range(16))   # one string each, not one per node
 
 
@@ -197,8 +207,8 @@ class Scheduler:
         self._pass2_expand(compute)
         self._pass3_best_and_upgrade(compute)
         self._pass4_remaining(graph.nodes)
-        splits, srcs_of = self._pass5_split(graph.nodes)
-        return Schedule(graph=graph, backends=self.backends, splits=splits, srcs_of=srcs_of,
+        splits, replaced = self._pass5_split(graph.nodes)
+        return Schedule(graph=graph, backends=self.backends, splits=splits, replaced=replaced,
                         leaf_order=leaf_order, rows=self.tensors, where=self.where, why=self.why,
                         assigned=self.order, ggml=self.ggml)
 
@@ -423,8 +433,7 @@ class Scheduler:
 
     # --- pass 5: cut into splits at backend changes; copy in what lives elsewhere -----------
     def _pass5_split(self, nodes: list[Tensor]):
-        # a node's own source list stands for it unless a copy replaces one of its sources
-        srcs_of = dict(zip(nodes, map(_sources, nodes)))
+        replaced: dict[Tensor, list[Tensor]] = {}   # nodes whose sources a copy replaces
         copy_of: dict[tuple[Tensor, int], Tensor] = {}
         view_ops, where = self._view_ops, self.where
         compute = [n for n in nodes if n.op not in view_ops]
@@ -447,13 +456,12 @@ class Scheduler:
                     key = (src, current)
                     if key not in copy_of:
                         copy_of[key] = split.copy_of[src] = self._new_copy(src, current)
-                    srcs = srcs_of[node]
-                    if srcs is node.src:
-                        srcs = srcs_of[node] = list(srcs)
-                    srcs[j] = copy_of[key]
+                    if node not in replaced:
+                        replaced[node] = list(node.src)
+                    replaced[node][j] = copy_of[key]
         if splits and not splits[0].nodes and len(splits) > 1:
             splits.pop(0)
-        return splits, srcs_of
+        return splits, replaced
 
     def _new_copy(self, src: Tensor, b: int) -> Tensor:
         copy = Tensor(name=f"{self.backends[b].name}#{src.name}", shape=src.shape,
@@ -479,10 +487,6 @@ class Scheduler:
                         and not self._buffer_supported(src, current)):
                     return True
         return False
-
-
-def _sources(node: Tensor) -> list[Tensor]:
-    return node.src
 
 
 _row_of = attrgetter("index")
