@@ -16,7 +16,7 @@ from operator import attrgetter
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import OPS
-from ggmlrun.core.sched.scheduler import Schedule, renumbered
+from ggmlrun.core.sched.scheduler import Schedule, holds, number, restamp
 from ggmlrun.core.util.fmt import align_up
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
@@ -96,34 +96,43 @@ class AllocationSequence:
     tensors are still in the cache: consumers (ggml's n_children), views (n_views) and the
     tensors never freed (outputs and, unlike ggml, an output view's source)."""
 
-    def __init__(self, rows: list[Tensor] | None = None):
+    def __init__(self, rows: list[Tensor] | None = None, stamp: int | None = None):
         self.tensors: list[Tensor] = []
         self.srcs: list[list[Tensor]] = []        # copies already substituted
         self.buffers: list[int] = []
         # entries that are ggml's op-NONE helper: keeps its `srcs` alive to there, owns nothing
         self.dependencies: set[int] = set()
         self.rows: list[Tensor] = rows if rows is not None else []
+        self.stamp = stamp if stamp is not None else restamp()   # the rows' numbering
         self.children = [0] * len(self.rows)
         self.views = [0] * len(self.rows)
         self.pinned = bytearray(len(self.rows))
 
     def add(self, tensor: Tensor, srcs: list[Tensor], buffer: int, dependency: bool = False):
-        rows, children = self.rows, self.children
+        self.extend([tensor], [srcs], [buffer], dependency)
+
+    def extend(self, tensors: list[Tensor], srcs: list[list[Tensor]], buffers: list[int],
+               dependency: bool = False) -> None:
+        """Entries in order: tensors[k] reads srcs[k] and lives on buffers[k]."""
         if dependency:
-            self.dependencies.add(len(self.tensors))
-        self.tensors.append(tensor)
-        self.srcs.append(srcs)
-        self.buffers.append(buffer)
-        self.row(tensor)
-        if tensor.is_output:
-            self.pin(tensor)
-        if tensor.view_src is not None and not dependency:
-            self.views[self.row(tensor.view_src)] += 1
-        for src in srcs:
-            i = src.index
-            if not (0 <= i < len(rows) and rows[i] is src):
-                i = self.row(src)
-            children[i] += 1
+            self.dependencies.update(range(len(self.tensors), len(self.tensors) + len(tensors)))
+        self.tensors += tensors
+        self.srcs += srcs
+        self.buffers += buffers
+        rows, children, views = self.rows, self.children, self.views
+        for tensor, reads in zip(tensors, srcs):
+            i = tensor.index
+            if not (0 <= i < len(rows) and rows[i] is tensor):
+                self.row(tensor)
+            if tensor.is_output:
+                self.pin(tensor)
+            if tensor.view_src is not None and not dependency:
+                views[self.row(tensor.view_src)] += 1
+            for src in reads:
+                i = src.index
+                if not (0 <= i < len(rows) and rows[i] is src):
+                    i = self.row(src)
+                children[i] += 1
 
     def pin(self, tensor: Tensor) -> None:
         self.pinned[self.row(tensor)] = 1
@@ -135,6 +144,7 @@ class AllocationSequence:
         i = tensor.index
         if not (0 <= i < len(self.rows) and self.rows[i] is tensor):
             i = tensor.index = len(self.rows)
+            self.stamp = restamp()
             self.rows.append(tensor)
             self.children.append(0)
             self.views.append(0)
@@ -216,7 +226,8 @@ class GraphAllocator:
             return self._plan(leafs, sequence)
 
     def _plan(self, leafs: list[tuple[Tensor, int]], seq: AllocationSequence) -> MemoryPlan:
-        renumbered(seq.rows)          # (another sequence built meanwhile may share tensors)
+        if not holds(seq.stamp):      # (a numbering since may have given its tensors new rows)
+            seq.stamp = number(seq.rows)
         for leaf, _ in leafs:
             seq.row(leaf)
             if leaf.is_output:
@@ -346,13 +357,14 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
     """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then the
     split's nodes; and the leafs, which the allocator places first."""
     with gc_paused():
-        seq = AllocationSequence(rows=sched.numbered())
+        seq = AllocationSequence(sched.numbered(), sched.stamp)
         where, replaced, add = sched.where, sched.replaced, seq.add
         for split in sched.splits:
             for original, copy in split.copy_of.items():
                 add(original, [original], where[original.index], dependency=True)
                 add(copy, [], split.backend)
-            for node in split.nodes:
-                add(node, replaced.get(node, node.src), where[node.index])
+            nodes = split.nodes
+            seq.extend(nodes, [replaced.get(node, node.src) for node in nodes],
+                       [where[node.index] for node in nodes])
         leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
     return leafs, seq

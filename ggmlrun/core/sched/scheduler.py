@@ -16,7 +16,6 @@ supports it.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -71,6 +70,7 @@ class Schedule:
     where: list[int]                          # per row: its backend, -1 when it has none
     why: list[str | None]                     # per row: its cause, None when never assigned
     assigned: list[int]                       # rows in the order they were first assigned
+    stamp: int                                # the rows' numbering (see `number`)
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
     ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
@@ -96,9 +96,10 @@ class Schedule:
         return list(map(self.rows.__getitem__, self.assigned))
 
     def numbered(self) -> list[Tensor]:
-        """`rows`, each tensor's index pointing at its row again: scheduling another graph
-        that shares tensors with this one (a model's weights) renumbers them."""
-        return renumbered(self.rows)
+        """`rows`, each tensor's index pointing at its row again (see `number`)."""
+        if not holds(self.stamp):
+            self.stamp = number(self.rows)
+        return self.rows
 
     @cached_property
     def copy_source(self) -> dict[Tensor, Tensor]:
@@ -146,23 +147,31 @@ def batch_size(node: Tensor) -> int:
     return math.prod(node.shape[:-1])
 
 
-def number(tensors: list[Tensor]) -> list[Tensor]:
-    """Give each tensor its row in a pass's flat tables (`Tensor.index`) and return the list.
+_stamp = [0]    # bumped whenever a tensor gets a new row: a numbering holds while its stamp does
+
+
+def number(tensors: list[Tensor]) -> int:
+    """Give each tensor its row in a pass's flat tables (`Tensor.index`); returns the stamp.
 
     The passes keep per-tensor facts in lists indexed by that row, walked in node order: on a
-    big graph, dicts keyed by Tensor cost a cache miss per lookup. Every pass numbers its own
-    tensors on entry, so a tensor shared by two graphs is never read with a stale row.
+    big graph, dicts keyed by Tensor cost a cache miss per lookup. A tensor has one index, so
+    numbering another graph that shares tensors with this one (a model's weights) makes every
+    older numbering stale: the stamp says whether one still holds.
     """
     for i, tensor in enumerate(tensors):
         tensor.index = i
-    return tensors
+    return restamp()
 
 
-def renumbered(rows: list[Tensor]) -> list[Tensor]:
-    """`rows`, numbered again only if some tensor's index no longer points at its row."""
-    if not all(map(int.__eq__, map(_row_of, rows), range(len(rows)))):
-        number(rows)
-    return rows
+def restamp() -> int:
+    """A new stamp, for a pass that gave some tensor a new row."""
+    _stamp[0] += 1
+    return _stamp[0]
+
+
+def holds(stamp: int) -> bool:
+    """No tensor got a new row since the numbering with this stamp."""
+    return stamp == _stamp[0]
 
 
 WEIGHT_CAUSES = tuple(f"1.wgt{i}" for i in range(16))   # one string each, not one per node
@@ -192,7 +201,8 @@ class Scheduler:
         # per tensor row (graph leafs, nodes, then the copies pass 5 makes): its backend (-1:
         # none yet), its cause (None: never assigned) and what it can run on; `order` keeps
         # the rows in the order of their first assignment, which is backend_of's order
-        self.tensors = number(graph.leafs + graph.nodes)
+        self.tensors = graph.leafs + graph.nodes
+        self.stamp = number(self.tensors)
         self.where = [-1] * len(self.tensors)
         self.why: list[str | None] = [None] * len(self.tensors)
         self.mask = [self._all] * len(self.tensors)
@@ -210,7 +220,7 @@ class Scheduler:
         splits, replaced = self._pass5_split(graph.nodes)
         return Schedule(graph=graph, backends=self.backends, splits=splits, replaced=replaced,
                         leaf_order=leaf_order, rows=self.tensors, where=self.where, why=self.why,
-                        assigned=self.order, ggml=self.ggml)
+                        assigned=self.order, stamp=self.stamp, ggml=self.ggml)
 
     # --- facts the passes use ---------------------------------------------------------------
     def _backend_index(self, name: str, tensor: Tensor, what: str) -> int:
@@ -487,9 +497,6 @@ class Scheduler:
                         and not self._buffer_supported(src, current)):
                     return True
         return False
-
-
-_row_of = attrgetter("index")
 
 
 def _file(graph: Graph) -> str | None:
