@@ -16,6 +16,7 @@ supports it.
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -65,11 +66,13 @@ class Schedule:
     replaced: dict[Tensor, list[Tensor]]      # the nodes a copy replaces a source of: sources
     leaf_order: list[Tensor]                  # graph.leafs_by_first_use(), once, by pass 1
     # the passes' tables, one row per tensor (graph leafs, nodes, then copies: `Tensor.index`
-    # while `numbered()` holds): `backend_of` and `cause` are built from them when first read
-    rows: list[Tensor]
+    # while `numbered()` holds): `backend_of` and `cause` are built from them when first read.
+    # No list of all tensors is kept: after a pass the cyclic GC scans every young container's
+    # items, and on a big graph each tensor it touches is a cache miss.
+    copies: list[Tensor]                      # the copies pass 5 made, in the order it made them
     where: list[int]                          # per row: its backend, -1 when it has none
     why: list[str | None]                     # per row: its cause, None when never assigned
-    assigned: list[int]                       # rows in the order they were first assigned
+    assigned: array                           # rows in the order they were first assigned
     stamp: int                                # the rows' numbering (see `number`)
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
@@ -95,11 +98,17 @@ class Schedule:
     def _assigned_tensors(self) -> list[Tensor]:
         return list(map(self.rows.__getitem__, self.assigned))
 
+    @property
+    def rows(self) -> list[Tensor]:
+        """Every tensor in row order: the graph's leafs, its nodes, then the copies."""
+        return self.graph.leafs + self.graph.nodes + self.copies
+
     def numbered(self) -> list[Tensor]:
         """`rows`, each tensor's index pointing at its row again (see `number`)."""
+        rows = self.rows
         if not holds(self.stamp):
-            self.stamp = number(self.rows)
-        return self.rows
+            self.stamp = number(rows)
+        return rows
 
     @cached_property
     def copy_source(self) -> dict[Tensor, Tensor]:
@@ -191,7 +200,10 @@ class Scheduler:
         """Run the passes. `decided` holds assignments made elsewhere (a placement policy):
         like user pins, the passes never overwrite them, and the rest follows ggml's rules."""
         with gc_paused():
-            return self._schedule(graph, decided)
+            try:
+                return self._schedule(graph, decided)
+            finally:     # the working tables go before the GC runs again (see Schedule.copies)
+                self.tensors = self.location = self._node_order = None
 
     def _schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
         self.graph = graph
@@ -206,7 +218,8 @@ class Scheduler:
         self.where = [-1] * len(self.tensors)
         self.why: list[str | None] = [None] * len(self.tensors)
         self.mask = [self._all] * len(self.tensors)
-        self.order: list[int] = []
+        self.order = array("l")
+        self.copies: list[Tensor] = []
         self.location = self._weight_locations(graph)
         self._user_pins(graph)
         for tensor, (b, cause) in (decided or {}).items():
@@ -219,7 +232,7 @@ class Scheduler:
         self._pass4_remaining(graph.nodes)
         splits, replaced = self._pass5_split(graph.nodes)
         return Schedule(graph=graph, backends=self.backends, splits=splits, replaced=replaced,
-                        leaf_order=leaf_order, rows=self.tensors, where=self.where, why=self.why,
+                        leaf_order=leaf_order, copies=self.copies, where=self.where, why=self.why,
                         assigned=self.order, stamp=self.stamp, ggml=self.ggml)
 
     # --- facts the passes use ---------------------------------------------------------------
@@ -316,7 +329,7 @@ class Scheduler:
         seen = bytearray(len(self.tensors))
         first_use: list[Tensor] = []
         compute: list[int] = []
-        pinned, self.order = self.order, []
+        pinned, self.order = self.order, array("l")
         for node in graph.nodes:
             i = node.index
             for src in node.src:
@@ -478,6 +491,7 @@ class Scheduler:
                       dtype=src.dtype, strides=src.strides, role="copy")
         copy.index = len(self.tensors)
         self.tensors.append(copy)
+        self.copies.append(copy)
         self.where.append(-1)
         self.why.append(None)
         self.mask.append(self._all)
