@@ -64,7 +64,7 @@ class Schedule:
     backends: list[BackendSpec]
     splits: list[Split]
     replaced: dict[Tensor, list[Tensor]]      # the nodes a copy replaces a source of: sources
-    leaf_order: list[Tensor]                  # graph.leafs_by_first_use(), once, by pass 1
+    leaf_order: list[Tensor]                  # leafs in first-use order (pass 1 finds it)
     # the passes' tables, one row per tensor (graph leafs, nodes, then copies: `Tensor.index`
     # while `numbered()` holds): `backend_of` and `cause` are built from them when first read.
     # No list of all tensors is kept: after a pass the cyclic GC scans every young container's
@@ -322,9 +322,12 @@ class Scheduler:
 
     # --- pass 1: from pre-allocated tensors, inputs and weights ------------------------------
     def _pass1_nodes(self, graph: Graph) -> tuple[list[int], list[Tensor]]:
-        """Pass 1 on the nodes, in the same walk: each node's support mask, the compute nodes'
-        rows and the leafs in first-use order (graph.leafs_by_first_use). The leafs come first
-        in ggml's pass 1, so the nodes' assignments are put after theirs in `order`."""
+        """Pass 1 on the nodes and, in the same walk, each node's support mask, the compute
+        nodes' rows and the leafs in the order ggml's graph builder meets them (left-to-right
+        source visits; those no node uses last, in file order). ggml allocates graph inputs in
+        that discovery order, not the file's, and the planner follows it so sizes compare.
+        The leafs come first in ggml's pass 1, so the nodes' assignments go after theirs in
+        `order` (`_pass1_leafs`)."""
         mask, where, view_ops = self.mask, self.where, self._view_ops
         seen = bytearray(len(self.tensors))
         first_use: list[Tensor] = []
