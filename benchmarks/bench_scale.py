@@ -148,10 +148,12 @@ def timed(graph: Graph, trials: int) -> tuple[float, float, tuple]:
 
 
 def trials_for(nodes: int, quick: bool) -> int:
-    """Small graphs take milliseconds, where a busy machine's noise is largest: more runs."""
+    """Small graphs take milliseconds, where a busy machine's noise is largest: more runs.
+    Three at 100k too: with two, a shared machine moved its figure by half (10 to 18 us a
+    node in three runs in a row)."""
     if nodes <= 2_000:
         return 8 if quick else 30
-    return 3 if nodes <= 20_000 else 2
+    return 3
 
 
 def main() -> None:
