@@ -344,7 +344,7 @@ def layout_weights(sched: Schedule) -> WeightLayout:
     """Weights packed one after another per backend, each aligned (ggml_backend_alloc_ctx_tensors)."""
     offsets: dict[Tensor, int] = {}
     used = [0] * len(sched.backends)
-    sched.numbered()
+    sched.renumber()
     where = sched.where
     for weight in sched.graph.weights:
         b = where[weight.index]
@@ -357,7 +357,8 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
     """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then the
     split's nodes; and the leafs, which the allocator places first."""
     with gc_paused():
-        seq = AllocationSequence(sched.numbered(), sched.stamp)
+        sched.renumber()
+        seq = AllocationSequence(sched.rows, sched.stamp)
         where, replaced, add = sched.where, sched.replaced, seq.add
         for split in sched.splits:
             for original, copy in split.copy_of.items():

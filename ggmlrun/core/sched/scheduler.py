@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from itertools import chain
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -66,7 +67,7 @@ class Schedule:
     replaced: dict[Tensor, list[Tensor]]      # the nodes a copy replaces a source of: sources
     leaf_order: list[Tensor]                  # leafs in first-use order (pass 1 finds it)
     # the passes' tables, one row per tensor (graph leafs, nodes, then copies: `Tensor.index`
-    # while `numbered()` holds): `backend_of` and `cause` are built from them when first read.
+    # while `stamp` holds, see `renumber`): `backend_of` and `cause` are built from them when first read.
     # No list of all tensors is kept: after a pass the cyclic GC scans every young container's
     # items, and on a big graph each tensor it touches is a cache miss.
     copies: list[Tensor]                      # the copies pass 5 made, in the order it made them
@@ -103,12 +104,11 @@ class Schedule:
         """Every tensor in row order: the graph's leafs, its nodes, then the copies."""
         return self.graph.leafs + self.graph.nodes + self.copies
 
-    def numbered(self) -> list[Tensor]:
-        """`rows`, each tensor's index pointing at its row again (see `number`)."""
-        rows = self.rows
+    def renumber(self) -> None:
+        """Point each tensor's index at its row again if another numbering ran since (see
+        `number`); `rows` is built only then, as a copy of every tensor reference costs."""
         if not holds(self.stamp):
-            self.stamp = number(rows)
-        return rows
+            self.stamp = number(self.rows)
 
     @cached_property
     def copy_source(self) -> dict[Tensor, Tensor]:
@@ -306,7 +306,7 @@ class Scheduler:
 
     # --- pass 0: user assignments, never overwritten -----------------------------------------
     def _user_pins(self, graph: Graph) -> None:
-        for tensor in graph.nodes + graph.inputs:
+        for tensor in chain(graph.nodes, graph.inputs):
             if tensor.backend is None:
                 continue
             b = self._backend_index(tensor.backend, tensor, "its pin")
@@ -462,8 +462,7 @@ class Scheduler:
         replaced: dict[Tensor, list[Tensor]] = {}   # nodes whose sources a copy replaces
         copy_of: dict[tuple[Tensor, int], Tensor] = {}
         view_ops, where = self._view_ops, self.where
-        compute = [n for n in nodes if n.op not in view_ops]
-        first = where[(compute[0] if compute else nodes[0]).index]
+        first = where[next((n for n in nodes if n.op not in view_ops), nodes[0]).index]
         splits = [Split(backend=first, nodes=[])]
         current = first
         for node in nodes:
