@@ -67,9 +67,9 @@ class Schedule:
     replaced: dict[Tensor, list[Tensor]]      # the nodes a copy replaces a source of: sources
     leaf_order: list[Tensor]                  # leafs in first-use order (pass 1 finds it)
     # the passes' tables, one row per tensor (graph leafs, nodes, then copies: `Tensor.index`
-    # while `stamp` holds, see `renumber`): `backend_of` and `cause` are built from them when first read.
-    # No list of all tensors is kept: after a pass the cyclic GC scans every young container's
-    # items, and on a big graph each tensor it touches is a cache miss.
+    # while `stamp` holds, see `renumber`); `backend_of` and `cause` are built from them when
+    # first read. No list of all tensors is kept: after a pass the cyclic GC scans every young
+    # container's items, and on a big graph each tensor it touches is a cache miss.
     copies: list[Tensor]                      # the copies pass 5 made, in the order it made them
     where: list[int]                          # per row: its backend, -1 when it has none
     why: list[str | None]                     # per row: its cause, None when never assigned
