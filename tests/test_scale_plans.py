@@ -131,7 +131,8 @@ def test_graphs_sharing_tensors_keep_their_own_plans():
     plan_first, _ = engine.plan_memory(sched_first)
     leafs, sequence = allocation_sequence(sched_first)
     engine.schedule(second, backends)                          # between building and planning
-    plan = GraphAllocator([b.alignment for b in backends], ggml=sched_first.ggml).plan(leafs, sequence)
+    allocator = GraphAllocator([b.alignment for b in backends], ggml=sched_first.ggml)
+    plan = allocator.plan(leafs, sequence)
     assert plan.arena_bytes == plan_first.arena_bytes
     assert ([(s.offset, s.born, s.died, [t.name for t in s.tensors]) for s in plan.slots]
             == [(s.offset, s.born, s.died, [t.name for t in s.tensors]) for s in plan_first.slots])
