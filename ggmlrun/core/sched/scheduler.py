@@ -165,7 +165,9 @@ def number(tensors: list[Tensor]) -> int:
     The passes keep per-tensor facts in lists indexed by that row, walked in node order: on a
     big graph, dicts keyed by Tensor cost a cache miss per lookup. A tensor has one index, so
     numbering another graph that shares tensors with this one (a model's weights) makes every
-    older numbering stale: the stamp says whether one still holds.
+    older numbering stale: the stamp says whether one still holds. (It cannot guard a pass
+    against another thread numbering shared tensors in its middle: nothing here runs two
+    passes at once.)
     """
     for i, tensor in enumerate(tensors):
         tensor.index = i
