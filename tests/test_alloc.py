@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ggmlrun.core import engine
-from ggmlrun.core.memory.alloc import FreeBlocks, GraphAllocator, PlanEntry
+from ggmlrun.core.memory.alloc import AllocationSequence, FreeBlocks, GraphAllocator
 from ggmlrun.core.backends.spec import default_cpu
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import get_op, make_node
@@ -201,8 +201,11 @@ def test_allocator_entries_api_direct():
     a = make_node("a", "relu", [x])
     b = make_node("b", "cont", [x])
     alloc = GraphAllocator([1])
-    plan = alloc.plan([(x, 0)], [PlanEntry(a, [x], 0), PlanEntry(x, [x], 0, dependency=True),
-                                 PlanEntry(b, [a], 0)])
+    sequence = AllocationSequence()
+    sequence.add(a, [x], 0)
+    sequence.add(x, [x], 0, dependency=True)
+    sequence.add(b, [a], 0)
+    plan = alloc.plan([(x, 0)], sequence)
     # x has two consumers (a and the dependency): a cannot take x's slot
     assert plan.inplace == []
     assert plan.slot_of[x].died is not None

@@ -1,5 +1,5 @@
 """Schedules and memory plans stay exactly what they were before the scheduler and allocator
-moved to integer-indexed arrays (issue 11, planning cost linear in the graph size).
+moved to integer-indexed tables (issue 11, planning cost linear in the graph size).
 
 Every case's full result (each tensor's backend and cause in insertion order, the splits with
 their copies, each node's sources, every slot with its life and tensors, in-place pairs, arena
@@ -103,3 +103,36 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     GOLDEN.write_text(json.dumps({c[0]: outcome(*c[1:]) for c in CASES}, indent=1) + "\n")
     print(f"wrote {GOLDEN} ({len(CASES)} cases)")
+
+
+def test_graphs_sharing_tensors_keep_their_own_plans():
+    """A tensor has one row number: scheduling a second graph that shares tensors renumbers
+    them, and the first schedule (or an allocation sequence built from it) must notice and
+    renumber its own rows rather than read the other graph's."""
+    from ggmlrun.core.ir.graph import Graph
+    from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence
+
+    backends = default_backends()
+    first = llama_graph(3, 2)
+    # the leafs in another order and only the first layer's nodes: every row number differs
+    second = Graph(name="part", leafs=list(reversed(first.leafs)), nodes=first.nodes[:32],
+                   outputs=[first.nodes[31]])
+
+    def alone(graph):
+        sched = engine.schedule(graph, backends)
+        return fingerprint(sched, *engine.plan_memory(sched))
+
+    expected_first, expected_second = alone(first), alone(second)
+    sched_first = engine.schedule(first, backends)
+    sched_second = engine.schedule(second, backends)           # renumbers the shared tensors
+    assert fingerprint(sched_first, *engine.plan_memory(sched_first)) == expected_first
+    assert fingerprint(sched_second, *engine.plan_memory(sched_second)) == expected_second
+
+    plan_first, _ = engine.plan_memory(sched_first)
+    leafs, sequence = allocation_sequence(sched_first)
+    engine.schedule(second, backends)                          # between building and planning
+    allocator = GraphAllocator([b.alignment for b in backends], ggml=sched_first.ggml)
+    plan = allocator.plan(leafs, sequence)
+    assert plan.arena_bytes == plan_first.arena_bytes
+    assert ([(s.offset, s.born, s.died, [t.name for t in s.tensors]) for s in plan.slots]
+            == [(s.offset, s.born, s.died, [t.name for t in s.tensors]) for s in plan_first.slots])

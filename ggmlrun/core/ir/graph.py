@@ -65,6 +65,7 @@ class Tensor:
     data: LeafData | None = None          # leafs only
     is_output: bool = False
     line: int | None = None               # YAML line, for error messages
+    index: int = -1                       # row in the tables of the pass that last numbered it
 
     def __post_init__(self):
         self.shape = tuple(int(d) for d in self.shape)
@@ -149,17 +150,3 @@ class Graph:
     @property
     def weights(self) -> list[Tensor]:
         return [t for t in self.leafs if t.role == "weight"]
-
-    def leafs_by_first_use(self) -> list[Tensor]:
-        """Leafs in the order ggml's graph builder meets them (left-to-right source visits).
-
-        ggml allocates graph inputs in its `leafs` order, which is discovery order, not the
-        order a file lists them; the planner follows ggml here so sizes can be compared.
-        Leafs no node uses come last, in file order.
-        """
-        seen: dict[Tensor, None] = {}          # Tensors hash by identity (eq=False)
-        for node in self.nodes:
-            for src in node.src:
-                if src.op is None and src.role != "copy" and src not in seen:   # a leaf
-                    seen[src] = None
-        return list(seen) + [t for t in self.leafs if t not in seen]

@@ -12,10 +12,11 @@ output that is a view keeps its view source alive (SPEC.md section 1; ggml frees
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import OPS
-from ggmlrun.core.sched.scheduler import Schedule
+from ggmlrun.core.sched.scheduler import Schedule, holds, number, restamp
 from ggmlrun.core.util.fmt import align_up
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
@@ -74,7 +75,7 @@ class FreeBlocks:
         blocks.insert(pos, [offset, size])
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Slot:
     """One allocation: a tensor's bytes, shared by the nodes that reuse it in place."""
 
@@ -86,14 +87,69 @@ class Slot:
     tensors: list[Tensor] = field(default_factory=list)
 
 
-@dataclass
-class PlanEntry:
-    """One node of the sequence the allocator walks (ggml's graph copy)."""
+class AllocationSequence:
+    """The sequence the allocator walks (ggml's graph copy), as parallel lists: one row per
+    entry rather than an object per node (a big graph has a hundred thousand).
 
-    tensor: Tensor
-    srcs: list[Tensor]             # as the node sees them: copies already substituted
-    buffer: int
-    dependency: bool = False       # ggml's op-NONE helper: keeps `srcs` alive up to here
+    Each tensor met gets a row (`Tensor.index`; `rows` from a schedule are numbered already)
+    and the facts the allocator counts are counted as entries are added, while the entry's
+    tensors are still in the cache: consumers (ggml's n_children), views (n_views) and the
+    tensors never freed (outputs and, unlike ggml, an output view's source)."""
+
+    def __init__(self, rows: list[Tensor] | None = None, stamp: int | None = None):
+        self.tensors: list[Tensor] = []
+        self.srcs: list[list[Tensor]] = []        # copies already substituted
+        self.buffers: list[int] = []
+        # entries that are ggml's op-NONE helper: keeps its `srcs` alive to there, owns nothing
+        self.dependencies: set[int] = set()
+        self.rows: list[Tensor] = rows if rows is not None else []
+        self.stamp = stamp if stamp is not None else restamp()   # the rows' numbering
+        self.children = [0] * len(self.rows)
+        self.views = [0] * len(self.rows)
+        self.pinned = bytearray(len(self.rows))
+
+    def add(self, tensor: Tensor, srcs: list[Tensor], buffer: int, dependency: bool = False):
+        self.extend([tensor], [srcs], [buffer], dependency)
+
+    def extend(self, tensors: list[Tensor], srcs: list[list[Tensor]], buffers: list[int],
+               dependency: bool = False) -> None:
+        """Entries in order: tensors[k] reads srcs[k] and lives on buffers[k]."""
+        if dependency:
+            self.dependencies.update(range(len(self.tensors), len(self.tensors) + len(tensors)))
+        self.tensors += tensors
+        self.srcs += srcs
+        self.buffers += buffers
+        rows, children, views = self.rows, self.children, self.views
+        for tensor, reads in zip(tensors, srcs):
+            i = tensor.index
+            if not (0 <= i < len(rows) and rows[i] is tensor):
+                self.row(tensor)
+            if tensor.is_output:
+                self.pin(tensor)
+            if tensor.view_src is not None and not dependency:
+                views[self.row(tensor.view_src)] += 1
+            for src in reads:
+                i = src.index
+                if not (0 <= i < len(rows) and rows[i] is src):
+                    i = self.row(src)
+                children[i] += 1
+
+    def pin(self, tensor: Tensor) -> None:
+        self.pinned[self.row(tensor)] = 1
+        if tensor.view_src is not None:
+            self.pinned[self.row(tensor.view_src)] = 1
+
+    def row(self, tensor: Tensor) -> int:
+        """The tensor's row, given one if it has none here yet."""
+        i = tensor.index
+        if not (0 <= i < len(self.rows) and self.rows[i] is tensor):
+            i = tensor.index = len(self.rows)
+            self.stamp = restamp()
+            self.rows.append(tensor)
+            self.children.append(0)
+            self.views.append(0)
+            self.pinned.append(0)
+        return i
 
 
 @dataclass
@@ -155,86 +211,82 @@ class MemoryPlan:
 
 
 class GraphAllocator:
-    """ggml_gallocr over several arenas (one per backend), measure mode only."""
+    """ggml_gallocr over several arenas (one per backend), measure mode only.
+
+    Its per-tensor state (slot, consumers and views left, never-freed) lives in flat lists
+    indexed by `Tensor.index`, not in dicts keyed by Tensor: on a big graph every dict lookup
+    is a cache miss."""
 
     def __init__(self, alignments: list[int], ggml: GgmlVersion | str | None = None):
         self.alignments = alignments
         self.ggml = ggml_version(ggml)
 
-    def plan(self, leafs: list[tuple[Tensor, int]], entries: list[PlanEntry]) -> MemoryPlan:
+    def plan(self, leafs: list[tuple[Tensor, int]], sequence: AllocationSequence) -> MemoryPlan:
         with gc_paused():
-            return self._plan(leafs, entries)
+            return self._plan(leafs, sequence)
 
-    def _plan(self, leafs: list[tuple[Tensor, int]], entries: list[PlanEntry]) -> MemoryPlan:
+    def _plan(self, leafs: list[tuple[Tensor, int]], seq: AllocationSequence) -> MemoryPlan:
+        if not holds(seq.stamp):      # (a numbering since may have given its tensors new rows)
+            seq.stamp = number(seq.rows)
+        for leaf, _ in leafs:
+            seq.row(leaf)
+            if leaf.is_output:
+                seq.pin(leaf)
+        rows, dependencies = seq.rows, seq.dependencies
         self.arenas = [FreeBlocks(a) for a in self.alignments]
-        self.slot_of: dict[Tensor, Slot] = {}
         self.slots: list[Slot] = []
+        self.slot_at: list[Slot | None] = [None] * len(rows)   # the slot a row's bytes are in
+        self.owner: list[bool] = [False] * len(rows)  # ggml's `allocated`: owns its slot now
+        self.placed: list[Tensor] = []                # slot_of's keys, in placement order
         self.inplace: list[tuple[Tensor, Tensor]] = []
-        self.children: dict[Tensor, int] = {}
-        self.views: dict[Tensor, int] = {}
         self.event = 0
-        self._owner: dict[Slot, Tensor | None] = {}   # ggml's `allocated` flag, per slot
-        self.pinned = self._never_freed(entries, leafs)
         self._inplace_ops = frozenset(name for name, spec in OPS.items()
                                       if spec.inplace and name not in self.ggml.not_inplace)
+        self.pinned, self.children, self.views = seq.pinned, list(seq.children), list(seq.views)
 
         # 1. leafs first, so graph inputs never overlap one another or anything else
         for leaf, buffer in leafs:
             self._allocate(leaf, buffer)
-        # 2. count each tensor's consumers and views (ggml's n_children / n_views)
-        views, children = self.views, self.children
-        for entry in entries:
-            node = entry.tensor
-            if node.view_src is not None and not entry.dependency:
-                views[node.view_src] = views.get(node.view_src, 0) + 1
-            for src in entry.srcs:
-                children[src] = children.get(src, 0) + 1
-        # 3. per node: sources, the node (maybe in a parent's slot), then free finished sources
-        slot_of, allocate, release = self.slot_of, self._allocate, self._release
-        for entry in entries:
-            srcs = entry.srcs
+        # 2. per node: sources, the node (maybe in a parent's slot), then free finished sources
+        slot_at, allocate, release = self.slot_at, self._allocate, self._release
+        for k, (node, srcs, buffer) in enumerate(zip(seq.tensors, seq.srcs, seq.buffers)):
             for src in srcs:
-                if src not in slot_of:            # (most are placed already)
-                    allocate(src, entry.buffer)
-            if not entry.dependency:
-                allocate(entry.tensor, entry.buffer, srcs)
+                if slot_at[src.index] is None:    # (most are placed already)
+                    allocate(src, buffer)
+            if k not in dependencies:
+                allocate(node, buffer, srcs)
             for src in srcs:
                 release(src)
+        slot_of = dict(zip(self.placed, map(slot_at.__getitem__, map(_row_of, self.placed))))
         return MemoryPlan(arena_bytes=[a.high_water for a in self.arenas],
                           alignments=list(self.alignments), slots=self.slots,
-                          slot_of=self.slot_of, inplace=self.inplace, n_events=self.event)
+                          slot_of=slot_of, inplace=self.inplace, n_events=self.event)
 
     # --- the rules ------------------------------------------------------------------------
-    @staticmethod
-    def _never_freed(entries: list[PlanEntry], leafs) -> set[Tensor]:
-        """Outputs (ggml's OUTPUT flag) and, unlike ggml, the view source of an output view."""
-        pinned = set()
-        for tensor in [e.tensor for e in entries] + [t for t, _ in leafs]:
-            if tensor.is_output:
-                pinned.add(tensor)
-                if tensor.view_src is not None:
-                    pinned.add(tensor.view_src)
-        return pinned
-
     def _allocate(self, node: Tensor, buffer: int, srcs: list[Tensor] = ()) -> None:
-        if node in self.slot_of or node.view_src is not None or node.role == "weight":
+        row = node.index
+        if self.slot_at[row] is not None or node.view_src is not None or node.role == "weight":
             return                                # placed already, or owns no memory
         if node.op in self._inplace_ops:
             for parent in srcs:
                 if self._can_take_slot_of(node, parent):
-                    slot = self.slot_of[parent]
+                    slot = self.slot_at[parent.index]
                     slot.tensors.append(node)
-                    self.slot_of[node] = slot
-                    self._owner[slot] = node
+                    self.slot_at[row] = slot
+                    self.owner[parent.index] = False
+                    self.owner[row] = True
+                    self.placed.append(node)
                     self.inplace.append((node, parent))
                     return
         nbytes = node.nbytes
         offset = self.arenas[buffer].alloc(nbytes)
-        slot = Slot(buffer=buffer, offset=offset, size=align_up(nbytes, self.alignments[buffer]),
-                    born=self._tick(), tensors=[node])
+        self.event += 1
+        slot = Slot(buffer, offset, align_up(nbytes, self.alignments[buffer]), self.event,
+                    None, [node])
         self.slots.append(slot)
-        self.slot_of[node] = slot
-        self._owner[slot] = node
+        self.slot_at[row] = slot
+        self.owner[row] = True
+        self.placed.append(node)
 
     def _can_take_slot_of(self, node: Tensor, parent: Tensor) -> bool:
         """ggml's in-place conditions (ggml_gallocr_allocate_node).
@@ -243,41 +295,43 @@ class GraphAllocator:
         view parent is never reused in 0.15.3), not be an output nor a view of one, have the
         node's exact layout, and have this node as its only remaining consumer and no views.
         """
-        slot = self.slot_of.get(parent)
-        if slot is None or self._owner.get(slot) is not parent or parent.is_view:
+        row = parent.index
+        if not self.owner[row] or parent.view_src is not None:
             return False
-        if parent in self.pinned or parent.is_output:
+        if self.pinned[row] or parent.is_output:
             return False
-        if not node.same_layout(parent):
+        if not (node.dtype == parent.dtype and node.shape == parent.shape
+                and node.strides == parent.strides):      # Tensor.same_layout, inline
             return False
-        return self.children.get(parent, 0) == 1 and self.views.get(parent, 0) == 0
+        return self.children[row] == 1 and self.views[row] == 0
 
     def _release(self, parent: Tensor) -> None:
-        left = self.children[parent] - 1
-        self.children[parent] = left
-        if left != 0 or self.views.get(parent, 0) != 0:
+        row = parent.index
+        left = self.children[row] - 1
+        self.children[row] = left
+        if left != 0 or self.views[row] != 0:
             return
         if parent.view_src is not None:
-            root = parent.view_src
+            root = parent.view_src.index
             self.views[root] -= 1
-            if self.views[root] == 0 and self.children.get(root, 0) == 0:
+            if self.views[root] == 0 and self.children[root] == 0:
                 self._free(root)
         else:
-            self._free(parent)
+            self._free(row)
 
-    def _free(self, tensor: Tensor) -> None:
-        slot = self.slot_of.get(tensor)
-        if slot is None or self._owner.get(slot) is not tensor or tensor in self.pinned:
+    def _free(self, row: int) -> None:
+        if not self.owner[row] or self.pinned[row]:
             return
-        # slot.size is tensor.nbytes aligned: the owner is the slot's first tensor or an
-        # in-place node of the very same layout
+        # slot.size is nbytes aligned: the owner is the slot's first tensor or an in-place
+        # node of the very same layout
+        slot = self.slot_at[row]
         self.arenas[slot.buffer].free(slot.offset, slot.size)
-        slot.died = self._tick()
-        self._owner[slot] = None
-
-    def _tick(self) -> int:
         self.event += 1
-        return self.event
+        slot.died = self.event
+        self.owner[row] = False
+
+
+_row_of = attrgetter("index")
 
 
 @dataclass(frozen=True)
@@ -290,25 +344,28 @@ def layout_weights(sched: Schedule) -> WeightLayout:
     """Weights packed one after another per backend, each aligned (ggml_backend_alloc_ctx_tensors)."""
     offsets: dict[Tensor, int] = {}
     used = [0] * len(sched.backends)
+    sched.renumber()
+    where = sched.where
     for weight in sched.graph.weights:
-        b = sched.backend_of[weight]
+        b = where[weight.index]
         offsets[weight] = used[b]
         used[b] += align_up(weight.nbytes, sched.backends[b].alignment)
     return WeightLayout(offsets, used)
 
 
-def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], list[PlanEntry]]:
+def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], AllocationSequence]:
     """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then the
     split's nodes; and the leafs, which the allocator places first."""
-    backend_of = sched.backend_of
     with gc_paused():
-        entries: list[PlanEntry] = []
+        sched.renumber()
+        seq = AllocationSequence(sched.rows, sched.stamp)
+        where, replaced, add = sched.where, sched.replaced, seq.add
         for split in sched.splits:
             for original, copy in split.copy_of.items():
-                entries.append(PlanEntry(original, [original], backend_of[original],
-                                         dependency=True))
-                entries.append(PlanEntry(copy, [], split.backend))
-            for node in split.nodes:
-                entries.append(PlanEntry(node, sched.srcs_of[node], backend_of[node]))
-        leafs = [(leaf, backend_of[leaf]) for leaf in sched.leaf_order]
-    return leafs, entries
+                add(original, [original], where[original.index], dependency=True)
+                add(copy, [], split.backend)
+            nodes = split.nodes
+            seq.extend(nodes, [replaced.get(node, node.src) for node in nodes],
+                       [where[node.index] for node in nodes])
+        leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
+    return leafs, seq

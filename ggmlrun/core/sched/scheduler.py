@@ -16,6 +16,8 @@ supports it.
 from __future__ import annotations
 
 import math
+from array import array
+from itertools import chain
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -61,14 +63,52 @@ class Split:
 class Schedule:
     graph: Graph
     backends: list[BackendSpec]
-    backend_of: dict[Tensor, int]
-    cause: dict[Tensor, str]
     splits: list[Split]
-    srcs_of: dict[Tensor, list[Tensor]]       # each node's sources, copies substituted
-    leaf_order: list[Tensor]                  # graph.leafs_by_first_use(), once, by pass 1
+    replaced: dict[Tensor, list[Tensor]]      # the nodes a copy replaces a source of: sources
+    leaf_order: list[Tensor]                  # leafs in first-use order (pass 1 finds it)
+    # the passes' tables, one row per tensor (graph leafs, nodes, then copies: `Tensor.index`
+    # while `stamp` holds, see `renumber`); `backend_of` and `cause` are built from them when
+    # first read. No list of all tensors is kept: after a pass the cyclic GC scans every young
+    # container's items, and on a big graph each tensor it touches is a cache miss.
+    copies: list[Tensor]                      # the copies pass 5 made, in the order it made them
+    where: list[int]                          # per row: its backend, -1 when it has none
+    why: list[str | None]                     # per row: its cause, None when never assigned
+    assigned: array                           # rows in the order they were first assigned
+    stamp: int                                # the rows' numbering (see `number`)
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
     ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
+
+    @cached_property
+    def srcs_of(self) -> dict[Tensor, list[Tensor]]:
+        """Each node's sources, copies substituted (read only: a node's own `src` list when no
+        copy replaces one of them)."""
+        replaced = self.replaced
+        return {node: replaced.get(node, node.src) for node in self.graph.nodes}
+
+    @cached_property
+    def backend_of(self) -> dict[Tensor, int]:
+        """Each assigned tensor's backend, in the order the passes first assigned them."""
+        return dict(zip(self._assigned_tensors, map(self.where.__getitem__, self.assigned)))
+
+    @cached_property
+    def cause(self) -> dict[Tensor, str]:
+        return dict(zip(self._assigned_tensors, map(self.why.__getitem__, self.assigned)))
+
+    @property
+    def _assigned_tensors(self) -> list[Tensor]:
+        return list(map(self.rows.__getitem__, self.assigned))
+
+    @property
+    def rows(self) -> list[Tensor]:
+        """Every tensor in row order: the graph's leafs, its nodes, then the copies."""
+        return self.graph.leafs + self.graph.nodes + self.copies
+
+    def renumber(self) -> None:
+        """Point each tensor's index at its row again if another numbering ran since (see
+        `number`); `rows` is built only then, as a copy of every tensor reference costs."""
+        if not holds(self.stamp):
+            self.stamp = number(self.rows)
 
     @cached_property
     def copy_source(self) -> dict[Tensor, Tensor]:
@@ -116,6 +156,38 @@ def batch_size(node: Tensor) -> int:
     return math.prod(node.shape[:-1])
 
 
+_stamp = [0]    # bumped whenever a tensor gets a new row: a numbering holds while its stamp does
+
+
+def number(tensors: list[Tensor]) -> int:
+    """Give each tensor its row in a pass's flat tables (`Tensor.index`); returns the stamp.
+
+    The passes keep per-tensor facts in lists indexed by that row, walked in node order: on a
+    big graph, dicts keyed by Tensor cost a cache miss per lookup. A tensor has one index, so
+    numbering another graph that shares tensors with this one (a model's weights) makes every
+    older numbering stale: the stamp says whether one still holds. (It cannot guard a pass
+    against another thread numbering shared tensors in its middle: nothing here runs two
+    passes at once.)
+    """
+    for i, tensor in enumerate(tensors):
+        tensor.index = i
+    return restamp()
+
+
+def restamp() -> int:
+    """A new stamp, for a pass that gave some tensor a new row."""
+    _stamp[0] += 1
+    return _stamp[0]
+
+
+def holds(stamp: int) -> bool:
+    """No tensor got a new row since the numbering with this stamp."""
+    return stamp == _stamp[0]
+
+
+WEIGHT_CAUSES = tuple(f"1.wgt{i}" for i in range(16))   # one string each, not one per node
+
+
 class Scheduler:
     def __init__(self, backends: list[BackendSpec], op_offload: bool = True,
                  ggml: GgmlVersion | str | None = None):
@@ -130,28 +202,40 @@ class Scheduler:
         """Run the passes. `decided` holds assignments made elsewhere (a placement policy):
         like user pins, the passes never overwrite them, and the rest follows ggml's rules."""
         with gc_paused():
-            return self._schedule(graph, decided)
+            try:
+                return self._schedule(graph, decided)
+            finally:     # the working tables go before the GC runs again (see Schedule.copies)
+                self.tensors = self.location = self._node_order = None
 
     def _schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
         self.graph = graph
-        self._supported: list[dict[tuple, bool]] = [{} for _ in self.backends]   # per support key
+        self._masks: dict[tuple, int] = {}          # support key -> bit b: backend b runs it
+        self._all = (1 << self.n) - 1
         self._view_ops = frozenset(name for name, spec in OPS.items() if spec.view_op)
-        self.backend_of: dict[Tensor, int] = {}
-        self.cause: dict[Tensor, str] = {}
+        # per tensor row (graph leafs, nodes, then the copies pass 5 makes): its backend (-1:
+        # none yet), its cause (None: never assigned) and what it can run on; `order` keeps
+        # the rows in the order of their first assignment, which is backend_of's order
+        self.tensors = graph.leafs + graph.nodes
+        self.stamp = number(self.tensors)
+        self.where = [-1] * len(self.tensors)
+        self.why: list[str | None] = [None] * len(self.tensors)
+        self.mask = [self._all] * len(self.tensors)
+        self.order = array("l")
+        self.copies: list[Tensor] = []
         self.location = self._weight_locations(graph)
         self._user_pins(graph)
         for tensor, (b, cause) in (decided or {}).items():
-            if self._get(tensor) == -1:
-                self._set(tensor, b, cause)
-        leaf_order = graph.leafs_by_first_use()
-        self._pass1_preallocated(leaf_order + graph.nodes)
-        self._pass2_expand(graph.nodes)
-        self._pass3_best_and_upgrade(graph.nodes)
+            if self.where[tensor.index] == -1:
+                self._set(tensor.index, b, cause)
+        compute, leaf_order = self._pass1_nodes(graph)
+        self._pass1_leafs(leaf_order)
+        self._pass2_expand(compute)
+        self._pass3_best_and_upgrade(compute)
         self._pass4_remaining(graph.nodes)
-        splits, srcs_of = self._pass5_split(graph.nodes)
-        return Schedule(graph=graph, backends=self.backends, backend_of=self.backend_of,
-                        cause=self.cause, splits=splits, srcs_of=srcs_of,
-                        leaf_order=leaf_order, ggml=self.ggml)
+        splits, replaced = self._pass5_split(graph.nodes)
+        return Schedule(graph=graph, backends=self.backends, splits=splits, replaced=replaced,
+                        leaf_order=leaf_order, copies=self.copies, where=self.where, why=self.why,
+                        assigned=self.order, stamp=self.stamp, ggml=self.ggml)
 
     # --- facts the passes use ---------------------------------------------------------------
     def _backend_index(self, name: str, tensor: Tensor, what: str) -> int:
@@ -160,29 +244,33 @@ class Scheduler:
                              file=_file(self.graph), line=tensor.line, culprit=tensor.describe())
         return self.index[name]
 
-    def _weight_locations(self, graph: Graph) -> dict[Tensor, int]:
-        """Where each weight's buffer lives (ggml: tensor->buffer); the CPU by default."""
-        where = {}
+    def _weight_locations(self, graph: Graph) -> list[int]:
+        """Per row: the backend whose buffer holds the weight (ggml: tensor->buffer), the CPU
+        by default; -1 for every other tensor."""
+        where = [-1] * len(self.tensors)
         for leaf in graph.weights:
-            where[leaf] = (self.cpu if leaf.backend is None
-                           else self._backend_index(leaf.backend, leaf, "its buffer"))
+            where[leaf.index] = (self.cpu if leaf.backend is None
+                                 else self._backend_index(leaf.backend, leaf, "its buffer"))
         return where
 
-    def _buffer(self, tensor: Tensor) -> int | None:
-        """The backend whose buffer already holds this tensor's bytes, if any."""
-        return self.location.get(tensor.view_src or tensor)
+    def _buffer(self, tensor: Tensor) -> int:
+        """The backend whose buffer already holds this tensor's bytes, or -1."""
+        return self.location[(tensor.view_src or tensor).index]
+
+    def _mask(self, node: Tensor) -> int:
+        """Bit b set when backend b can run this node: the answer depends on the op and its
+        sources' types only, so it is asked once per distinct pair."""
+        if node.op is None:                  # a leaf: nothing to compute
+            return self._all
+        key = support_key(node)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = sum(1 << b for b, spec in enumerate(self.backends)
+                                          if spec.supports_op(key[0], key[1:]))
+        return mask
 
     def _supports(self, b: int, node: Tensor) -> bool:
-        return self._supports_key(b, support_key(node))
-
-    def _supports_key(self, b: int, key: tuple) -> bool:
-        if key[0] is None:                   # a leaf: nothing to compute
-            return True
-        known = self._supported[b]           # the answer depends on the op and source types
-        answer = known.get(key)
-        if answer is None:
-            answer = known[key] = self.backends[b].supports_op(key[0], key[1:])
-        return answer
+        return self._mask(node) >> b & 1 == 1
 
     def _supports_buffer(self, b: int, buffer_backend: int) -> bool:
         # every backend has its own buffer type; none can use another's memory directly
@@ -191,20 +279,20 @@ class Scheduler:
     def _buffer_supported(self, tensor: Tensor, b: int) -> bool:
         """ggml_backend_sched_buffer_supported: can backend b use this tensor where it is?"""
         where = self._buffer(tensor)
-        if where is None:
-            where = self.backend_of.get(tensor, -1)
+        if where == -1:
+            where = self.where[tensor.index]
             if where == -1 and tensor.view_src is not None:
-                where = self.backend_of.get(tensor.view_src, -1)
+                where = self.where[tensor.view_src.index]
             if where == -1:
                 return False
         return self._supports_buffer(b, where)
 
     def _from_buffer(self, tensor: Tensor, op_node: Tensor) -> int:
         where = self._buffer(tensor)
-        if where is None:
+        if where == -1:
             return -1
         for b in range(self.n):
-            if self._supports_buffer(b, where) and self._supports(b, op_node):
+            if self._supports_buffer(b, where) and self.mask[op_node.index] >> b & 1:
                 return b
         return -1
 
@@ -212,16 +300,15 @@ class Scheduler:
         spec = self.backends[b]
         return spec.kind != "cpu" and batch_size(node) >= spec.offload_min_batch
 
-    def _set(self, tensor: Tensor, b: int, cause: str) -> None:
-        self.backend_of[tensor] = b
-        self.cause[tensor] = cause
-
-    def _get(self, tensor: Tensor | None) -> int:
-        return -1 if tensor is None else self.backend_of.get(tensor, -1)
+    def _set(self, row: int, b: int, cause: str) -> None:
+        if self.why[row] is None:
+            self.order.append(row)
+        self.where[row] = b
+        self.why[row] = cause
 
     # --- pass 0: user assignments, never overwritten -----------------------------------------
     def _user_pins(self, graph: Graph) -> None:
-        for tensor in graph.nodes + graph.inputs:
+        for tensor in chain(graph.nodes, graph.inputs):
             if tensor.backend is None:
                 continue
             b = self._backend_index(tensor.backend, tensor, "its pin")
@@ -233,21 +320,50 @@ class Scheduler:
                                  f"pin it elsewhere or drop it from that backend's "
                                  f"unsupported list", file=_file(graph), line=tensor.line,
                                  culprit=tensor.describe())
-            self._set(tensor, b, "usr")
+            self._set(tensor.index, b, "usr")
 
     # --- pass 1: from pre-allocated tensors, inputs and weights ------------------------------
-    def _pass1_preallocated(self, tensors: list[Tensor]) -> None:
-        """`tensors`: the leafs in first-use order, then the nodes."""
-        get = self.backend_of.get
-        for tensor in tensors:
-            if get(tensor, -1) == -1:
-                b, cause = self._from_current(tensor)
+    def _pass1_nodes(self, graph: Graph) -> tuple[list[int], list[Tensor]]:
+        """Pass 1 on the nodes and, in the same walk, each node's support mask, the compute
+        nodes' rows and the leafs in the order ggml's graph builder meets them (left-to-right
+        source visits; those no node uses last, in file order). ggml allocates graph inputs in
+        that discovery order, not the file's, and the planner follows it so sizes compare.
+        The leafs come first in ggml's pass 1, so the nodes' assignments go after theirs in
+        `order` (`_pass1_leafs`)."""
+        mask, where, view_ops = self.mask, self.where, self._view_ops
+        seen = bytearray(len(self.tensors))
+        first_use: list[Tensor] = []
+        compute: list[int] = []
+        pinned, self.order = self.order, array("l")
+        for node in graph.nodes:
+            i = node.index
+            for src in node.src:
+                if src.op is None and src.role != "copy" and not seen[src.index]:   # a leaf
+                    seen[src.index] = 1
+                    first_use.append(src)
+            if node.op not in view_ops:
+                compute.append(i)
+            mask[i] = self._mask(node)
+            if where[i] == -1:
+                b, cause = self._from_current(node)
                 if b != -1:
-                    self._set(tensor, b, cause)
+                    self._set(i, b, cause)
+        self.order, self._node_order = pinned, self.order
+        leaf_order = first_use + [t for t in graph.leafs if not seen[t.index]]
+        return compute, leaf_order
+
+    def _pass1_leafs(self, leaf_order: list[Tensor]) -> None:
+        where = self.where
+        for leaf in leaf_order:
+            if where[leaf.index] == -1:
+                b, cause = self._from_current(leaf)
+                if b != -1:
+                    self._set(leaf.index, b, cause)
+        self.order += self._node_order
 
     def _from_current(self, node: Tensor) -> tuple[int, str]:
         where = self._buffer(node)
-        if where is not None:     # (with no buffer, neither check below can find a backend)
+        if where != -1:           # (with no buffer, neither check below can find a backend)
             b = self._from_buffer(node, node)
             if b != -1:
                 return b, "1.dst"
@@ -269,95 +385,93 @@ class Scheduler:
                 src_b = self._from_buffer(src, node)
                 if self.op_offload and src_b == self.cpu:
                     for b in range(src_b):
-                        if self._supports(b, node) and self._wants_offload(b, node):
+                        if self.mask[node.index] >> b & 1 and self._wants_offload(b, node):
                             return b, "1.off"
-                return src_b, f"1.wgt{i}"
+                return src_b, WEIGHT_CAUSES[i] if i < len(WEIGHT_CAUSES) else f"1.wgt{i}"
         return -1, ""
 
     # --- pass 2: spread device assignments to neighbours, then any assignment ----------------
-    def _pass2_expand(self, nodes: list[Tensor]) -> None:
-        view_ops = self._view_ops
-        compute = [n for n in nodes if n.op not in view_ops]
-        # the four sweeps read and write a flat list of assignments (a big graph's tensors and
-        # dict entries stay out of the cache); every change also goes to backend_of at once
-        get, supports, cpu = self.backend_of.get, self._supports_key, self.cpu
-        assigned = [get(n, -1) for n in compute]
-        keys = [support_key(n) for n in compute]
+    def _pass2_expand(self, compute: list[int]) -> None:
+        # the four sweeps read and write flat lists over the compute nodes' rows
+        where, cpu = self.where, self.cpu
+        assigned = [where[i] for i in compute]
+        masks = [self.mask[i] for i in compute]
         forward, backward = range(len(compute)), range(len(compute) - 1, -1, -1)
         for order, skip_cpu in ((forward, True), (backward, True),
                                 (forward, False), (backward, False)):
             current = -1
-            for i in order:
-                b = assigned[i]
+            for k in order:
+                b = assigned[k]
                 if b != -1:
                     current = -1 if (skip_cpu and b == cpu) else b
-                elif current != -1 and supports(current, keys[i]):
-                    assigned[i] = current
-                    self._set(compute[i], current, "2.sup")
+                elif current != -1 and masks[k] >> current & 1:
+                    assigned[k] = current
+                    self._set(compute[k], current, "2.sup")
 
     # --- pass 3: unassigned nodes to the backend holding most sources; upgrades -------------
-    def _pass3_best_and_upgrade(self, nodes: list[Tensor]) -> None:
-        view_ops, get, cause = self._view_ops, self.backend_of.get, self.cause
-        for node in nodes:
-            if node.op in view_ops:
-                continue
-            current = get(node, -1)
+    def _pass3_best_and_upgrade(self, compute: list[int]) -> None:
+        where, why, mask, tensors = self.where, self.why, self.mask, self.tensors
+        for i in compute:
+            current = where[i]
             if current == -1:
-                best = -1
+                node, best = tensors[i], -1
                 for b in range(self.n):
-                    if not self._supports(b, node):
+                    if not mask[i] >> b & 1:
                         continue
                     held = sum(1 for s in node.src
-                               if (self._get(s) != -1 or self._get(s.view_src) != -1)
+                               if (where[s.index] != -1
+                                   or (s.view_src is not None and where[s.view_src.index] != -1))
                                and self._buffer_supported(s, b))
                     if held > best:
                         best = held
-                        self._set(node, b, "3.best")
-            elif cause.get(node, "").startswith(("1.", "2.")):
+                        self._set(i, b, "3.best")
+            elif why[i].startswith(("1.", "2.")):
+                node = tensors[i]
                 for b in range(current):
-                    if (self._supports_buffer(b, current) and self._supports(b, node)
+                    if (self._supports_buffer(b, current) and mask[i] >> b & 1
                             and all(self._buffer_supported(s, b) for s in node.src)):
-                        self._set(node, b, "3.upg")
+                        self._set(i, b, "3.upg")
                         break
 
     # --- pass 4: views with their source, sources with their consumer, then a fallback ------
     def _pass4_remaining(self, nodes: list[Tensor]) -> None:
-        get = self.backend_of.get
+        where, mask, set_ = self.where, self.mask, self._set
         for node in nodes:
-            if node.view_src is not None and get(node, -1) == -1:
-                self._set(node, self._get(node.view_src), "4.vsrc")
+            i = node.index
+            if node.view_src is not None and where[i] == -1:
+                set_(i, where[node.view_src.index], "4.vsrc")
             for src in node.src:
-                if get(src, -1) == -1:
+                j = src.index
+                if where[j] == -1:
                     if src.view_src is not None:
-                        self._set(src, self._get(src.view_src), "4.vsrc")
+                        set_(j, where[src.view_src.index], "4.vsrc")
                     else:
-                        self._set(src, get(node, -1), "4.cur")
-            if get(node, -1) != -1:
+                        set_(j, where[i], "4.cur")
+            if where[i] != -1:
                 continue
             for b in range(self.n):
-                if get(node, -1) != -1:
+                if where[i] != -1:
                     break
-                if self._supports(b, node):
-                    self._set(node, b, "4.fb")
-            if get(node, -1) == -1:
+                if mask[i] >> b & 1:
+                    set_(i, b, "4.fb")
+            if where[i] == -1:
                 raise InputError(f"no backend supports op '{node.op}' (the last backend must be "
                                  f"a CPU)", file=_file(self.graph), line=node.line,
                                  culprit=node.describe())
 
     # --- pass 5: cut into splits at backend changes; copy in what lives elsewhere -----------
     def _pass5_split(self, nodes: list[Tensor]):
-        srcs_of = {node: list(node.src) for node in nodes}
+        replaced: dict[Tensor, list[Tensor]] = {}   # nodes whose sources a copy replaces
         copy_of: dict[tuple[Tensor, int], Tensor] = {}
-        view_ops, get = self._view_ops, self.backend_of.get
-        compute = [n for n in nodes if n.op not in view_ops]
-        first = self._get(compute[0]) if compute else self._get(nodes[0])
+        view_ops, where = self._view_ops, self.where
+        first = where[next((n for n in nodes if n.op not in view_ops), nodes[0]).index]
         splits = [Split(backend=first, nodes=[])]
         current = first
         for node in nodes:
             if node.op in view_ops:
                 splits[-1].nodes.append(node)
                 continue
-            b = get(node, -1)
+            b = where[node.index]
             split = splits[-1]
             if b != current or (split.copy_of and self._needs_new_split(node, split, current, copy_of)):
                 split = Split(backend=b, nodes=[])
@@ -365,28 +479,39 @@ class Scheduler:
                 current = b
             split.nodes.append(node)
             for j, src in enumerate(node.src):
-                if get(src, -1) != current and not self._buffer_supported(src, current):
+                if where[src.index] != current and not self._buffer_supported(src, current):
                     key = (src, current)
                     if key not in copy_of:
-                        copy = Tensor(name=f"{self.backends[current].name}#{src.name}",
-                                      shape=src.shape, dtype=src.dtype, strides=src.strides,
-                                      role="copy")
-                        copy_of[key] = copy
-                        self._set(copy, current, "4.cpy")
-                        split.copy_of[src] = copy
-                    srcs_of[node][j] = copy_of[key]
+                        copy_of[key] = split.copy_of[src] = self._new_copy(src, current)
+                    if node not in replaced:
+                        replaced[node] = list(node.src)
+                    replaced[node][j] = copy_of[key]
         if splits and not splits[0].nodes and len(splits) > 1:
             splits.pop(0)
-        return splits, srcs_of
+        return splits, replaced
+
+    def _new_copy(self, src: Tensor, b: int) -> Tensor:
+        copy = Tensor(name=f"{self.backends[b].name}#{src.name}", shape=src.shape,
+                      dtype=src.dtype, strides=src.strides, role="copy")
+        copy.index = len(self.tensors)
+        self.tensors.append(copy)
+        self.copies.append(copy)
+        self.where.append(-1)
+        self.why.append(None)
+        self.mask.append(self._all)
+        self.location.append(-1)
+        self._set(copy.index, b, "4.cpy")
+        return copy
 
     def _needs_new_split(self, node: Tensor, split: Split, current: int, copy_of) -> bool:
+        where = self.where
         for src in node.src:
             # a weight on an incompatible backend: a new split lets its copy's memory be reused
             if src.role == "weight":
-                if self._get(src) != current and not self._buffer_supported(src, current):
+                if where[src.index] != current and not self._buffer_supported(src, current):
                     return True
             if len(split.copy_of) == self.ggml.max_split_inputs:
-                if (self._get(src) != current and (src, current) not in copy_of
+                if (where[src.index] != current and (src, current) not in copy_of
                         and not self._buffer_supported(src, current)):
                     return True
         return False
