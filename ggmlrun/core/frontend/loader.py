@@ -17,7 +17,7 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
-from ggmlrun.core.util.numbers import checked_int
+from ggmlrun.core.util.numbers import INT64_MAX, INT64_MIN, checked_int
 from ggmlrun.core.frontend.yamlfile import (
     check_name,
     describe_value,
@@ -34,7 +34,6 @@ MAX_VALUES = 2**20                # inline values: bigger data belongs in a .npy
                                   # aliases could otherwise make a tiny file expand to billions)
 MAX_SEED = 2**64 - 1
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
-INT64_MAX = 2**63 - 1
 
 TOP_KEYS = ("name", "seed", "backends", "tensors", "nodes", "outputs")
 TENSOR_KEYS = ("shape", "dtype", "role", "backend", "init", "values", "file")
@@ -175,17 +174,20 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
 
 def _check_param_numbers(doc, key, value, path, culprit) -> None:
     """Integers in params must fit int64 (ggml's int64_t fields): 2**70 is a typo, and would
-    otherwise surface as an OverflowError inside NumPy."""
+    otherwise surface as an OverflowError inside NumPy. `path` is the node's; the param's own
+    is built only for an error."""
     stack = [value]
     while stack:
         item = stack.pop()
+        if type(item) is int and INT64_MIN <= item <= INT64_MAX:
+            continue                 # the common case, decided without a call
         if isinstance(item, list):
             stack.extend(item)
         elif is_int(item):
             try:
                 checked_int(item, f"param '{key}'")
             except ValueError as err:
-                raise doc.error(str(err), path, culprit) from None
+                raise doc.error(str(err), path + ("params", key), culprit) from None
 
 
 def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
@@ -337,6 +339,41 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
         hint = f"; write src: [{src_names}]" if isinstance(src_names, str) else ""
         raise doc.error(f"src must be a list of names, got {describe_value(src_names)}{hint}",
                         path + ("src",), culprit)
+    try:                     # every source already defined (names are strings): the usual case
+        srcs = [defined[src] for src in src_names]
+    except (KeyError, TypeError):
+        srcs = _sources(doc, src_names, name, path, culprit, defined, later)
+
+    params = item.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise doc.error(f"params must be a mapping like {{eps: 1e-5}}, got {describe_value(params)}",
+                        path + ("params",), culprit)
+    for key, value in params.items():
+        if not isinstance(key, str):
+            raise doc.error(f"param names are strings, got {describe_value(key)}", path + ("params",),
+                            culprit)
+        _check_param_numbers(doc, key, value, path, culprit)
+
+    backend = item.get("backend")
+    if backend is not None and (not isinstance(backend, str) or not backend):
+        raise doc.error(f"backend must be a backend's name, got {describe_value(backend)}",
+                        path + ("backend",), culprit)
+
+    line = doc.line(path)
+    try:
+        return make_node(name, op, srcs, params, backend=backend, line=line)
+    except InputError as err:
+        raise _ne_order_hint(err, name, op, srcs, params).located(file=doc.file, line=line,
+                                                                  culprit=culprit)
+    except (TypeError, ValueError, ArithmeticError) as err:   # an op's rule met a bad value
+        raise doc.error(f"{op}: bad params or sources: {err}", path, culprit) from err
+
+
+def _sources(doc, src_names, name, path, culprit, defined, later) -> list[Tensor]:
+    """A node's sources, each checked in turn: the first that is not a defined name is the
+    error, and whether it is defined later (or is the node itself) changes the advice."""
     srcs = []
     for j, src in enumerate(src_names):
         at = path + ("src", j)
@@ -353,32 +390,7 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
         else:
             raise doc.error(f"src '{src}' is not defined; {did_you_mean(src, defined)}", at,
                             culprit)
-
-    params = item.get("params", {})
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise doc.error(f"params must be a mapping like {{eps: 1e-5}}, got {describe_value(params)}",
-                        path + ("params",), culprit)
-    for key in params:
-        if not isinstance(key, str):
-            raise doc.error(f"param names are strings, got {describe_value(key)}", path + ("params",),
-                            culprit)
-        _check_param_numbers(doc, key, params[key], path + ("params", key), culprit)
-
-    backend = item.get("backend")
-    if backend is not None and (not isinstance(backend, str) or not backend):
-        raise doc.error(f"backend must be a backend's name, got {describe_value(backend)}",
-                        path + ("backend",), culprit)
-
-    line = doc.line(path)
-    try:
-        return make_node(name, op, srcs, params, backend=backend, line=line)
-    except InputError as err:
-        raise _ne_order_hint(err, name, op, srcs, params).located(file=doc.file, line=line,
-                                                                  culprit=culprit)
-    except (TypeError, ValueError, ArithmeticError) as err:   # an op's rule met a bad value
-        raise doc.error(f"{op}: bad params or sources: {err}", path, culprit) from err
+    return srcs
 
 
 def _ne_order_hint(err: InputError, name, op, srcs, params) -> InputError:
