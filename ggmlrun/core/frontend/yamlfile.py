@@ -129,7 +129,10 @@ def _flow_reader() -> FlowReader:
                 raise NotMine       # timestamps, `<<`, `=`: the full parser's business
             return constructor.yaml_constructors[tag](constructor, yaml.ScalarNode(tag, text))
 
-        _FLOW_READER = FlowReader(resolve)
+        resolvers = _SafeLoader.yaml_implicit_resolvers
+        plain_only = None not in resolvers and not _SafeLoader.yaml_path_resolvers
+        _FLOW_READER = FlowReader(resolve, frozenset(filter(None, resolvers)) if plain_only
+                                  else None)
     return _FLOW_READER
 
 
