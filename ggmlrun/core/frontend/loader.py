@@ -17,6 +17,7 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
+from ggmlrun.core.ir.ops.common import PLAIN_INT
 from ggmlrun.core.util.numbers import INT64_MAX, INT64_MIN, checked_int
 from ggmlrun.core.frontend.yamlfile import (
     check_name,
@@ -39,6 +40,7 @@ TOP_KEYS = ("name", "seed", "backends", "tensors", "nodes", "outputs")
 TENSOR_KEYS = ("shape", "dtype", "role", "backend", "init", "values", "file")
 ALL_INIT_KEYS = tuple(dict.fromkeys(k for keys in INIT_KEYS.values() for k in keys))
 NODE_KEYS = ("name", "op", "src", "params", "backend")
+NODE_KEYSET = frozenset(NODE_KEYS)
 ROLES = ("weight", "input")
 
 
@@ -176,6 +178,9 @@ def _check_param_numbers(doc, key, value, path, culprit) -> None:
     """Integers in params must fit int64 (ggml's int64_t fields): 2**70 is a typo, and would
     otherwise surface as an OverflowError inside NumPy. `path` is the node's; the param's own
     is built only for an error."""
+    if type(value) is list and PLAIN_INT.issuperset(map(type, value)) and (
+            not value or INT64_MIN <= min(value) and max(value) <= INT64_MAX):
+        return                       # a flat list of ints in range (shapes, axes), checked in C
     stack = [value]
     while stack:
         item = stack.pop()
@@ -303,25 +308,18 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
     if not isinstance(nodes_data, list):
         raise doc.error(f"nodes must be a list of {{name, op, src}}, in execution order; got "
                         f"{describe_value(nodes_data)}", ("nodes",))
-    # where each node name is defined (its index: the line is looked up only for an error),
-    # to tell "defined later" from "undefined"
-    later = {}
-    for i, item in enumerate(nodes_data):
-        if isinstance(item, dict) and isinstance(item.get("name"), str):
-            later.setdefault(item["name"], i)
-
     defined: dict[str, Tensor] = dict(leafs)
     nodes = []
     for i, item in enumerate(nodes_data):
-        node = _parse_node(doc, item, i, defined, later)
+        node = _parse_node(doc, item, i, defined, nodes_data)
         defined[node.name] = node
         nodes.append(node)
     return nodes
 
 
-def _parse_node(doc, item, i, defined, later) -> Tensor:
+def _parse_node(doc, item, i, defined, nodes_data) -> Tensor:
     path = ("nodes", i)
-    name, culprit = named_entry(doc, item, path, "node", "{name, op, src}", NODE_KEYS)
+    name, culprit = named_entry(doc, item, path, "node", "{name, op, src}", NODE_KEYSET)
     if name in defined:
         other = defined[name]
         kind = "tensor" if other.is_leaf else "node"
@@ -342,7 +340,7 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
     try:                     # every source already defined (names are strings): the usual case
         srcs = [defined[src] for src in src_names]
     except (KeyError, TypeError):
-        srcs = _sources(doc, src_names, name, path, culprit, defined, later)
+        srcs = _sources(doc, src_names, name, path, culprit, defined, nodes_data)
 
     params = item.get("params", {})
     if params is None:
@@ -371,7 +369,7 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
         raise doc.error(f"{op}: bad params or sources: {err}", path, culprit) from err
 
 
-def _sources(doc, src_names, name, path, culprit, defined, later) -> list[Tensor]:
+def _sources(doc, src_names, name, path, culprit, defined, nodes_data) -> list[Tensor]:
     """A node's sources, each checked in turn: the first that is not a defined name is the
     error, and whether it is defined later (or is the node itself) changes the advice."""
     srcs = []
@@ -381,16 +379,23 @@ def _sources(doc, src_names, name, path, culprit, defined, later) -> list[Tensor
             raise doc.error(f"src[{j}] must be a name, got {describe_value(src)}", at, culprit)
         if src in defined:
             srcs.append(defined[src])
-        elif src == name:
+            continue
+        if src == name:
             raise doc.error("a node cannot use itself as a source", at, culprit)
-        elif src in later:
-            where = doc.line(("nodes", later[src]))
+        later = _first_defined_at(nodes_data, src)
+        if later is not None:
+            where = doc.line(("nodes", later))
             raise doc.error(f"src '{src}' is defined later (line {where}); a source must "
                             "be defined above the node that uses it", at, culprit)
-        else:
-            raise doc.error(f"src '{src}' is not defined; {did_you_mean(src, defined)}", at,
-                            culprit)
+        raise doc.error(f"src '{src}' is not defined; {did_you_mean(src, defined)}", at,
+                        culprit)
     return srcs
+
+
+def _first_defined_at(nodes_data: list, name: str) -> int | None:
+    """The index of the first node named `name`, or None: looked for only to word an error."""
+    return next((i for i, item in enumerate(nodes_data)
+                 if isinstance(item, dict) and item.get("name") == name), None)
 
 
 def _ne_order_hint(err: InputError, name, op, srcs, params) -> InputError:

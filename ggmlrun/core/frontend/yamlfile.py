@@ -256,10 +256,11 @@ def check_name(doc, name, path, culprit, what="name"):
 
 
 def named_entry(doc, item, path: tuple, what: str, form: str, allowed) -> tuple[str, str]:
-    """A list item that must be a mapping with a valid `name` and known keys: (name, culprit)."""
+    """A list item that must be a mapping with a valid `name` and keys from the set `allowed`:
+    (name, culprit)."""
     if type(item) is dict:   # the usual case first, with no message text built for it
         name = item.get("name")
-        if type(name) is str and NAME_RE.match(name) and all(key in allowed for key in item):
+        if type(name) is str and NAME_RE.match(name) and item.keys() <= allowed:
             return name, f"{what} '{name}'"
     where = f"{path[0]}[{path[-1]}]"
     if not isinstance(item, dict):

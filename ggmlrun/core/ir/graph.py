@@ -132,8 +132,10 @@ class Tensor:
 
     @property
     def is_contiguous(self) -> bool:
-        gtype = TYPES[self.dtype]
-        return self.strides == contiguous_strides(self.shape, gtype.type_size, gtype.block_size)
+        layout = _LAYOUTS.get((self.shape, self.dtype))
+        if layout is None:
+            layout = _contiguous_layout(self.shape, self.dtype)
+        return self.strides == layout[1]
 
     def same_layout(self, other: "Tensor") -> bool:
         """ggml_are_same_layout: the condition for one tensor to take another's slot."""
