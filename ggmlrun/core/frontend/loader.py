@@ -41,6 +41,7 @@ TENSOR_KEYS = ("shape", "dtype", "role", "backend", "init", "values", "file")
 ALL_INIT_KEYS = tuple(dict.fromkeys(k for keys in INIT_KEYS.values() for k in keys))
 NODE_KEYS = ("name", "op", "src", "params", "backend")
 NODE_KEYSET = frozenset(NODE_KEYS)
+TENSOR_KEYSET = frozenset(TENSOR_KEYS + ALL_INIT_KEYS)
 ROLES = ("weight", "input")
 
 
@@ -107,7 +108,8 @@ def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
 
     if not isinstance(spec, dict):
         raise fail(f"expected a mapping like {{shape: [4, 8]}}, got {describe_value(spec)}")
-    unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
+    if not spec.keys() <= TENSOR_KEYSET:
+        unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
 
     dtype = spec.get("dtype", "f32")
     if not isinstance(dtype, str) or dtype not in PLAIN:
@@ -160,7 +162,8 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
     if not 1 <= len(shape) <= MAX_DIMS:
         raise doc.error(f"shape has {len(shape)} dimensions; ggml tensors have 1 to "
                         f"{MAX_DIMS}", where, culprit)
-    for i, dim in enumerate(shape):
+    plain = PLAIN_INT.issuperset(map(type, shape)) and min(shape) >= 1    # checked in C
+    for i, dim in enumerate(() if plain else shape):
         if not is_int(dim):
             raise doc.error(f"shape[{i}] must be an integer, got {describe_value(dim)}",
                             where + (i,), culprit)
