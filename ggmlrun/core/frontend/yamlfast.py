@@ -3,7 +3,8 @@ file it answers "not mine" (None) and the full parser in yamlfile.py reads it.
 
 Why: PyYAML, even on libyaml's C parser, resolves and constructs every scalar in Python and
 builds a node (with two marks) per scalar, about 200 us a graph node; a 100k-node graph took
-20-40 s to read. This reader handles a strict subset, line by line, and hands every flow
+20-40 s to read. This reader handles a strict subset, line by line (a run of lines that each
+hold one flow collection, the bulk of a big file, in one step of C loops), and hands every flow
 collection to the C JSON scanner, so a node costs a few microseconds.
 
 The subset, and why each rule keeps the meaning identical to PyYAML's:
