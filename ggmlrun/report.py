@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table as RichTable
-
-from ggmlrun.core.engine import BackendMemory
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.core.run.exec import RunResult
-from ggmlrun.core.ir.ops import OPS, get_op
-from ggmlrun.core.sched.scheduler import Schedule
+
+if TYPE_CHECKING:     # rich and the engine load when a table is drawn, not on every command
+    from rich.console import Console
+    from rich.table import Table as RichTable
+
+    from ggmlrun.core.engine import BackendMemory
+    from ggmlrun.core.run.exec import RunResult
+    from ggmlrun.core.sched.scheduler import Schedule
 
 
 # --- JSON --------------------------------------------------------------------------------------
@@ -80,6 +81,8 @@ def plain(text: str) -> str:
 def clean(text: str) -> str:
     """Text safe for a terminal and for rich: control characters (escape codes) removed, markup
     escaped, so names like `[/]` or `\x1b[2J` print as what they are and never act."""
+    from rich.markup import escape
+
     return escape(plain(text))
 
 
@@ -147,6 +150,8 @@ class Table:
         yield self.layout(options.max_width)
 
     def layout(self, width: int) -> RichTable:
+        from rich.table import Table as RichTable
+
         keep = list(range(len(self.columns)))
         exact = True
         if self._width(keep, exact) > width:
@@ -173,6 +178,8 @@ class Table:
         return plain(value)
 
     def _cell(self, value, exact: bool) -> str:
+        from rich.markup import escape
+
         return escape(self._plain(value, exact))
 
     def _width(self, keep: list[int], exact: bool) -> int:
@@ -240,6 +247,8 @@ def _ggml_size(n: int) -> str:
 
 def ggml_dump(sched: Schedule) -> str:
     """The GGML_SCHED_DEBUG=2 text, causes included (ggml compiles them out by default)."""
+    from ggmlrun.core.ir.ops import get_op
+
     lines = []
     starts = {id(s.nodes[0]): (i, s) for i, s in enumerate(sched.splits) if s.nodes}
     for i, node in enumerate(sched.graph.nodes):
@@ -428,6 +437,8 @@ def outputs_table(summaries: dict[str, dict], check: dict[str, float] | None) ->
 
 
 def ops_table(backends) -> Table:
+    from ggmlrun.core.ir.ops import OPS
+
     table = Table(title="ops")
     table.add_column("op")
     table.add_column("srcs", number=True)
@@ -446,6 +457,8 @@ def ops_table(backends) -> Table:
 
 
 def ops_dict(backends) -> dict:
+    from ggmlrun.core.ir.ops import OPS
+
     return {"ops": [{"name": name, "n_src": list(spec.n_src), "params": list(spec.params),
                      "inplace": spec.inplace, "view": spec.view_op,
                      "backends": [b.name for b in backends if b.supports_op(name)],

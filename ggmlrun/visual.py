@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from rich.console import Console, Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
-
-from ggmlrun.core.observe.dot import backend_colour
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.core.observe.occupancy import ArenaPicture
-from ggmlrun.core.observe.profile import Profile
 from ggmlrun.report import Bytes, Table, _seconds, plain
+
+if TYPE_CHECKING:     # rich loads when something is drawn, not on every command
+    from rich.console import Console, Group
+
+    from ggmlrun.core.observe.occupancy import ArenaPicture
+    from ggmlrun.core.observe.profile import Profile
 
 
 # --- numbers -----------------------------------------------------------------------------------
@@ -85,6 +84,11 @@ def _spark(value: int, top: int) -> str:
 def arena_picture(pic: ArenaPicture) -> Group:
     """Address (up) by step (right): shaded where live slots sit; the arena's top is the peak the
     plan reserves, the marked row is where the lower bound falls; below, bytes live per column."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from ggmlrun.core.observe.dot import backend_colour
+
     colour = backend_colour(pic.buffer)
     share = pic.lower_bound / pic.arena_bytes if pic.arena_bytes else 1.0
     title = Text.assemble(
@@ -126,6 +130,8 @@ def arena_picture(pic: ArenaPicture) -> Group:
 
 def print_occupancy(console: Console, pictures: list[ArenaPicture], planner: str | None = None
                     ) -> None:
+    from rich.text import Text
+
     if not pictures:
         return
     which = f" of the {planner} plan" if planner else ""
@@ -151,6 +157,9 @@ def run_progress(console: Console, total: int, what: str = "computing"
     if total <= 1 or not is_terminal(sys.stderr):
         yield None
         return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn)
+
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TimeElapsedColumn(), console=console, transient=True)
     with bar:
@@ -203,6 +212,8 @@ class Phases:
     def report(self) -> None:
         total = sum(self.seconds.values())
         if self.show and (self.forced or total >= self.SHOW_AFTER_S):
+            from rich.text import Text
+
             self.console.print(Text("phases: " + ", ".join(
                 f"{name} {seconds(s)}" for name, s in self.seconds.items())
                 + f" (total {seconds(total)})", style="dim"), highlight=False)

@@ -8,15 +8,26 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from ggmlrun import report
 from ggmlrun.core import engine
 
 
-# piped output gets a wide fixed width so tables are not squeezed into 80 columns
-stdout = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
-stderr = Console(stderr=True)
+@functools.cache
+def stdout():
+    """The console for data; made on first use, so a command that draws nothing never loads
+    rich. Piped output gets a wide fixed width so tables are not squeezed into 80 columns."""
+    from rich.console import Console
+
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+@functools.cache
+def stderr():
+    """The console for diagnostics (phase times, progress), made on first use."""
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
 BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),

@@ -63,7 +63,7 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     if as_json:
         emit_json(report.model_fit_dict(model_file, result))
     else:
-        report.print_tables(stdout, report.fit_table(model_file, result))
+        report.print_tables(stdout(), report.fit_table(model_file, result))
         click.echo(report.fit_line(result))
     if not result.fits:
         raise RunError(result.advice)

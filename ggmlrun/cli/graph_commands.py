@@ -28,14 +28,14 @@ def validate(graph, backends_file, as_json, overrides, show_progress):
     if model:
         return _validate_model(*model, as_json)
 
-    phases = visual.Phases(stderr, show_progress)
+    phases = visual.Phases(stderr(), show_progress)
     g, _ = _prepare(graph, backends_file, overrides=overrides, phases=phases)
     phases.report()
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
     else:
-        stdout.print(report.plain(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, "
+        stdout().print(report.plain(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, "
                                   f"outputs: {', '.join(t.name for t in g.outputs)})"),
                      markup=False, highlight=False)
 
@@ -59,7 +59,7 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
     memory each backend would need (ggml's allocator) and whether it fits."""
     from ggmlrun import visual
 
-    phases = visual.Phases(stderr, show_progress)
+    phases = visual.Phases(stderr(), show_progress)
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
     if model:
         sched = _model_schedule(*model)
@@ -74,14 +74,14 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
     elif fmt == "ggml":
         click.echo(report.ggml_dump(sched))
     else:
-        report.print_tables(stdout, report.split_table(sched))
+        report.print_tables(stdout(), report.split_table(sched))
         if sched.policy is not None:
-            report.print_tables(stdout, report.policy_table(sched))
+            report.print_tables(stdout(), report.policy_table(sched))
         if dump_splits:
-            report.print_tables(stdout, report.assignment_table(sched))
+            report.print_tables(stdout(), report.assignment_table(sched))
     fit, summary = _fit_and_summary(sched, memory, phases, payload)
     if not as_json and fmt != "ggml":    # the ggml text stands alone, as ggml prints it
-        report.print_tables(stdout, report.summary_table(summary, fit))
+        report.print_tables(stdout(), report.summary_table(summary, fit))
     if as_json:
         emit_json(payload)
     else:
@@ -111,7 +111,7 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
     if model:
         return _measure_model(*model, as_json)
-    phases = visual.Phases(stderr, show_progress)
+    phases = visual.Phases(stderr(), show_progress)
     g, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
     with phases("plan"):
         plan_, memory = engine.plan_memory(sched, planner)
@@ -127,13 +127,13 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
     if as_json:
         emit_json(payload)
     else:
-        report.print_tables(stdout, report.summary_table(summary),
+        report.print_tables(stdout(), report.summary_table(summary),
                             report.measure_table(memory, f"memory of {g.name}", fit))
-        stdout.print(report.host_line(fit), markup=False, highlight=False)
+        stdout().print(report.host_line(fit), markup=False, highlight=False)
         for f in layer_fits:
-            stdout.print(report.layer_fit_line(f, overrides.op_offload), markup=False,
+            stdout().print(report.layer_fit_line(f, overrides.op_offload), markup=False,
                          highlight=False)
-        visual.print_occupancy(stdout, occupancy(sched, plan_), planner)
+        visual.print_occupancy(stdout(), occupancy(sched, plan_), planner)
         phases.report()
     if not layer_fits:
         _raise_unless_fits(sched, memory, fit)
@@ -204,7 +204,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
                          overrides)
     if model:
         return _run_model(*model, tokens, as_json, out_file)
-    phases = visual.Phases(stderr, show_progress)
+    phases = visual.Phases(stderr(), show_progress)
     request = engine.RunRequest(graph_path=graph, backends_path=backends_file,
                                 input_specs=input_specs, repeat=repeat, check=check,
                                 policy=policy, planner=planner, trace_path=trace_file,
@@ -212,7 +212,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
                                 profile_sort=profile_sort, profile_top=profile_top, ggml=ggml,
                                 overrides=overrides, warmup=warmup)
     outcome = engine.run_pipeline(request, phases=phases,
-                                  progress=lambda: visual.run_progress(stderr, repeat))
+                                  progress=lambda: visual.run_progress(stderr(), repeat))
     sched, result, errors, prof = outcome.schedule, outcome.result, outcome.errors, outcome.profile
     if trace_file:
         click.echo(f"wrote {trace_file}", err=True)
@@ -234,13 +234,13 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
             payload["profile"] = prof.as_dict()
         emit_json(payload)
     else:
-        report.print_tables(stdout, report.summary_table(summary, fit), report.split_table(sched))
-        stdout.print(report.timing_header(result, warmup, threads, load), markup=False,
+        report.print_tables(stdout(), report.summary_table(summary, fit), report.split_table(sched))
+        stdout().print(report.timing_header(result, warmup, threads, load), markup=False,
                      highlight=False)
-        report.print_tables(stdout, report.timing_table(result),
+        report.print_tables(stdout(), report.timing_table(result),
                             report.outputs_table(outcome.summaries, errors))
         if prof is not None:
-            report.print_tables(stdout, *visual.profile_tables(prof, profile_by))
+            report.print_tables(stdout(), *visual.profile_tables(prof, profile_by))
         phases.report()
     if outcome.check_failure:
         raise CheckError(outcome.check_failure)

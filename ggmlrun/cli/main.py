@@ -57,7 +57,7 @@ def _main(argv: list[str]) -> None:
     except click.exceptions.Abort as err:
         if isinstance(err.__context__, KeyboardInterrupt):
             _interrupted()
-        stderr.print("ggmlrun: aborted")
+        stderr().print("ggmlrun: aborted")
         sys.exit(1)
     except GgmlrunError as err:
         if debug:

@@ -197,7 +197,7 @@ def _measure_model(model, backends, opts, as_json):
     if as_json:
         emit_json(report.model_measure_dict(model, figures, memory))
     else:
-        report.print_tables(stdout, report.model_measure_table(model, figures))
+        report.print_tables(stdout(), report.model_measure_table(model, figures))
 
 
 def _parse_tokens(text: str | None, n_vocab: int) -> list[int]:
@@ -238,5 +238,5 @@ def _run_model(model, backends, opts, tokens, as_json, out_file):
     if as_json:
         emit_json(report.model_run_dict(result, summaries))
     else:
-        report.print_tables(stdout, report.timing_table(result),
+        report.print_tables(stdout(), report.timing_table(result),
                             report.outputs_table(summaries, None))

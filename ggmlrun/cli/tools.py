@@ -24,7 +24,7 @@ def ops(backends_file, as_json):
     if as_json:
         emit_json(report.ops_dict(backends))
     else:
-        report.print_tables(stdout, report.ops_table(backends))
+        report.print_tables(stdout(), report.ops_table(backends))
 
 
 @cli.command()
@@ -71,7 +71,7 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
                    "greedy_peak_bytes": result.greedy_peak, "seconds": result.seconds,
                    "optimal": result.optimal, "capacity_bytes": capacity, "fits": fits})
     else:
-        report.print_tables(stdout, report.pack_table(str(csv_file), len(buffers), result, capacity))
+        report.print_tables(stdout(), report.pack_table(str(csv_file), len(buffers), result, capacity))
     if not fits:
         raise RunError(f"peak {result.peak} bytes exceeds --capacity {capacity} bytes "
                        f"(lower bound {result.lower_bound}); raise the capacity or the --time-limit")
@@ -103,7 +103,7 @@ def _write_text(text: str, out: Path | None) -> None:
         click.echo(text, nl=False)
     else:
         write_text(out, text)
-        stderr.print(report.plain(f"wrote {out}"), markup=False, highlight=False)
+        stderr().print(report.plain(f"wrote {out}"), markup=False, highlight=False)
 
 
 @gen.command("llama")

@@ -10,18 +10,21 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ggmlrun.core.backends.spec import BackendSpec, default_backends
 from ggmlrun.core.frontend.loader import load_backends, load_graph
 from ggmlrun.core.ir.graph import Graph, Tensor
-from ggmlrun.core.memory.alloc import GraphAllocator, MemoryPlan, allocation_sequence, layout_weights
-from ggmlrun.core.run.exec import Executor, RunResult
 from ggmlrun.core.sched.scheduler import Schedule, Scheduler
 from ggmlrun.core.util.errors import CapacityError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion
+
+if TYPE_CHECKING:     # the allocator and the executor load when a command plans or runs
+    import numpy as np
+
+    from ggmlrun.core.memory.alloc import MemoryPlan
+    from ggmlrun.core.run.exec import RunResult
 
 
 @dataclass
@@ -99,6 +102,8 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
 
 
 def _plan_memory(sched: Schedule, planner: str) -> tuple[MemoryPlan, list[BackendMemory]]:
+    from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence, layout_weights
+
     alignments = [b.alignment for b in sched.backends]
     leafs, entries = allocation_sequence(sched)
     ggml_plan = GraphAllocator(alignments, ggml=sched.ggml).plan(leafs, entries)
@@ -148,6 +153,8 @@ def execute(sched: Schedule, plan: MemoryPlan, leaf_values: dict[Tensor, np.ndar
             progress=None, record_events: bool = False, warmup: int = 0) -> RunResult:
     """`warmup` runs first, untimed; each timed run's wall time lands in `run_seconds`."""
     import time
+
+    from ggmlrun.core.run.exec import Executor
 
     executor = Executor(sched, plan, leaf_values)
     feed = {t: leaf_values[t] for t in sched.graph.inputs}

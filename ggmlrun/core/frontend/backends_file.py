@@ -83,7 +83,7 @@ def parse_backends(data, file: str, lines: dict | None = None,
 
 
 def _parse_backend(doc, item, path, i) -> BackendSpec:
-    name, culprit = named_entry(doc, item, path, "backend", "{name, kind}", BACKEND_KEYS)
+    name, culprit = named_entry(doc, item, path, "backend", "{name, kind}", frozenset(BACKEND_KEYS))
     kind = item.get("kind")
     if kind is None:
         raise doc.error(f"missing 'kind'; known: {', '.join(KINDS)}", path, culprit)

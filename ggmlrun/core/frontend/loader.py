@@ -17,7 +17,8 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
-from ggmlrun.core.util.numbers import checked_int
+from ggmlrun.core.ir.ops.common import PLAIN_INT
+from ggmlrun.core.util.numbers import INT64_MAX, INT64_MIN, checked_int
 from ggmlrun.core.frontend.yamlfile import (
     check_name,
     describe_value,
@@ -34,12 +35,13 @@ MAX_VALUES = 2**20                # inline values: bigger data belongs in a .npy
                                   # aliases could otherwise make a tiny file expand to billions)
 MAX_SEED = 2**64 - 1
 I32_MIN, I32_MAX = -(2**31), 2**31 - 1
-INT64_MAX = 2**63 - 1
 
 TOP_KEYS = ("name", "seed", "backends", "tensors", "nodes", "outputs")
 TENSOR_KEYS = ("shape", "dtype", "role", "backend", "init", "values", "file")
 ALL_INIT_KEYS = tuple(dict.fromkeys(k for keys in INIT_KEYS.values() for k in keys))
 NODE_KEYS = ("name", "op", "src", "params", "backend")
+NODE_KEYSET = frozenset(NODE_KEYS)
+TENSOR_KEYSET = frozenset(TENSOR_KEYS + ALL_INIT_KEYS)
 ROLES = ("weight", "input")
 
 
@@ -106,7 +108,8 @@ def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
 
     if not isinstance(spec, dict):
         raise fail(f"expected a mapping like {{shape: [4, 8]}}, got {describe_value(spec)}")
-    unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
+    if not spec.keys() <= TENSOR_KEYSET:
+        unknown_keys(doc, spec, TENSOR_KEYS + ALL_INIT_KEYS, path, culprit)
 
     dtype = spec.get("dtype", "f32")
     if not isinstance(dtype, str) or dtype not in PLAIN:
@@ -159,7 +162,8 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
     if not 1 <= len(shape) <= MAX_DIMS:
         raise doc.error(f"shape has {len(shape)} dimensions; ggml tensors have 1 to "
                         f"{MAX_DIMS}", where, culprit)
-    for i, dim in enumerate(shape):
+    plain = PLAIN_INT.issuperset(map(type, shape)) and min(shape) >= 1    # checked in C
+    for i, dim in enumerate(() if plain else shape):
         if not is_int(dim):
             raise doc.error(f"shape[{i}] must be an integer, got {describe_value(dim)}",
                             where + (i,), culprit)
@@ -175,17 +179,23 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
 
 def _check_param_numbers(doc, key, value, path, culprit) -> None:
     """Integers in params must fit int64 (ggml's int64_t fields): 2**70 is a typo, and would
-    otherwise surface as an OverflowError inside NumPy."""
+    otherwise surface as an OverflowError inside NumPy. `path` is the node's; the param's own
+    is built only for an error."""
+    if type(value) is list and PLAIN_INT.issuperset(map(type, value)) and (
+            not value or INT64_MIN <= min(value) and max(value) <= INT64_MAX):
+        return                       # a flat list of ints in range (shapes, axes), checked in C
     stack = [value]
     while stack:
         item = stack.pop()
+        if type(item) is int and INT64_MIN <= item <= INT64_MAX:
+            continue                 # the common case, decided without a call
         if isinstance(item, list):
             stack.extend(item)
         elif is_int(item):
             try:
                 checked_int(item, f"param '{key}'")
             except ValueError as err:
-                raise doc.error(str(err), path, culprit) from None
+                raise doc.error(str(err), path + ("params", key), culprit) from None
 
 
 def _parse_init(doc, spec, init, shape, dtype, path, culprit) -> dict:
@@ -301,25 +311,18 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
     if not isinstance(nodes_data, list):
         raise doc.error(f"nodes must be a list of {{name, op, src}}, in execution order; got "
                         f"{describe_value(nodes_data)}", ("nodes",))
-    # where each node name is defined (its index: the line is looked up only for an error),
-    # to tell "defined later" from "undefined"
-    later = {}
-    for i, item in enumerate(nodes_data):
-        if isinstance(item, dict) and isinstance(item.get("name"), str):
-            later.setdefault(item["name"], i)
-
     defined: dict[str, Tensor] = dict(leafs)
     nodes = []
     for i, item in enumerate(nodes_data):
-        node = _parse_node(doc, item, i, defined, later)
+        node = _parse_node(doc, item, i, defined, nodes_data)
         defined[node.name] = node
         nodes.append(node)
     return nodes
 
 
-def _parse_node(doc, item, i, defined, later) -> Tensor:
+def _parse_node(doc, item, i, defined, nodes_data) -> Tensor:
     path = ("nodes", i)
-    name, culprit = named_entry(doc, item, path, "node", "{name, op, src}", NODE_KEYS)
+    name, culprit = named_entry(doc, item, path, "node", "{name, op, src}", NODE_KEYSET)
     if name in defined:
         other = defined[name]
         kind = "tensor" if other.is_leaf else "node"
@@ -337,22 +340,10 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
         hint = f"; write src: [{src_names}]" if isinstance(src_names, str) else ""
         raise doc.error(f"src must be a list of names, got {describe_value(src_names)}{hint}",
                         path + ("src",), culprit)
-    srcs = []
-    for j, src in enumerate(src_names):
-        at = path + ("src", j)
-        if not isinstance(src, str):
-            raise doc.error(f"src[{j}] must be a name, got {describe_value(src)}", at, culprit)
-        if src in defined:
-            srcs.append(defined[src])
-        elif src == name:
-            raise doc.error("a node cannot use itself as a source", at, culprit)
-        elif src in later:
-            where = doc.line(("nodes", later[src]))
-            raise doc.error(f"src '{src}' is defined later (line {where}); a source must "
-                            "be defined above the node that uses it", at, culprit)
-        else:
-            raise doc.error(f"src '{src}' is not defined; {did_you_mean(src, defined)}", at,
-                            culprit)
+    try:                     # every source already defined (names are strings): the usual case
+        srcs = [defined[src] for src in src_names]
+    except (KeyError, TypeError):
+        srcs = _sources(doc, src_names, name, path, culprit, defined, nodes_data)
 
     params = item.get("params", {})
     if params is None:
@@ -360,11 +351,11 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
     if not isinstance(params, dict):
         raise doc.error(f"params must be a mapping like {{eps: 1e-5}}, got {describe_value(params)}",
                         path + ("params",), culprit)
-    for key in params:
+    for key, value in params.items():
         if not isinstance(key, str):
             raise doc.error(f"param names are strings, got {describe_value(key)}", path + ("params",),
                             culprit)
-        _check_param_numbers(doc, key, params[key], path + ("params", key), culprit)
+        _check_param_numbers(doc, key, value, path, culprit)
 
     backend = item.get("backend")
     if backend is not None and (not isinstance(backend, str) or not backend):
@@ -379,6 +370,35 @@ def _parse_node(doc, item, i, defined, later) -> Tensor:
                                                                   culprit=culprit)
     except (TypeError, ValueError, ArithmeticError) as err:   # an op's rule met a bad value
         raise doc.error(f"{op}: bad params or sources: {err}", path, culprit) from err
+
+
+def _sources(doc, src_names, name, path, culprit, defined, nodes_data) -> list[Tensor]:
+    """A node's sources, each checked in turn: the first that is not a defined name is the
+    error, and whether it is defined later (or is the node itself) changes the advice."""
+    srcs = []
+    for j, src in enumerate(src_names):
+        at = path + ("src", j)
+        if not isinstance(src, str):
+            raise doc.error(f"src[{j}] must be a name, got {describe_value(src)}", at, culprit)
+        if src in defined:
+            srcs.append(defined[src])
+            continue
+        if src == name:
+            raise doc.error("a node cannot use itself as a source", at, culprit)
+        later = _first_defined_at(nodes_data, src)
+        if later is not None:
+            where = doc.line(("nodes", later))
+            raise doc.error(f"src '{src}' is defined later (line {where}); a source must "
+                            "be defined above the node that uses it", at, culprit)
+        raise doc.error(f"src '{src}' is not defined; {did_you_mean(src, defined)}", at,
+                        culprit)
+    return srcs
+
+
+def _first_defined_at(nodes_data: list, name: str) -> int | None:
+    """The index of the first node named `name`, or None: looked for only to word an error."""
+    return next((i for i, item in enumerate(nodes_data)
+                 if isinstance(item, dict) and item.get("name") == name), None)
 
 
 def _ne_order_hint(err: InputError, name, op, srcs, params) -> InputError:

@@ -129,7 +129,10 @@ def _flow_reader() -> FlowReader:
                 raise NotMine       # timestamps, `<<`, `=`: the full parser's business
             return constructor.yaml_constructors[tag](constructor, yaml.ScalarNode(tag, text))
 
-        _FLOW_READER = FlowReader(resolve)
+        resolvers = _SafeLoader.yaml_implicit_resolvers
+        plain_only = None not in resolvers and not _SafeLoader.yaml_path_resolvers
+        _FLOW_READER = FlowReader(resolve, frozenset(filter(None, resolvers)) if plain_only
+                                  else None)
     return _FLOW_READER
 
 
@@ -253,7 +256,12 @@ def check_name(doc, name, path, culprit, what="name"):
 
 
 def named_entry(doc, item, path: tuple, what: str, form: str, allowed) -> tuple[str, str]:
-    """A list item that must be a mapping with a valid `name` and known keys: (name, culprit)."""
+    """A list item that must be a mapping with a valid `name` and keys from the set `allowed`:
+    (name, culprit)."""
+    if type(item) is dict:   # the usual case first, with no message text built for it
+        name = item.get("name")
+        if type(name) is str and NAME_RE.match(name) and item.keys() <= allowed:
+            return name, f"{what} '{name}'"
     where = f"{path[0]}[{path[-1]}]"
     if not isinstance(item, dict):
         raise doc.error(f"a {what} is a mapping {form}, got {describe_value(item)}", path, where)

@@ -12,12 +12,13 @@ Byte strides of a block-typed tensor follow ggml's `nb`: the innermost stride is
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-from gguf import quants as _gguf_quants
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ggmlrun.core.ir.blockdecode import decode_fast
 
@@ -51,13 +52,37 @@ class GgmlType:
         return self.row_bytes(math.prod(shape))
 
 
-def _ggml_name(member: GGMLQuantizationType) -> str:
+def _gguf_constants():
+    """gguf's `constants` module alone: importing it the usual way runs the gguf package's
+    __init__, which also loads its GGUF reader and writer, vocab and metadata code (30-40 ms of
+    every command's start-up, none of it needed by a graph file). Read from its file under a
+    private name; the type table is all that is taken from it, and the codecs below import gguf
+    properly. Where gguf is already imported, or its file is not where its spec says, the usual
+    import."""
+    if "gguf.constants" not in sys.modules:
+        name = "_ggmlrun_gguf_constants"
+        try:
+            package = importlib.util.find_spec("gguf")
+            spec = importlib.util.spec_from_file_location(
+                name, Path(package.submodule_search_locations[0]) / "constants.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            return module
+        except (ImportError, AttributeError, TypeError, OSError):
+            sys.modules.pop(name, None)
+    import gguf.constants
+
+    return gguf.constants
+
+
+def _ggml_name(member) -> str:
     name = member.name.lower()
     return name[:-2] + "_K" if name.endswith("_k") else name
 
 
 TYPES: dict[str, GgmlType] = {}
-for _member, (_block, _size) in GGML_QUANT_SIZES.items():
+for _member, (_block, _size) in _gguf_constants().GGML_QUANT_SIZES.items():
     _name = _ggml_name(_member)
     _np = np.dtype(_NUMPY[_name]) if _name in _NUMPY else None
     TYPES[_name] = GgmlType(_name, int(_member), _block, _size, _np)
@@ -82,12 +107,18 @@ def decode_blocks(raw: np.ndarray, name: str) -> np.ndarray:
     fast = decode_fast(raw, name)
     if fast is not None:
         return fast
-    return _gguf_quants.dequantize(raw, GGMLQuantizationType(TYPES[name].id))
+    from gguf import quants
+    from gguf.constants import GGMLQuantizationType
+
+    return quants.dequantize(raw, GGMLQuantizationType(TYPES[name].id))
 
 
 def encode_blocks(values: np.ndarray, name: str) -> np.ndarray:
     """f32 rows -> their bytes as type `name` (the last axis a multiple of the block)."""
-    return _gguf_quants.quantize(values, GGMLQuantizationType(TYPES[name].id))
+    from gguf import quants
+    from gguf.constants import GGMLQuantizationType
+
+    return quants.quantize(values, GGMLQuantizationType(TYPES[name].id))
 
 
 def numpy_dtype(name: str) -> np.dtype:

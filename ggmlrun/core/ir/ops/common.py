@@ -31,8 +31,11 @@ def who(t: Tensor) -> str:
 
 
 
+PLAIN_INT = frozenset({int})     # `PLAIN_INT.issuperset(map(type, items))`: all are ints, in C
+
+
 def want_int(op: str, key: str, v, *, lo: int | None = None) -> int:
-    if not is_int(v):
+    if type(v) is not int and not is_int(v):
         raise InputError(f"{op}: param '{key}' must be an integer, got {v!r}")
     if lo is not None and v < lo:
         raise InputError(f"{op}: param '{key}' must be >= {lo}, got {v}")
@@ -41,7 +44,7 @@ def want_int(op: str, key: str, v, *, lo: int | None = None) -> int:
 
 def want_number(op: str, key: str, v, *, finite: bool = True, positive: bool = False,
                 nonneg: bool = False) -> float:
-    if not is_number(v):
+    if type(v) is not float and not is_number(v):
         raise InputError(f"{op}: param '{key}' must be a number, got {v!r}")
     try:
         x = float(v)
@@ -57,6 +60,8 @@ def want_number(op: str, key: str, v, *, finite: bool = True, positive: bool = F
 
 
 def want_int_list(op: str, key: str, v) -> list[int]:
+    if type(v) is list and PLAIN_INT.issuperset(map(type, v)):
+        return list(v)                 # plain ints already: the usual case, checked in C
     if not isinstance(v, (list, tuple)) or not all(is_int(d) for d in v):
         raise InputError(f"{op}: param '{key}' must be a list of integers, got {v!r}")
     return [int(d) for d in v]

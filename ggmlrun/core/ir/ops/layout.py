@@ -165,15 +165,15 @@ def _reshape_infer(srcs, *, shape):
     dims = want_int_list("reshape", "shape", shape)
     if not 1 <= len(dims) <= MAX_DIMS:
         raise InputError(f"reshape: shape must have 1 to {MAX_DIMS} dims, got {shape!r}")
-    if dims.count(-1) > 1 or any(d < 1 and d != -1 for d in dims):
+    if min(dims) < 1 and (dims.count(-1) > 1 or any(d < 1 and d != -1 for d in dims)):
         raise InputError(f"reshape: shape dims must be >= 1, with at most one -1; got {shape!r}")
-    known = math.prod(d for d in dims if d != -1)
     if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
         if a.n_elements % known:
             raise InputError(f"reshape: cannot fit a {fmt(a.shape)} ({a.n_elements} elements) "
                              f"into {shape!r}")
         dims[dims.index(-1)] = a.n_elements // known
-    elif known != a.n_elements:
+    elif (known := math.prod(dims)) != a.n_elements:
         raise InputError(f"reshape: a {fmt(a.shape)} has {a.n_elements} elements, shape "
                          f"{shape!r} has {known}")
     dims = tuple(dims)
@@ -181,8 +181,7 @@ def _reshape_infer(srcs, *, shape):
     if dims[-1] % block:
         raise InputError(f"reshape: a {who(a)} stores blocks of {block}; the last dim of "
                          f"{list(dims)} must be a multiple of it")
-    return OpResult(dims, a.dtype, strides=contiguous_strides(dims, a.itemsize, block),
-                    view_of=0)
+    return OpResult(dims, a.dtype, view_of=0)      # contiguous strides: made by the Tensor
 
 
 register(OpSpec(name="reshape", n_src=(1, 1), infer=_reshape_infer, kernel=None, view_op=True,
@@ -194,8 +193,12 @@ def _permute_infer(srcs, *, axes):
     (a,) = srcs
     n = len(a.shape)
     order = want_int_list("permute", "axes", axes)
-    norm = [x % n if -n <= x < n else None for x in order]
-    if len(order) != n or sorted(x for x in norm if x is not None) != list(range(n)):
+    if sorted(order) == list(range(n)):
+        norm = order                    # no negative axes: the usual case
+    else:
+        norm = [x % n if -n <= x < n else None for x in order]
+    if norm is not order and (len(order) != n
+                              or sorted(x for x in norm if x is not None) != list(range(n))):
         raise InputError(f"permute: axes must be a permutation of 0..{n - 1} "
                          f"(a is {fmt(a.shape)}), got {axes!r}")
     return OpResult(tuple(a.shape[i] for i in norm), a.dtype,

@@ -61,29 +61,23 @@ def get_op(name: str) -> OpSpec:
 
 
 def resolve_params(spec: OpSpec, given: dict | None) -> dict:
-    given = dict(given or {})
-    unknown = [k for k in given if k not in spec.params]
-    if unknown:
-        if spec.params:
-            known = "known: " + ", ".join(spec.params)
-        else:
-            known = "it takes none"
-        raise InputError(f"{spec.name}: unknown param '{unknown[0]}'; {known}")
-    params = {}
-    for key, default in spec.params.items():
-        if key in given:
-            params[key] = given[key]
-        elif default is REQUIRED:
+    """The op's params in its own order: the given ones, the defaults for the rest."""
+    params = dict(spec.params)
+    if given:
+        for key, value in dict(given).items():
+            if key not in params:
+                known = "known: " + ", ".join(spec.params) if spec.params else "it takes none"
+                raise InputError(f"{spec.name}: unknown param '{key}'; {known}")
+            params[key] = value
+    for key, value in params.items():
+        if value is REQUIRED:
             raise InputError(f"{spec.name}: missing required param '{key}'")
-        else:
-            params[key] = default
     return params
 
 
 def make_node(name: str, op: str, srcs: list[Tensor], params: dict | None = None, *,
               backend: str | None = None, line: int | None = None) -> Tensor:
     """Check and build one node; errors name the node (the loader adds file and line)."""
-    culprit = f"node '{name}'"
     try:
         spec = get_op(op)
         lo, hi = spec.n_src
@@ -93,7 +87,7 @@ def make_node(name: str, op: str, srcs: list[Tensor], params: dict | None = None
         resolved = resolve_params(spec, params)
         result = spec.infer(srcs, **resolved)
     except InputError as err:
-        raise err.located(line=line, culprit=culprit)
+        raise err.located(line=line, culprit=f"node '{name}'")
     node = Tensor(name=name, shape=result.shape, dtype=result.dtype,
                   strides=result.strides or (), op=op, src=list(srcs), params=resolved,
                   backend=backend, line=line)
