@@ -13,7 +13,7 @@ if TYPE_CHECKING:     # rich and the engine load when a table is drawn, not on e
 
     from ggmlrun.core.engine import BackendMemory
     from ggmlrun.core.run.exec import RunResult
-    from ggmlrun.core.sched.scheduler import Schedule
+    from ggmlrun.core.sched.schedule import Schedule
 
 
 # --- JSON --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 
 from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.run.exec import Executor, byte_span
-from ggmlrun.core.sched.scheduler import COPY
+from ggmlrun.core.sched.schedule import COPY
 
 
 def home(sched, tensor) -> int:

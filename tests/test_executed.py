@@ -12,7 +12,7 @@ import pytest
 from ggmlrun.core import engine
 from ggmlrun.core.run.exec import Executor
 from ggmlrun.core.run.reference import evaluate
-from ggmlrun.core.sched.scheduler import COPY
+from ggmlrun.core.sched.schedule import COPY
 from ggmlrun.core.util.errors import RunError
 from tests.executed import copy_problems, lifetime_problems, step_lifetimes
 from tests.randgraph import leaf_values, random_backends, random_graph

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from ggmlrun.core.backends.spec import BackendSpec, default_backends
 from ggmlrun.core.frontend.loader import load_backends, load_graph
 from ggmlrun.core.ir.graph import Graph, Tensor
-from ggmlrun.core.sched.scheduler import Schedule, Scheduler
+from ggmlrun.core.sched.schedule import Schedule
+from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import CapacityError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence
 from ggmlrun.core.ir.types import TYPES
-from ggmlrun.core.sched.scheduler import Schedule, Scheduler
+from ggmlrun.core.sched.schedule import Schedule
+from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.llama import ModelGraph, build_llama

@@ -16,7 +16,7 @@ from operator import attrgetter
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import OPS
-from ggmlrun.core.sched.scheduler import Schedule, holds, number, restamp
+from ggmlrun.core.sched.schedule import Schedule, holds, number, restamp
 from ggmlrun.core.util.fmt import align_up
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version

@@ -20,7 +20,7 @@ from ggmlrun.core.util.fmt import human_bytes as _bytes
 from ggmlrun.core.util.fmt import shape_text
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op
-from ggmlrun.core.sched.scheduler import Schedule
+from ggmlrun.core.sched.schedule import Schedule
 
 # ColorBrewer Pastel1/Set3 tones: light enough for black labels, distinct by backend index
 PALETTE = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5",

@@ -23,7 +23,7 @@ import numpy as np
 
 from ggmlrun.core.memory.alloc import MemoryPlan, Slot
 from ggmlrun.core.ir.graph import Tensor
-from ggmlrun.core.sched.scheduler import COPY, Schedule, Step
+from ggmlrun.core.sched.schedule import COPY, Schedule, Step
 
 def reads_of(sched: Schedule, step: Step) -> list[Tensor]:
     """The tensors a step reads: a copy its source, a compute its sources (copies substituted)."""

@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ggmlrun.core.run.exec import RunResult
-from ggmlrun.core.sched.scheduler import COPY
 from ggmlrun.core.ir.ops import get_op
-from ggmlrun.core.sched.scheduler import Schedule
+from ggmlrun.core.sched.schedule import COPY, Schedule
 
 
 @dataclass

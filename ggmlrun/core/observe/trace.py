@@ -26,7 +26,7 @@ from ggmlrun.core.run.exec import RunResult
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.observe.occupancy import live_bytes
 from ggmlrun.core.ir.ops import get_op
-from ggmlrun.core.sched.scheduler import COPY, Schedule, Step
+from ggmlrun.core.sched.schedule import COPY, Schedule, Step
 
 PID = 1
 CATEGORY = "ggmlrun"       # one category: flow events must share it with the slices they bind

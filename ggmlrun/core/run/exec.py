@@ -26,7 +26,7 @@ from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.ir.ops.panels import Workers
 from ggmlrun.core.memory.alloc import MemoryPlan
-from ggmlrun.core.sched.scheduler import COPY, Schedule, Step
+from ggmlrun.core.sched.schedule import COPY, Schedule, Step
 from ggmlrun.core.util.errors import RunError
 
 

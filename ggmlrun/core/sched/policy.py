@@ -25,7 +25,8 @@ from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.fmt import us_text as _us
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import get_op
-from ggmlrun.core.sched.scheduler import Schedule, Scheduler
+from ggmlrun.core.sched.schedule import Schedule
+from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.ggml_version import GgmlVersion
 from ggmlrun.core.util.notes import note
 
