@@ -12,7 +12,8 @@ its environment, after one untimed run that writes the caches, and the first lin
 says so. `--as-is` keeps the environment as it is. Each `validate` row also shows the child's
 CPU time (user + sys: steadier than the wall time on a busy machine) and, from `--progress`,
 its load and schedule phases; the rest of its wall time is interpreter start-up, imports, the
-answer and exit (`ggmlrun --version` alone is printed for scale).
+answer and exit (`ggmlrun --version` alone is printed for scale, and `import numpy` alone:
+every command imports NumPy, the op modules need it at import time).
 
     python benchmarks/bench_load.py            # 1k, 10k, 100k nodes; targets below
     python benchmarks/bench_load.py --quick    # 1k and 10k only (CI smoke)
@@ -115,6 +116,7 @@ def main() -> None:
         timed_run(["-m", "ggmlrun", "--version"], env)          # writes the caches, untimed
         bare = min(timed_run(["-c", "pass"], env)[0] for _ in range(3))
         version = min(timed_run(["-m", "ggmlrun", "--version"], env)[0] for _ in range(3))
+        numpy = min(timed_run(["-c", "import numpy"], env)[0] for _ in range(3))
         for target in sizes:
             layers = max(1, round(target / NODES_PER_LAYER))
             path = Path(tmp) / f"llama_{target}.yaml"
@@ -139,7 +141,8 @@ def main() -> None:
                  "validate wall s", "its CPU s", "load s", "schedule s", "the rest s",
                  "target"], rows))
     print(f"(best of 2-3 runs each; the rest: start-up, imports, the answer and exit. A bare "
-          f"`python -c pass` takes {bare:.2f} s here, `ggmlrun --version` {version:.2f} s)")
+          f"`python -c pass` takes {bare:.2f} s here, `python -c 'import numpy'` {numpy:.2f} s, "
+          f"`ggmlrun --version` {version:.2f} s)")
     for line in verdicts:
         print(line)
 

@@ -44,6 +44,16 @@ def test_validate_answers_without_loading_rich(tmp_path):
     assert done.stderr.strip() == "no rich"
 
 
+def test_the_command_line_starts_without_a_thread_pool_or_hashlib():
+    """The panel products' thread pool (concurrent.futures, logging) loads with the first
+    split product, hashlib with the first generated data: neither with the command line."""
+    probe = ("import sys, ggmlrun.cli; print(sorted(m for m in ('concurrent.futures', "
+             "'logging', 'hashlib') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_the_process_answer_and_exit_codes_are_as_in_process(tmp_path):
     """The quick exit flushes first: a pipe gets every line, and the code is the command's."""
     good, bad = tmp_path / "g.yaml", tmp_path / "bad.yaml"
