@@ -1,10 +1,12 @@
 """The third round of load speed-ups: `validate` answers without rich when nothing is drawn,
-and the ggmlrun process leaves without the interpreter's teardown (cli/main.py `_exit_now`).
+the ggmlrun process leaves without the interpreter's teardown (cli/main.py `_exit_now`), and a
+command that computes nothing starts NumPy's BLAS with one thread (ggmlrun/__init__.py).
 What must not change: the answer line, the error line, the exit codes, and output that reaches
 a pipe whole; a call of `main([...])` from a program (tests/clikit.py) still returns to it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,3 +94,40 @@ def test_a_closed_pipe_takes_the_usual_exit(tmp_path):
     proc.stdout.close()
     proc.stderr.read()
     assert proc.wait(timeout=60) != 0
+
+
+@pytest.mark.parametrize("argv, user_value, expected", [
+    (["validate", "g.yaml"], None, "1"),       # computes nothing: one BLAS thread
+    (["plan", "g.yaml"], None, "1"),
+    (["validate", "g.yaml"], "3", "3"),        # the user's choice stays
+    (["run", "g.yaml"], None, None),           # computes: BLAS as configured
+    (["--version"], None, None),
+])
+def test_blas_starts_one_thread_for_commands_that_compute_nothing(tmp_path, argv, user_value,
+                                                                  expected):
+    """As the ggmlrun command (a script named `ggmlrun`, as the console script is), before
+    NumPy loads; a program importing ggmlrun is never affected (tests import it all the time)."""
+    script = tmp_path / "ggmlrun"
+    script.write_text("import os, ggmlrun.cli, numpy\n"
+                      "print(os.environ.get('OPENBLAS_NUM_THREADS'))\n")
+    env = _user_env()
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    if user_value is not None:
+        env["OPENBLAS_NUM_THREADS"] = user_value
+    done = subprocess.run([sys.executable, str(script), *argv], cwd=ROOT, capture_output=True,
+                          text=True, env=env, check=True)
+    assert done.stdout.strip() == str(expected)
+
+
+def test_blas_pool_is_one_thread_under_validate(tmp_path):
+    """The pool NumPy's BLAS actually started (threadpoolctl asks the library itself)."""
+    pytest.importorskip("threadpoolctl")
+    script = tmp_path / "ggmlrun"
+    script.write_text("import ggmlrun.cli, threadpoolctl\n"
+                      "print([i['num_threads'] for i in threadpoolctl.threadpool_info() "
+                      "if i['user_api'] == 'blas'])\n")
+    env = _user_env()
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, str(script), "validate", "g.yaml"], cwd=ROOT,
+                          capture_output=True, text=True, env=env, check=True)
+    assert set(json.loads(done.stdout)) <= {1}
