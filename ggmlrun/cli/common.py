@@ -29,6 +29,15 @@ def stderr():
 
     return Console(stderr=True)
 
+
+def phase_timer(show_progress: bool):
+    """The command's phase timer; stderr's rich console only where it will draw (a terminal,
+    or --progress), so `validate` into a pipe never loads rich."""
+    from ggmlrun import visual
+
+    console = stderr() if show_progress or visual.is_terminal(sys.stderr) else None
+    return visual.Phases(console, show_progress)
+
 GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
 BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),
                         help="YAML file with a `backends:` list; overrides the graph's own.")

@@ -10,7 +10,7 @@ import click
 from ggmlrun import report
 from ggmlrun.core import engine
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
-from ggmlrun.cli.common import stdout, stderr, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
+from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_options import model_options, _model_input, _validate_model, _model_schedule, _measure_model, _run_model
 
 
@@ -22,22 +22,20 @@ from ggmlrun.cli.model_options import model_options, _model_input, _validate_mod
 @DEBUG
 def validate(graph, backends_file, as_json, overrides, show_progress):
     """Load and check a graph file only (backend names and pins included)."""
-    from ggmlrun import visual
-
     model = _model_input(graph, backends_file, {}, overrides=overrides)
     if model:
         return _validate_model(*model, as_json)
 
-    phases = visual.Phases(stderr(), show_progress)
+    phases = phase_timer(show_progress)
     g, _ = _prepare(graph, backends_file, overrides=overrides, phases=phases)
     phases.report()
     if as_json:
         emit_json({"graph": g.name, "valid": True, "tensors": len(g.leafs), "nodes": len(g.nodes),
                    "outputs": [t.name for t in g.outputs]})
     else:
-        stdout().print(report.plain(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, "
-                                  f"outputs: {', '.join(t.name for t in g.outputs)})"),
-                     markup=False, highlight=False)
+        # one plain line: click's echo, not rich (whose import alone is ~20 ms of start-up)
+        click.echo(report.plain(f"{graph}: ok ({len(g.leafs)} tensors, {len(g.nodes)} nodes, "
+                                f"outputs: {', '.join(t.name for t in g.outputs)})"))
 
 
 @cli.command()
@@ -57,9 +55,7 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
          **model_kw):
     """Schedule only: the splits, their inputs, and why every node went where it did; with the
     memory each backend would need (ggml's allocator) and whether it fits."""
-    from ggmlrun import visual
-
-    phases = visual.Phases(stderr(), show_progress)
+    phases = phase_timer(show_progress)
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
     if model:
         sched = _model_schedule(*model)
@@ -111,7 +107,7 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
     if model:
         return _measure_model(*model, as_json)
-    phases = visual.Phases(stderr(), show_progress)
+    phases = phase_timer(show_progress)
     g, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
     with phases("plan"):
         plan_, memory = engine.plan_memory(sched, planner)
@@ -204,7 +200,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
                          overrides)
     if model:
         return _run_model(*model, tokens, as_json, out_file)
-    phases = visual.Phases(stderr(), show_progress)
+    phases = phase_timer(show_progress)
     request = engine.RunRequest(graph_path=graph, backends_path=backends_file,
                                 input_specs=input_specs, repeat=repeat, check=check,
                                 policy=policy, planner=planner, trace_path=trace_file,

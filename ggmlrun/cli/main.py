@@ -3,6 +3,7 @@ while running, 130 interrupted); a traceback only with --debug."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -29,12 +30,35 @@ def _install_signal_handlers() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The command (`argv` None: this process is ggmlrun, and its exit skips the interpreter's
+    teardown); with `argv`, a call from a program or a test, which goes on afterwards."""
+    as_program = argv is None
     argv = sys.argv[1:] if argv is None else argv
     try:
-        _install_signal_handlers()
-        _main(argv)
-    except KeyboardInterrupt:
-        _interrupted()
+        try:
+            _install_signal_handlers()
+            _main(argv)
+        except KeyboardInterrupt:
+            _interrupted()
+    except SystemExit as done:
+        if as_program:
+            _exit_now(done.code)
+        raise
+
+
+def _exit_now(code) -> None:
+    """Leave without the interpreter's teardown (freeing a loaded graph object by object, every
+    module, NumPy's thread pool): ~0.045 s after a 10k-node `validate` of ~0.6 s, ~0.08 s at 100k.
+    Safe here: every output file was written atomically and closed before the command returned,
+    no atexit hook of ours is pending, and both streams are flushed first. A stream that cannot
+    be flushed (a closed pipe) takes the usual exit, which reports it as before."""
+    if code is None or isinstance(code, int):
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            return
+        os._exit(code or 0)
 
 
 def _interrupted() -> None:

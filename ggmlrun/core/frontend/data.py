@@ -12,7 +12,6 @@ exactly (byte order aside): ggmlrun never converts a user's data silently.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -46,7 +45,10 @@ NPY_MAGIC = b"\x93NUMPY"
 
 # --- generated data --------------------------------------------------------------------------
 def data_seed(seed: int, name: str, init: str, keys: dict) -> int:
-    """The per-tensor RNG seed: stable across runs, platforms and the graph's other tensors."""
+    """The per-tensor RNG seed: stable across runs, platforms and the graph's other tensors.
+    (hashlib loads OpenSSL, ~4 ms: imported here, where data is made, not by every loader.)"""
+    import hashlib
+
     doc = json.dumps({"seed": seed, "name": name, "init": init, "keys": keys},
                      sort_keys=True, separators=(",", ":"))
     return int.from_bytes(hashlib.sha256(doc.encode("utf-8")).digest()[:16], "little")

@@ -24,12 +24,14 @@ thread, on the 2-core EPYC this was written on):
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from ggmlrun.core.ir.ops.quant import F32, to_f32
+
+if TYPE_CHECKING:     # loaded with the first split product: ~5 ms of every command's start-up
+    from concurrent.futures import ThreadPoolExecutor
 
 DECODED_PANEL_BYTES = 1 << 20    # a decoded panel stays in one core's L2 (1 MiB here)
 WIDE_B_BYTES = 1 << 20           # a b of more f32 bytes than this no longer stays in cache:
@@ -58,6 +60,8 @@ class Workers:
             work(*chunks[0])
             return
         if Workers._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
             Workers._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
                                                thread_name_prefix="ggmlrun-panels")
         if Workers._blas is None:
