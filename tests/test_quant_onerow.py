@@ -36,6 +36,12 @@ def weight(name: str, m: int, k: int, seed: int) -> np.ndarray:
                         gtype)
 
 
+@pytest.fixture(autouse=True)
+def any_size(monkeypatch):
+    """The path is taken for weights of 1M values and more; these tests use small ones."""
+    monkeypatch.setattr(onerow, "MIN_VALUES", 0)
+
+
 def exact(a, b: np.ndarray) -> np.ndarray:
     """Decoded weight times b rounded to the vec_dot type, in f64: what both paths round."""
     return to_f32(a).astype(F64) @ round_like_vec_dot(b, a.ggml_type)[0].astype(F64)
@@ -79,7 +85,7 @@ def test_each_block_meets_its_own_scale():
                                        err_msg=f"{name} at {at}")
 
 
-def test_other_cases_keep_the_decode_path():
+def test_other_cases_keep_the_decode_path(monkeypatch):
     a = weight("q4_0", 8, 64, seed=1)
     product = PanelProduct(a, "q4_0", 64, None, n=2)
     out = np.empty((2, 8), F32)
@@ -90,6 +96,8 @@ def test_other_cases_keep_the_decode_path():
     q41 = weight("q8_0", 8, 64, seed=2)
     q41.ggml_type = "q4_1"
     assert not PanelProduct(q41, "q4_1", 64, None).one_row(out[:1], np.ones((1, 64), F32))
+    monkeypatch.setattr(onerow, "MIN_VALUES", 8 * 64 + 1)
+    assert not product.one_row(out[:1], np.ones((1, 64), F32))            # a small weight
 
 
 @pytest.mark.parametrize("name", onerow.TYPES)

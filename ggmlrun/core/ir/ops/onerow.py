@@ -33,6 +33,8 @@ I16 = np.int16
 PANEL_VALUES = 1 << 20          # weight values per panel: ~25 NumPy calls each, so panels are
                                 # large (4 MiB of f32 products; 256K values ran 1.5x slower)
 TYPES = ("q8_0", "q4_0", "q4_K")
+MIN_VALUES = 1 << 20            # smaller weights keep the decode path: holding BLAS to one
+                                # thread for the call costs ~20-50 us
 
 
 def _f16_column(blocks: np.ndarray, at: int) -> np.ndarray:

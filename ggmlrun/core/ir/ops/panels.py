@@ -61,17 +61,23 @@ class Workers:
         if Workers._pool is None:
             Workers._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
                                                thread_name_prefix="ggmlrun-panels")
-        if Workers._blas is None:
-            from threadpoolctl import ThreadpoolController
-
-            Workers._blas = ThreadpoolController()
-        with Workers._blas.limit(limits=1, user_api="blas"):   # our threads, not BLAS's
+        with Workers.blas_at_one_thread():                      # our threads, not BLAS's
             futures = [Workers._pool.submit(work, lo, hi) for lo, hi in chunks[:-1]]
             try:
                 work(*chunks[-1])
             finally:
                 for future in futures:
                     future.result()
+
+
+    @staticmethod
+    def blas_at_one_thread():
+        """A context holding BLAS to one thread (~20-50 us to enter and leave)."""
+        if Workers._blas is None:
+            from threadpoolctl import ThreadpoolController
+
+            Workers._blas = ThreadpoolController()
+        return Workers._blas.limit(limits=1, user_api="blas")
 
 
 def f16_has_inf_nan(bits: np.ndarray) -> bool:
@@ -139,6 +145,7 @@ class PanelProduct:
         """out2 [1, M] = b2 (one f32 row, NOT yet rounded) @ a2ᵀ the way ggml's vec_dot does
         it, with no f32 panel of a (onerow.py); False where that path does not apply."""
         if (b2.shape[0] != 1 or self.weight_type not in onerow.TYPES
+                or self.a2.shape[0] * self.k < onerow.MIN_VALUES
                 or not np.isfinite(b2).all()):       # inf/nan b: ggml's rounding of it is
             return False                             # the decode path's business
         prepared = onerow.OneRow(b2[0], self.weight_type)
@@ -151,8 +158,9 @@ class PanelProduct:
                 j = min(i + rows, hi)
                 prepared.dots(raw[i:j], out2[0, i:j], scratch)
 
-        self.workers_share(work, raw.shape[0], 1, rows)
-        return True
+        with Workers.blas_at_one_thread():     # its GEMVs of 18-34 columns: OpenBLAS's own
+            self.workers_share(work, raw.shape[0], 1, rows)   # threads ran them 5-8x slower
+        return True                                            # with the other core busy
 
     def workers_share(self, work: Callable[[int, int], None], m: int, n: int,
                       rows: int) -> None:
