@@ -93,6 +93,10 @@ def test_other_cases_keep_the_decode_path(monkeypatch):
     b = np.ones((1, 64), F32)
     b[0, 5] = np.inf
     assert not product.one_row(out[:1], b)                                # inf in b
+    with np.errstate(over="ignore", under="ignore", invalid="raise"):   # no inf cast to int16
+        assert not product.one_row(out[:1], np.full((1, 64), 1e-39, F32))
+        k_product = PanelProduct(weight("q4_K", 4, 256, seed=2), "q4_K", 256, None, n=1)
+        assert not k_product.one_row(out[:1, :4], np.full((1, 256), 1e-39, F32))
     q41 = weight("q8_0", 8, 64, seed=2)
     q41.ggml_type = "q4_1"
     assert not PanelProduct(q41, "q4_1", 64, None).one_row(out[:1], np.ones((1, 64), F32))

@@ -70,7 +70,11 @@ class Scratch:
 
 
 class OneRow:
-    """b (one row, f32) prepared for the weight type `name`; `dots(rows)` is rows·b."""
+    """b (one row, f32) prepared for the weight type `name`; `dots(rows)` is rows·b.
+
+    `usable` is False where b's quants are not finite (values so small that 1/d overflows:
+    ggml's own rounding is undefined there; the decode path's gives nan), so the caller
+    keeps the decode path."""
 
     def __init__(self, b: np.ndarray, name: str):
         self.name = name
@@ -82,6 +86,8 @@ class OneRow:
 
     def _prepare_q8_0(self, x: np.ndarray) -> None:
         d, q = q8_0_quants(x.reshape(-1, 32))
+        self.usable = bool(np.isfinite(q).all())
+        q = q if self.usable else np.zeros_like(q)       # (never used: kept castable)
         self.b_scale = d.astype(np.float16).astype(F32)     # q8_0 stores d as f16
         n = len(q)
         if self.name == "q8_0":                  # [d:2][32 int8]: b's 32 quants under them
@@ -98,6 +104,8 @@ class OneRow:
 
     def _prepare_q8_k(self, x: np.ndarray) -> None:
         d, q = q8_k_quants(x.reshape(-1, QK_K))
+        self.usable = bool(np.isfinite(q).all())
+        q = q if self.usable else np.zeros_like(q)       # (never used: kept castable)
         self.b_scale = d
         n = len(q)
         self.size = 144                          # [d:2][dmin:2][scales:12][4 x 32 bytes]

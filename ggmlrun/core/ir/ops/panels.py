@@ -149,6 +149,8 @@ class PanelProduct:
                 or not np.isfinite(b2).all()):       # inf/nan b: ggml's rounding of it is
             return False                             # the decode path's business
         prepared = onerow.OneRow(b2[0], self.weight_type)
+        if not prepared.usable:
+            return False
         raw = np.asarray(self.a2).view(np.ndarray)
         rows = prepared.panel_rows(raw.shape[1])
 
