@@ -44,7 +44,7 @@ def _f16_column(blocks: np.ndarray, at: int) -> np.ndarray:
 
 def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """q4_K's 6-bit scales and mins ([r·n, 8] uint8 each) of [r, n, 144] blocks, unpacked on
-    uint32 words (four blocks' bytes at a time) instead of blockdecode's short byte rows."""
+    uint32 words (four scale bytes at a time) instead of blockdecode's short byte rows."""
     words = blocks.view(np.uint32)[:, :, 1:4].reshape(-1, 3)     # bytes 4..16: d, m, md
     d, m, md = words[:, 0], words[:, 1], words[:, 2]
     low6, low4, top2 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x30303030)
@@ -87,7 +87,7 @@ class OneRow:
     def _prepare_q8_0(self, x: np.ndarray) -> None:
         d, q = q8_0_quants(x.reshape(-1, 32))
         self.usable = bool(np.isfinite(q).all())
-        q = q if self.usable else np.zeros_like(q)       # (never used: kept castable)
+        q = q if self.usable else np.zeros_like(q)   # unused then; zeros cast to int16 quietly
         self.b_scale = d.astype(np.float16).astype(F32)     # q8_0 stores d as f16
         n = len(q)
         if self.name == "q8_0":                  # [d:2][32 int8]: b's 32 quants under them
@@ -105,7 +105,7 @@ class OneRow:
     def _prepare_q8_k(self, x: np.ndarray) -> None:
         d, q = q8_k_quants(x.reshape(-1, QK_K))
         self.usable = bool(np.isfinite(q).all())
-        q = q if self.usable else np.zeros_like(q)       # (never used: kept castable)
+        q = q if self.usable else np.zeros_like(q)   # unused then; zeros cast to int16 quietly
         self.b_scale = d
         n = len(q)
         self.size = 144                          # [d:2][dmin:2][scales:12][4 x 32 bytes]
