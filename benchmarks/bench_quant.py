@@ -8,7 +8,8 @@ the compute of the run (RunResult.run_seconds), not reading the file or planning
 is `Llama.eval` (n_batch = n_ubatch = 512, n_ctx 1024, n_threads = the cores; q4_0 is
 repacked for AVX2 there, which is its real speed). ggmlrun runs in a child process, so its
 peak RSS is its own. Both sides run on the CPU with the same thread count, interleaved, best of
-a few rounds. A second table times the block decoders alone (gguf.quants vs ggmlrun's).
+a few rounds. A second table times the block decoders alone (gguf.quants vs ggmlrun's), a third the product
+by one row of b (decode + GEMV vs ops/onerow.py's integer block sums).
 
 Without llama-cpp-python the script says so and prints ggmlrun's column alone (on the bundled
 q8_0 tiny model: the q4 files are made with llama.cpp's quantizer). Figures only.
@@ -202,12 +203,46 @@ def decoder_table(quick: bool) -> None:
     print(table(["type", "gguf.quants", "ggmlrun", "speed-up"], rows))
 
 
+def one_row_table(quick: bool) -> None:
+    """ns per weight value of a product by ONE row of b, one thread: the decode path (panel
+    decoded to f32, then GEMV) beside ops/onerow.py's integer block sums."""
+    from ggmlrun.core.ir.blockdecode import DECODERS
+    from ggmlrun.core.ir.ops.onerow import TYPES as ONE_ROW_TYPES
+    from ggmlrun.core.ir.ops.panels import PanelProduct
+    from ggmlrun.core.ir.ops.quant import TypedArray, round_like_vec_dot
+
+    rows_m, k = (256, 4096) if quick else (14336, 4096)
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal((1, k)).astype(np.float32)
+    out = np.empty((1, rows_m), np.float32)
+    rows = []
+    for name in ONE_ROW_TYPES:
+        _, block, size = DECODERS[name]
+        raw = rng.integers(0, 256, (rows_m, k // block * size), dtype=np.uint8)
+        scales = raw.reshape(-1, size)
+        scales[:, :2] = np.array([0.01], np.float16).view(np.uint8)
+        if name == "q4_K":
+            scales[:, 2:4] = np.array([0.002], np.float16).view(np.uint8)
+        weight = raw.view(TypedArray)
+        weight.ggml_type = name
+        product = PanelProduct(weight, name, k, None, n=1)
+        decode = best_of(lambda: product(out, round_like_vec_dot(b, name)), 3)
+        integer = best_of(lambda: product.one_row(out, b), 3)
+        n = rows_m * k
+        rows.append([name, f"{decode / n * 1e9:.2f}", f"{integer / n * 1e9:.2f}",
+                     f"{decode / integer:.1f}x"])
+    print(f"\none row of b through a [{rows_m}, {k}] weight, one thread, ns per weight value "
+          f"(best of 3)")
+    print(table(["type", "decode + GEMV", "integer block sums", "speed-up"], rows))
+
+
 def main() -> None:
     quick = "--quick" in sys.argv
     print(f"# bench_quant: {machine()}")
     t0 = time.perf_counter()
     speed_table(quick)
     decoder_table(quick)
+    one_row_table(quick)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

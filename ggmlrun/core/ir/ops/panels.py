@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from ggmlrun.core.ir.ops import onerow
 from ggmlrun.core.ir.ops.quant import F32, to_f32
 
 if TYPE_CHECKING:     # loaded with the first split product: ~5 ms of every command's start-up
@@ -64,17 +65,23 @@ class Workers:
 
             Workers._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
                                                thread_name_prefix="ggmlrun-panels")
-        if Workers._blas is None:
-            from threadpoolctl import ThreadpoolController
-
-            Workers._blas = ThreadpoolController()
-        with Workers._blas.limit(limits=1, user_api="blas"):   # our threads, not BLAS's
+        with Workers.blas_at_one_thread():                      # our threads, not BLAS's
             futures = [Workers._pool.submit(work, lo, hi) for lo, hi in chunks[:-1]]
             try:
                 work(*chunks[-1])
             finally:
                 for future in futures:
                     future.result()
+
+
+    @staticmethod
+    def blas_at_one_thread():
+        """A context holding BLAS to one thread (~20-50 us to enter and leave)."""
+        if Workers._blas is None:
+            from threadpoolctl import ThreadpoolController
+
+            Workers._blas = ThreadpoolController()
+        return Workers._blas.limit(limits=1, user_api="blas")
 
 
 def f16_has_inf_nan(bits: np.ndarray) -> bool:
@@ -118,6 +125,7 @@ class PanelProduct:
         decoded = WIDE_B_PANEL_BYTES if 4 * n * k > WIDE_B_BYTES else DECODED_PANEL_BYTES
         self.rows = panel_rows(k, F32_PANEL_BYTES if weight_type == "f32" else decoded)
         self.workers = workers
+        self.weight_type = weight_type
 
     def __call__(self, out2: np.ndarray, b2: np.ndarray) -> None:
         m = self.a2.shape[0]
@@ -135,15 +143,40 @@ class PanelProduct:
                 else:
                     np.matmul(b2, panel.astype(F32).T, out=out2[:, i:j])
 
-        self.workers_share(work, m, b2.shape[0])
+        self.workers_share(work, m, b2.shape[0], self.rows)
 
-    def workers_share(self, work: Callable[[int, int], None], m: int, n: int) -> None:
-        """Whole panels per thread, as evenly as they go; small products stay on one."""
+    def one_row(self, out2: np.ndarray, b2: np.ndarray) -> bool:
+        """out2 [1, M] = b2 (one f32 row, NOT yet rounded) @ a2ᵀ the way ggml's vec_dot does
+        it, with no f32 panel of a (onerow.py); False where that path does not apply."""
+        if (b2.shape[0] != 1 or self.weight_type not in onerow.TYPES
+                or self.a2.shape[0] * self.k < onerow.MIN_VALUES
+                or not np.isfinite(b2).all()):       # inf/nan b: ggml's rounding of it is
+            return False                             # the decode path's business
+        prepared = onerow.OneRow(b2[0], self.weight_type)
+        if not prepared.usable:
+            return False
+        raw = np.asarray(self.a2).view(np.ndarray)
+        rows = prepared.panel_rows(raw.shape[1])
+
+        def work(lo: int, hi: int) -> None:
+            scratch = prepared.scratch(raw.shape[1])
+            for i in range(lo, hi, rows):
+                j = min(i + rows, hi)
+                prepared.dots(raw[i:j], out2[0, i:j], scratch)
+
+        with Workers.blas_at_one_thread():     # its GEMVs of 18-34 columns: OpenBLAS's own
+            self.workers_share(work, raw.shape[0], 1, rows)   # threads ran them 5-8x slower
+        return True                                            # with the other core busy
+
+    def workers_share(self, work: Callable[[int, int], None], m: int, n: int,
+                      rows: int) -> None:
+        """Whole panels of `rows` per thread, as evenly as they go; small products stay on
+        one."""
         threads = self.workers.threads if self.workers else 1
-        panels = -(-m // self.rows)
+        panels = -(-m // rows)
         if threads == 1 or panels < 2 or n * m * self.k < SPLIT_MIN_MACS:
             work(0, m)
             return
         parts = min(threads, panels)
-        bounds = [min(m, (panels * t // parts) * self.rows) for t in range(parts + 1)]
+        bounds = [min(m, (panels * t // parts) * rows) for t in range(parts + 1)]
         self.workers.share(work, list(zip(bounds, bounds[1:])))

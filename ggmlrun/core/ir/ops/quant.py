@@ -132,7 +132,7 @@ def vec_dot_type(weight_type: str) -> str:
     return _VEC_DOT.get(weight_type, "f32")
 
 
-def _q8_0_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def q8_0_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """quantize_row_q8_0 on [.., 32] blocks: d = amax/127 (f32, before its f16 rounding) and
     the quants rint(x/d) as f32 (ggml-cpu's SIMD from_float rounds half to even)."""
     d = np.abs(blocks).max(axis=-1)
@@ -146,15 +146,15 @@ def _q8_0_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _q8_0_round(x: np.ndarray) -> np.ndarray:
     """quantize_row_q8_0 then dequantize: per 32 values, q·f16(d)."""
-    d, q = _q8_0_quants(x.reshape(-1, 32))
+    d, q = q8_0_quants(x.reshape(-1, 32))
     q *= d.astype(np.float16).astype(F32)[:, None]
     return q.reshape(x.shape)
 
 
-def _q8_k_round(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_K_ref then dequantize: per 256 values, iscale = -127/max (signed max),
-    q = nearest_int(iscale·x) capped at 127, d = 1/iscale kept in f32; an all-zero block is 0."""
-    blocks = x.reshape(-1, QK_K)
+def _q8_k_parts(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quantize_row_q8_K_ref on [.., 256] blocks: iscale = -127/max (signed max), the quants
+    q = nearest_int(iscale·x) capped at 127 (as f32), d = 1/iscale kept in f32; and which
+    blocks are not all zero (an all-zero block is 0)."""
     idx = np.argmax(np.abs(blocks), axis=1)
     signed_max = np.take_along_axis(blocks, idx[:, None], axis=1)[:, 0]
     nonzero = signed_max != 0
@@ -163,7 +163,20 @@ def _q8_k_round(x: np.ndarray) -> np.ndarray:
     q = blocks * iscale[:, None]
     np.rint(q, out=q)                      # nearest_int rounds half to even
     np.minimum(q, F32(127), out=q)
-    q *= (F32(1) / iscale)[:, None]
+    return F32(1) / iscale, q, nonzero
+
+
+def q8_k_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q8_K's d (f32) and integer quants (as f32) of [.., 256] blocks."""
+    d, q, nonzero = _q8_k_parts(blocks)
+    q[~nonzero] = 0
+    return d, q
+
+
+def _q8_k_round(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K_ref then dequantize: q·d per 256 values."""
+    d, q, nonzero = _q8_k_parts(x.reshape(-1, QK_K))
+    q *= d[:, None]
     q[~nonzero] = 0
     return q.reshape(x.shape)
 
@@ -253,7 +266,7 @@ def block_mins(raw: np.ndarray, name: str) -> np.ndarray:
 def q8_1_sum_error(b: np.ndarray) -> np.ndarray:
     """Per 32-value block of b: f16(d·Σq) − f16(d)·Σq, the rounding of q8_1's stored sum."""
     blocks = np.ascontiguousarray(b, dtype=F32).reshape(b.shape[:-1] + (-1, 32))
-    d, q = _q8_0_quants(blocks)
+    d, q = q8_0_quants(blocks)
     total = np.sum(q, axis=-1, dtype=F32)      # integers: exact in any order
     stored = (d * total).astype(np.float16).astype(F32)
     return stored - d.astype(np.float16).astype(F32) * total
