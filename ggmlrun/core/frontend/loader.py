@@ -12,12 +12,11 @@ import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: nodes are checked
 from ggmlrun.core.frontend.backends_file import load_backends, parse_backends, parse_size  # noqa: F401
 from ggmlrun.core.frontend.data import FLOAT_ONLY_INITS, INIT_KEYS, REQUIRED, check_npy
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.core.util.fmt import shape_text
+from ggmlrun.core.util.fmt import all_plain_ints, shape_text
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
-from ggmlrun.core.ir.ops.common import PLAIN_INT
 from ggmlrun.core.util.numbers import INT64_MAX, INT64_MIN, checked_int
 from ggmlrun.core.frontend.yamlfile import (
     check_name,
@@ -162,7 +161,7 @@ def _parse_shape(doc, spec, dtype, path, culprit) -> tuple[int, ...]:
     if not 1 <= len(shape) <= MAX_DIMS:
         raise doc.error(f"shape has {len(shape)} dimensions; ggml tensors have 1 to "
                         f"{MAX_DIMS}", where, culprit)
-    plain = PLAIN_INT.issuperset(map(type, shape)) and min(shape) >= 1    # checked in C
+    plain = all_plain_ints(shape) and min(shape) >= 1
     for i, dim in enumerate(() if plain else shape):
         if not is_int(dim):
             raise doc.error(f"shape[{i}] must be an integer, got {describe_value(dim)}",
@@ -181,7 +180,7 @@ def _check_param_numbers(doc, key, value, path, culprit) -> None:
     """Integers in params must fit int64 (ggml's int64_t fields): 2**70 is a typo, and would
     otherwise surface as an OverflowError inside NumPy. `path` is the node's; the param's own
     is built only for an error."""
-    if type(value) is list and PLAIN_INT.issuperset(map(type, value)) and (
+    if type(value) is list and all_plain_ints(value) and (
             not value or INT64_MIN <= min(value) and max(value) <= INT64_MAX):
         return                       # a flat list of ints in range (shapes, axes), checked in C
     stack = [value]

@@ -22,7 +22,7 @@ QK_K = 256
 _CHUNK_VALUES = 1 << 19          # values decoded per step: 2 MiB of f32, an L2-sized working set
 
 
-def _f16_at(u16: np.ndarray, col: int) -> np.ndarray:
+def f16_at(u16: np.ndarray, col: int) -> np.ndarray:
     """The f16 stored at 2-byte column `col` of every block, as f32 (1-D)."""
     return u16[:, col].view(np.float16).astype(F32)
 
@@ -44,22 +44,22 @@ def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
 
 def _q8_0(blocks, out):
     np.copyto(out, blocks[:, 2:].view(np.int8))
-    out *= _f16_at(blocks.view(np.uint16), 0)[:, None]
+    out *= f16_at(blocks.view(np.uint16), 0)[:, None]
 
 
 def _q4_0(blocks, out):
     n = len(blocks)
     _split_nibbles(np.ascontiguousarray(blocks[:, 2:]), out.reshape(n, 2, 16))
     out -= F32(8)                       # exact: small integers, as ggml's int8 q - 8
-    out *= _f16_at(blocks.view(np.uint16), 0)[:, None]
+    out *= f16_at(blocks.view(np.uint16), 0)[:, None]
 
 
 def _q4_1(blocks, out):
     n = len(blocks)
     u16 = blocks.view(np.uint16)
     _split_nibbles(np.ascontiguousarray(blocks[:, 4:]), out.reshape(n, 2, 16))
-    out *= _f16_at(u16, 0)[:, None]
-    out += _f16_at(u16, 1)[:, None]
+    out *= f16_at(u16, 0)[:, None]
+    out += f16_at(u16, 1)[:, None]
 
 
 def _five_bit(blocks, qh_at: int, qs_at: int, out) -> None:
@@ -78,17 +78,17 @@ def _five_bit(blocks, qh_at: int, qs_at: int, out) -> None:
 def _q5_0(blocks, out):
     _five_bit(blocks, 2, 6, out)
     out -= F32(16)                      # exact, as ggml's int8 q - 16
-    out *= _f16_at(blocks.view(np.uint16), 0)[:, None]
+    out *= f16_at(blocks.view(np.uint16), 0)[:, None]
 
 
 def _q5_1(blocks, out):
     u16 = blocks.view(np.uint16)
     _five_bit(blocks, 4, 8, out)
-    out *= _f16_at(u16, 0)[:, None]
-    out += _f16_at(u16, 1)[:, None]
+    out *= f16_at(u16, 0)[:, None]
+    out += f16_at(u16, 1)[:, None]
 
 
-def _k_scales(blocks) -> tuple[np.ndarray, np.ndarray]:
+def k_scales(blocks) -> tuple[np.ndarray, np.ndarray]:
     """q4_K/q5_K: the 8 six-bit scales and mins packed in bytes 4..16, as f32 [n, 8] each."""
     s = blocks[:, 4:16].reshape(-1, 3, 4)
     d, m, md = s[:, 0], s[:, 1], s[:, 2]
@@ -101,9 +101,9 @@ def _k_affine(blocks, out) -> None:
     """out (holding the quants) = (d·sc)·q − dmin·m per 32-value sub-block, as gguf rounds it."""
     n = len(blocks)
     u16 = blocks.view(np.uint16)
-    sc, mn = _k_scales(blocks)
-    sc *= _f16_at(u16, 0)[:, None]
-    mn *= _f16_at(u16, 1)[:, None]
+    sc, mn = k_scales(blocks)
+    sc *= f16_at(u16, 0)[:, None]
+    mn *= f16_at(u16, 1)[:, None]
     view = out.reshape(n, 8, 32)
     view *= sc[..., None]
     view -= mn[..., None]
@@ -138,7 +138,7 @@ def _q6_K(blocks, out):
     np.copyto(out, q.reshape(n, 256))
     out -= F32(32)                      # exact, as ggml's int8 q - 32
     scale = (blocks[:, 192:208].view(np.int8).astype(F32)
-             * _f16_at(blocks.view(np.uint16), 104)[:, None])
+             * f16_at(blocks.view(np.uint16), 104)[:, None])
     out.reshape(n, 16, 16)[...] *= scale[..., None]
 
 

@@ -43,10 +43,14 @@ _LAYOUTS: dict = {}        # (shape, dtype) -> (shape as ints, contiguous stride
 MAX_LAYOUTS = 4096         # a big graph has a few dozen distinct shapes; a search makes more
 
 
-def _contiguous_layout(shape, dtype: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def contiguous_layout(shape, dtype: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A contiguous tensor's shape (as ints) and strides, remembered: a graph of 100k nodes
     repeats a few shapes, and this was a fifth of the time each node took to build. A key that
     compares equal (2 and 2.0) gives the same ints, so the cache changes no result."""
+    try:
+        return _LAYOUTS[shape if type(shape) is tuple else tuple(shape), dtype]
+    except (KeyError, TypeError):
+        pass
     ints = tuple(map(int, shape))
     gtype = TYPES[dtype]
     layout = ints, contiguous_strides(ints, gtype.type_size, gtype.block_size)
@@ -92,12 +96,7 @@ class Tensor:
             self.shape = tuple(map(int, self.shape))
             self.strides = tuple(map(int, self.strides))
             return
-        shape = self.shape
-        try:
-            self.shape, self.strides = _LAYOUTS[shape if type(shape) is tuple else tuple(shape),
-                                                self.dtype]
-        except (KeyError, TypeError):
-            self.shape, self.strides = _contiguous_layout(shape, self.dtype)
+        self.shape, self.strides = contiguous_layout(self.shape, self.dtype)
 
     # --- derived facts -------------------------------------------------------------------
     @property
@@ -133,10 +132,7 @@ class Tensor:
 
     @property
     def is_contiguous(self) -> bool:
-        layout = _LAYOUTS.get((self.shape, self.dtype))
-        if layout is None:
-            layout = _contiguous_layout(self.shape, self.dtype)
-        return self.strides == layout[1]
+        return self.strides == contiguous_layout(self.shape, self.dtype)[1]
 
     def same_layout(self, other: "Tensor") -> bool:
         """ggml_are_same_layout: the condition for one tensor to take another's slot."""

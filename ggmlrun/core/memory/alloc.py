@@ -12,7 +12,6 @@ output that is a view keeps its view source alive (SPEC.md section 1; ggml frees
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import OPS
@@ -257,7 +256,7 @@ class GraphAllocator:
                 allocate(node, buffer, srcs)
             for src in srcs:
                 release(src)
-        slot_of = dict(zip(self.placed, map(slot_at.__getitem__, map(_row_of, self.placed))))
+        slot_of = {tensor: slot_at[tensor.index] for tensor in self.placed}
         return MemoryPlan(arena_bytes=[a.high_water for a in self.arenas],
                           alignments=list(self.alignments), slots=self.slots,
                           slot_of=slot_of, inplace=self.inplace, n_events=self.event)
@@ -300,8 +299,7 @@ class GraphAllocator:
             return False
         if self.pinned[row] or parent.is_output:
             return False
-        if not (node.dtype == parent.dtype and node.shape == parent.shape
-                and node.strides == parent.strides):      # Tensor.same_layout, inline
+        if not node.same_layout(parent):
             return False
         return self.children[row] == 1 and self.views[row] == 0
 
@@ -330,8 +328,6 @@ class GraphAllocator:
         slot.died = self.event
         self.owner[row] = False
 
-
-_row_of = attrgetter("index")
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ class Scheduler:
             try:
                 return self._schedule(graph, decided)
             finally:     # the working tables go before the GC runs again (see Schedule.copies)
-                self.tensors = self.location = self._node_order = None
+                self.tensors = self.location = None
 
     def _schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
         self.graph = graph
@@ -86,8 +86,10 @@ class Scheduler:
         for tensor, (b, cause) in (decided or {}).items():
             if self.where[tensor.index] == -1:
                 self._set(tensor.index, b, cause)
-        compute, leaf_order = self._pass1_nodes(graph)
+        compute, leaf_order, node_choices = self._pass1_nodes(graph)
         self._pass1_leafs(leaf_order)
+        for i, b, cause in node_choices:      # ggml's pass 1 takes the leafs first
+            self._set(i, b, cause)
         self._pass2_expand(compute)
         self._pass3_best_and_upgrade(compute)
         self._pass4_remaining(graph.nodes)
@@ -182,18 +184,18 @@ class Scheduler:
             self._set(tensor.index, b, "usr")
 
     # --- pass 1: from pre-allocated tensors, inputs and weights ------------------------------
-    def _pass1_nodes(self, graph: Graph) -> tuple[list[int], list[Tensor]]:
+    def _pass1_nodes(self, graph: Graph) -> tuple[list[int], list[Tensor], list[tuple]]:
         """Pass 1 on the nodes and, in the same walk, each node's support mask, the compute
         nodes' rows and the leafs in the order ggml's graph builder meets them (left-to-right
         source visits; those no node uses last, in file order). ggml allocates graph inputs in
         that discovery order, not the file's, and the planner follows it so sizes compare.
-        The leafs come first in ggml's pass 1, so the nodes' assignments go after theirs in
-        `order` (`_pass1_leafs`)."""
+        The nodes' choices (row, backend, cause) are returned, not set: ggml's pass 1 assigns
+        the leafs first, and `backend_of` keeps that order. No choice here reads another's."""
         mask, where, view_ops = self.mask, self.where, self._view_ops
         seen = bytearray(len(self.tensors))
         first_use: list[Tensor] = []
         compute: list[int] = []
-        pinned, self.order = self.order, array("l")
+        choices: list[tuple[int, int, str]] = []
         for node in graph.nodes:
             i = node.index
             for src in node.src:
@@ -206,10 +208,9 @@ class Scheduler:
             if where[i] == -1:
                 b, cause = self._from_current(node)
                 if b != -1:
-                    self._set(i, b, cause)
-        self.order, self._node_order = pinned, self.order
+                    choices.append((i, b, cause))
         leaf_order = first_use + [t for t in graph.leafs if not seen[t.index]]
-        return compute, leaf_order
+        return compute, leaf_order, choices
 
     def _pass1_leafs(self, leaf_order: list[Tensor]) -> None:
         where = self.where
@@ -218,7 +219,6 @@ class Scheduler:
                 b, cause = self._from_current(leaf)
                 if b != -1:
                     self._set(leaf.index, b, cause)
-        self.order += self._node_order
 
     def _from_current(self, node: Tensor) -> tuple[int, str]:
         where = self._buffer(node)

@@ -37,12 +37,24 @@ def us_text(seconds: float) -> str:
 
 def is_int(value) -> bool:
     """An integer from YAML or NumPy; bool is an int to Python but never a size or an axis."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    return type(value) is int or (isinstance(value, (int, np.integer))       # (the usual case
+                                  and not isinstance(value, (bool, np.bool_)))  # first)
 
 
 def is_number(value) -> bool:
-    return (isinstance(value, (int, float, np.integer, np.floating))
-            and not isinstance(value, (bool, np.bool_)))
+    return type(value) in _PLAIN_NUMBERS or (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_)))
+
+
+_PLAIN_NUMBERS = frozenset({int, float})
+_PLAIN_INT = frozenset({int})
+
+
+def all_plain_ints(items) -> bool:
+    """Every item is exactly a Python int (no bool, no NumPy type), decided in C: the usual
+    case of a graph file's shapes and axes, checked without a Python step per item."""
+    return _PLAIN_INT.issuperset(map(type, items))
 
 
 def clip(text, limit: int = 80) -> str:

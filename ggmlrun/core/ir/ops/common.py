@@ -15,7 +15,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.util.fmt import is_int, is_number  # noqa: F401  (kernels import them from here)
+from ggmlrun.core.util.fmt import all_plain_ints, is_int, is_number  # noqa: F401  (kernels import them from here)
 from ggmlrun.core.util.fmt import shape_text as fmt
 from ggmlrun.core.ir.graph import MAX_DIMS, Tensor
 
@@ -31,11 +31,8 @@ def who(t: Tensor) -> str:
 
 
 
-PLAIN_INT = frozenset({int})     # `PLAIN_INT.issuperset(map(type, items))`: all are ints, in C
-
-
 def want_int(op: str, key: str, v, *, lo: int | None = None) -> int:
-    if type(v) is not int and not is_int(v):
+    if not is_int(v):
         raise InputError(f"{op}: param '{key}' must be an integer, got {v!r}")
     if lo is not None and v < lo:
         raise InputError(f"{op}: param '{key}' must be >= {lo}, got {v}")
@@ -44,7 +41,7 @@ def want_int(op: str, key: str, v, *, lo: int | None = None) -> int:
 
 def want_number(op: str, key: str, v, *, finite: bool = True, positive: bool = False,
                 nonneg: bool = False) -> float:
-    if type(v) is not float and not is_number(v):
+    if not is_number(v):
         raise InputError(f"{op}: param '{key}' must be a number, got {v!r}")
     try:
         x = float(v)
@@ -60,7 +57,7 @@ def want_number(op: str, key: str, v, *, finite: bool = True, positive: bool = F
 
 
 def want_int_list(op: str, key: str, v) -> list[int]:
-    if type(v) is list and PLAIN_INT.issuperset(map(type, v)):
+    if type(v) is list and all_plain_ints(v):
         return list(v)                 # plain ints already: the usual case, checked in C
     if not isinstance(v, (list, tuple)) or not all(is_int(d) for d in v):
         raise InputError(f"{op}: param '{key}' must be a list of integers, got {v!r}")

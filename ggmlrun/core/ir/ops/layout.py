@@ -193,16 +193,14 @@ def _permute_infer(srcs, *, axes):
     (a,) = srcs
     n = len(a.shape)
     order = want_int_list("permute", "axes", axes)
-    if sorted(order) == list(range(n)):
-        norm = order                    # no negative axes: the usual case
-    else:
+    if sorted(order) != list(range(n)):          # negative axes, or no permutation at all
         norm = [x % n if -n <= x < n else None for x in order]
-    if norm is not order and (len(order) != n
-                              or sorted(x for x in norm if x is not None) != list(range(n))):
-        raise InputError(f"permute: axes must be a permutation of 0..{n - 1} "
-                         f"(a is {fmt(a.shape)}), got {axes!r}")
-    return OpResult(tuple(a.shape[i] for i in norm), a.dtype,
-                    strides=tuple(a.strides[i] for i in norm), view_of=0)
+        if len(order) != n or sorted(x for x in norm if x is not None) != list(range(n)):
+            raise InputError(f"permute: axes must be a permutation of 0..{n - 1} "
+                             f"(a is {fmt(a.shape)}), got {axes!r}")
+        order = norm
+    return OpResult(tuple(a.shape[i] for i in order), a.dtype,
+                    strides=tuple(a.strides[i] for i in order), view_of=0)
 
 
 register(OpSpec(name="permute", n_src=(1, 1), infer=_permute_infer, kernel=None, view_op=True,

@@ -164,10 +164,7 @@ def _shared_batches(out, a, b, workers: Workers):
         a32 = to_f32(a_v[part])
         np.matmul(_round_b(b_v[part], weight_type), np.swapaxes(a32, -1, -2), out=out_v[part])
 
-    parts = min(workers.threads, groups[axis])
-    bounds = [groups[axis] * t // parts for t in range(parts + 1)]
-    chunks = list(zip(bounds, bounds[1:]))
-    return (lambda: workers.share(work, chunks)), ()
+    return (lambda: workers.share_evenly(work, groups[axis])), ()
 
 
 def _mul_mat_bind_any(out, a, b, *, workers: Workers | None = None, constant=(False, False)):

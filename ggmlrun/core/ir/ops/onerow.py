@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ggmlrun.core.ir.blockdecode import f16_at, k_scales
 from ggmlrun.core.ir.ops.quant import F32, QK_K, q8_0_quants, q8_k_quants
 
-U8 = np.uint8
 I16 = np.int16
 PANEL_VALUES = 1 << 20          # weight values per panel: ~25 NumPy calls each, so panels are
                                 # large (4 MiB of f32 products; 256K values ran 1.5x slower)
@@ -39,22 +39,8 @@ MIN_VALUES = 1 << 20            # smaller weights keep the decode path: holding 
 
 def _f16_column(blocks: np.ndarray, at: int) -> np.ndarray:
     """The f16 at byte `at` (even) of every block ([r, n, size] uint8) as f32 [r, n]."""
-    return blocks.view(np.uint16)[:, :, at // 2].view(np.float16).astype(F32)
-
-
-def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """q4_K's 6-bit scales and mins ([r·n, 8] uint8 each) of [r, n, 144] blocks, unpacked on
-    uint32 words (four scale bytes at a time) instead of blockdecode's short byte rows."""
-    words = blocks.view(np.uint32)[:, :, 1:4].reshape(-1, 3)     # bytes 4..16: d, m, md
-    d, m, md = words[:, 0], words[:, 1], words[:, 2]
-    low6, low4, top2 = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x30303030)
-    out = np.empty((len(words), 4), np.uint32)
-    np.bitwise_and(d, low6, out=out[:, 0])
-    out[:, 1] = (md & low4) | ((d >> np.uint32(2)) & top2)
-    np.bitwise_and(m, low6, out=out[:, 2])
-    out[:, 3] = ((md >> np.uint32(4)) & low4) | ((m >> np.uint32(2)) & top2)
-    both = out.view(np.uint8)
-    return both[:, :8], both[:, 8:]
+    r, n, size = blocks.shape
+    return f16_at(blocks.reshape(r * n, size).view(np.uint16), at // 2).reshape(r, n)
 
 
 class Scratch:
@@ -162,7 +148,7 @@ class OneRow:
         wide32 = scratch.f32[:r].reshape(r, 2, n, 128)
         np.copyto(wide32, nibbles)
         sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(r, 2, n, 4)
-        sc, mn = _k_scales(blocks)                   # [r·n, 8]: sub-block s = 2·chunk + half
+        sc, mn = k_scales(blocks.reshape(r * n, -1))     # [r·n, 8]: sub-block s = 2·chunk + half
         sums *= sc.reshape(r, n, 4, 2).transpose(0, 3, 1, 2)
         scaled = (sums[:, 0] + sums[:, 1]).reshape(-1, 4) @ np.ones(4, F32)
         mins = (mn.reshape(r, n, 8) * self.b_sums).reshape(-1, 8) @ np.ones(8, F32)

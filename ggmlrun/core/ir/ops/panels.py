@@ -73,6 +73,15 @@ class Workers:
                 for future in futures:
                     future.result()
 
+    def share_evenly(self, work: Callable[[int, int], None], count: int,
+                     unit: int = 1, end: int | None = None) -> None:
+        """work over `count` units of `unit` items (the last may stop at `end`), the units
+        dealt out as evenly as they go among the threads."""
+        parts = min(self.threads, count)
+        bounds = [count * t // parts * unit for t in range(parts + 1)]
+        if end is not None:
+            bounds = [min(end, b) for b in bounds]
+        self.share(work, list(zip(bounds, bounds[1:])))
 
     @staticmethod
     def blas_at_one_thread():
@@ -177,6 +186,4 @@ class PanelProduct:
         if threads == 1 or panels < 2 or n * m * self.k < SPLIT_MIN_MACS:
             work(0, m)
             return
-        parts = min(threads, panels)
-        bounds = [min(m, (panels * t // parts) * rows) for t in range(parts + 1)]
-        self.workers.share(work, list(zip(bounds, bounds[1:])))
+        self.workers.share_evenly(work, panels, rows, m)
