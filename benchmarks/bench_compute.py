@@ -9,6 +9,10 @@ same f32 weights, the way a NumPy user would (`x @ w.T`, fresh temporaries, BLAS
 thread count); the onnxruntime side is the same math built from ONNX ops (MatMul on
 pre-transposed constant weights, which ORT prepacks; rope's cos/sin tables and the causal mask
 are constants, computed from `pos`). All must give the same outputs (the error column).
+A second onnxruntime row runs the same model with prepacking off
+(`session.disable_prepacking`), measured after the first session is freed: it shows how much of
+ORT's lead is packing the constant weights once, which an OpenBLAS call (NumPy's BLAS) redoes
+on every product.
 
 Targets (issue 11): ggmlrun f32 <= 1.0x onnxruntime on both graphs at each thread count;
 ggmlrun with f16 weights <= 1.2x ggmlrun f32 (b rounded to f16 as ggml does, sums in f32).
@@ -138,7 +142,7 @@ class OnnxGraph:
         return self.op("Mul", self.op("Div", x, rms), self.const(weight))
 
 
-def onnx_session(build, x: np.ndarray, threads: int):
+def onnx_session(build, x: np.ndarray, threads: int, prepack: bool = True):
     """An ORT session for the graph `build(g, "x") -> output name` writes, or a reason."""
     try:
         import onnxruntime as ort
@@ -159,6 +163,8 @@ def onnx_session(build, x: np.ndarray, threads: int):
     # no busy-waiting between runs: spinning ORT threads would steal the cores from the
     # NumPy/ggmlrun timings interleaved with these
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not prepack:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
     sess = ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
     del model, g
@@ -284,13 +290,22 @@ def measure(g: Graphs, threads: int, ort: bool, repeat: int, trials: int):
     with threadpool_limits(limits=threads, user_api="blas"):     # NumPy's (and ORT-free) BLAS
         sides, note = g.sides(threads, ort)
         best, errors = compare(sides, g.numpy_fn(), repeat, trials)
-    del sides
+        del sides
+        if "onnxruntime" in best:                # one ORT copy of the weights at a time
+            fn, _ = onnx_session(g.onnx_build, g.values["x"], threads, prepack=False)
+            unpacked, unpacked_err = compare({"onnxruntime unpacked": fn}, g.numpy_fn(),
+                                             repeat, trials)
+            del fn
+            best.update(unpacked)
+            errors.update(unpacked_err)
     base = best["numpy"]
     labels = {"numpy": "plain NumPy (same math, f32)", "ggmlrun f32": "ggmlrun, f32 weights",
-              "ggmlrun f16": "ggmlrun, f16 weights", "onnxruntime": f"{note}, f32"}
+              "ggmlrun f16": "ggmlrun, f16 weights", "onnxruntime": f"{note}, f32",
+              "onnxruntime unpacked": f"{note}, f32, prepacking off"}
     rows = [[g.name, threads, labels[k], ms(best[k]), f"{best[k] / base:.2f}x",
              "" if k == "numpy" else f"{errors[k]:.1e}"]
-            for k in ("numpy", "onnxruntime", "ggmlrun f32", "ggmlrun f16") if k in best]
+            for k in ("numpy", "onnxruntime", "onnxruntime unpacked", "ggmlrun f32",
+                      "ggmlrun f16") if k in best]
     return rows, best, note
 
 
@@ -343,7 +358,9 @@ def main() -> None:
             if "onnxruntime" in best:
                 ratio = f32 / best["onnxruntime"]
                 verdicts.append(f"{name} f32, {threads} thread(s): ggmlrun <= 1.0x onnxruntime: "
-                                f"{verdict(ratio <= 1.0)} ({ratio:.2f}x)")
+                                f"{verdict(ratio <= 1.0)} ({ratio:.2f}x; "
+                                f"{f32 / best['onnxruntime unpacked']:.2f}x onnxruntime "
+                                f"with prepacking off)")
             else:
                 verdicts.append(f"{name}, {threads} thread(s): onnxruntime {note}")
             verdicts.append(f"{name}, {threads} thread(s): f16 weights <= 1.2x f32: "
