@@ -16,7 +16,8 @@ def _interrupted_at_startup(signum, frame):
 
 # Commands that run no kernel need no BLAS thread pool. OpenBLAS (NumPy's BLAS) starts one
 # thread per core as NumPy loads unless OPENBLAS_NUM_THREADS says otherwise: ~0.06 s of a 2-core
-# machine's start-up (a 10k-node `validate` takes ~0.6 s in all). A value the user set is kept.
+# machine's start-up. `validate` and `plan` of a graph file never load NumPy (core/util/
+# lazynumpy.py); measure, dot, fit and every command on a model do. A user's value is kept.
 _COMPUTES_NOTHING = ("validate", "plan", "measure", "fit", "dot")
 
 # only when this process is the ggmlrun command itself, never when a program imports us
