@@ -13,7 +13,8 @@ says so. `--as-is` keeps the environment as it is. Each `validate` row also show
 CPU time (user + sys: steadier than the wall time on a busy machine) and, from separate
 `--progress` runs, its load and schedule phases and the rest of that run's wall time
 (interpreter start-up, imports, the answer and exit, plus rich, which `--progress` draws with) (`ggmlrun --version` alone is printed for scale, and
-`import numpy` alone: every command imports NumPy, the op modules need it at import time).
+`import numpy` alone, which `validate` of a graph file no longer pays: docs/architecture.md,
+"NumPy on first use").
 
     python benchmarks/bench_load.py            # 1k, 10k, 100k nodes; targets below
     python benchmarks/bench_load.py --quick    # 1k and 10k only (CI smoke)

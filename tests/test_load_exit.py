@@ -1,6 +1,7 @@
 """The third round of load speed-ups: `validate` answers without rich when nothing is drawn,
 the ggmlrun process leaves without the interpreter's teardown (cli/main.py `_exit_now`), and a
-command that computes nothing starts NumPy's BLAS with one thread (ggmlrun/__init__.py).
+command that computes nothing starts NumPy's BLAS with one thread, and `validate` and `plan`
+run without the cyclic GC (ggmlrun/__init__.py).
 What must not change: the answer line, the error line, the exit codes, and output that reaches
 a pipe whole; a call of `main([...])` from a program (tests/clikit.py) still returns to it."""
 
@@ -120,14 +121,36 @@ def test_blas_starts_one_thread_for_commands_that_compute_nothing(tmp_path, argv
 
 
 def test_blas_pool_is_one_thread_under_validate(tmp_path):
-    """The pool NumPy's BLAS actually started (threadpoolctl asks the library itself)."""
+    """The pool NumPy's BLAS actually started (threadpoolctl asks the library itself), where
+    `validate` loads NumPy at all (a model does; a graph file does not: test_load_numpy.py)."""
     pytest.importorskip("threadpoolctl")
     script = tmp_path / "ggmlrun"
-    script.write_text("import ggmlrun.cli, threadpoolctl\n"
+    script.write_text("import ggmlrun.cli, numpy, threadpoolctl\n"
                       "print([i['num_threads'] for i in threadpoolctl.threadpool_info() "
                       "if i['user_api'] == 'blas'])\n")
     env = _user_env()
     env.pop("OPENBLAS_NUM_THREADS", None)
     done = subprocess.run([sys.executable, str(script), "validate", "g.yaml"], cwd=ROOT,
                           capture_output=True, text=True, env=env, check=True)
-    assert set(json.loads(done.stdout)) <= {1}
+    assert set(json.loads(done.stdout)) == {1}
+
+
+@pytest.mark.parametrize("argv, enabled", [
+    (["validate", "g.yaml"], False),           # one graph, then the exit: no cyclic GC
+    (["plan", "g.yaml"], False),
+    (["measure", "g.yaml"], True),
+    (["run", "g.yaml"], True),
+    (["--version"], True),
+])
+def test_validate_and_plan_run_without_the_cyclic_gc(tmp_path, argv, enabled):
+    """Only the ggmlrun command's own process, and only for validate and plan; a program that
+    imports ggmlrun keeps its GC (the last case of the probe)."""
+    script = tmp_path / "ggmlrun"
+    script.write_text("import gc, ggmlrun.cli\nprint(gc.isenabled())\n")
+    done = subprocess.run([sys.executable, str(script), *argv], cwd=ROOT, capture_output=True,
+                          text=True, env=_user_env(), check=True)
+    assert done.stdout.strip() == str(enabled)
+    program = subprocess.run([sys.executable, "-c", "import gc, ggmlrun.cli; "
+                              "print(gc.isenabled())", *argv], cwd=ROOT, capture_output=True,
+                             text=True, env=_user_env(), check=True)
+    assert program.stdout.strip() == "True"

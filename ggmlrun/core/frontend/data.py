@@ -17,8 +17,7 @@ import math
 import os
 from pathlib import Path
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError, did_you_mean, missing_file_hint
 from ggmlrun.core.util.fmt import shape_text
 from ggmlrun.core.util.inputs import open_regular

@@ -14,10 +14,10 @@ temporaries are made. Types without a decoder here return None and are decoded b
 
 from __future__ import annotations
 
-import numpy as np
+from ggmlrun.core.util.lazynumpy import np, numpy_later
 
-F32 = np.float32
-U8 = np.uint8
+F32 = numpy_later(lambda np: np.float32)
+U8 = numpy_later(lambda np: np.uint8)
 QK_K = 256
 _CHUNK_VALUES = 1 << 19          # values decoded per step: 2 MiB of f32, an L2-sized working set
 

@@ -12,8 +12,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.types import TYPES, GgmlType
 
 MAX_DIMS = 4

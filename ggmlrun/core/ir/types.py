@@ -12,19 +12,20 @@ Byte strides of a block-typed tensor follow ggml's `nb`: the innermost stride is
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.blockdecode import decode_fast
 
-# NumPy holds these directly; bf16 and the block types have no NumPy dtype.
-_NUMPY = {"f32": np.float32, "f16": np.float16, "f64": np.float64, "i8": np.int8,
-          "i16": np.int16, "i32": np.int32, "i64": np.int64}
+# NumPy holds these directly (by its names for them); bf16 and the block types have no dtype.
+_NUMPY = {"f32": "float32", "f16": "float16", "f64": "float64", "i8": "int8", "i16": "int16",
+          "i32": "int32", "i64": "int64"}
+_BY_NUMPY = {numpy: name for name, numpy in _NUMPY.items()}
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class GgmlType:
     id: int                      # ggml_type / GGUF tensor type number
     block_size: int              # elements per block (1 for plain types)
     type_size: int               # bytes per block
-    numpy: np.dtype | None       # None: bf16 and the block types
+    numpy_name: str | None       # NumPy's name for its dtype; None: bf16 and the block types
 
     @property
     def is_block(self) -> bool:
@@ -41,7 +42,13 @@ class GgmlType:
 
     @property
     def is_float(self) -> bool:
-        return self.numpy is None or self.numpy.kind == "f"
+        return self.numpy_name is None or self.numpy_name.startswith("float")
+
+    @functools.cached_property
+    def numpy(self) -> np.dtype | None:
+        """The NumPy dtype (None: bf16 and the block types), made on first use: a graph load
+        never needs it, and NumPy loads with it."""
+        return np.dtype(self.numpy_name) if self.numpy_name else None
 
     def row_bytes(self, n: int) -> int:
         """Bytes of n contiguous elements (ggml_row_size); n must be a multiple of the block."""
@@ -84,10 +91,8 @@ def _ggml_name(member) -> str:
 TYPES: dict[str, GgmlType] = {}
 for _member, (_block, _size) in _gguf_constants().GGML_QUANT_SIZES.items():
     _name = _ggml_name(_member)
-    _np = np.dtype(_NUMPY[_name]) if _name in _NUMPY else None
-    TYPES[_name] = GgmlType(_name, int(_member), _block, _size, _np)
+    TYPES[_name] = GgmlType(_name, int(_member), _block, _size, _NUMPY.get(_name))
 BY_ID = {t.id: t for t in TYPES.values()}
-BY_NUMPY = {t.numpy: t.name for t in TYPES.values() if t.numpy is not None}
 
 # What a graph file may name. Block types come in through GGUF models and weights; the YAML
 # loader accepts the plain ones it can generate data for.
@@ -131,4 +136,4 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def type_name(dtype: np.dtype) -> str:
     """ggml's name for the type NumPy holds as `dtype` (any byte order)."""
-    return BY_NUMPY[np.dtype(dtype).newbyteorder("=")]
+    return _BY_NUMPY[np.dtype(dtype).name]

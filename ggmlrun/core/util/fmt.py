@@ -6,7 +6,7 @@ complaint and a DOT label all print a shape, a size or a duration the same way.
 
 from __future__ import annotations
 
-import numpy as np
+import numbers
 
 
 def align_up(size: int, alignment: int) -> int:
@@ -36,15 +36,17 @@ def us_text(seconds: float) -> str:
 
 
 def is_int(value) -> bool:
-    """An integer from YAML or NumPy; bool is an int to Python but never a size or an axis."""
-    return type(value) is int or (isinstance(value, (int, np.integer))       # (the usual case
-                                  and not isinstance(value, (bool, np.bool_)))  # first)
+    """An integer from YAML or NumPy; bool is an int to Python but never a size or an axis.
+    NumPy's integer types are `numbers.Integral` (its bool is not), so asking needs no NumPy."""
+    return type(value) is int or (isinstance(value, numbers.Integral)      # (the usual case
+                                  and not isinstance(value, bool))          # first)
 
 
 def is_number(value) -> bool:
-    return type(value) in _PLAIN_NUMBERS or (
-        isinstance(value, (int, float, np.integer, np.floating))
-        and not isinstance(value, (bool, np.bool_)))
+    """A real number from YAML or NumPy (NumPy's integer and float types are `numbers.Real`);
+    never a bool."""
+    return type(value) in _PLAIN_NUMBERS or (isinstance(value, numbers.Real)
+                                              and not isinstance(value, bool))
 
 
 _PLAIN_NUMBERS = frozenset({int, float})

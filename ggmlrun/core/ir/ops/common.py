@@ -11,16 +11,15 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
-from numpy.lib.stride_tricks import as_strided
-
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.util.fmt import all_plain_ints, is_int, is_number  # noqa: F401  (kernels import them from here)
 from ggmlrun.core.util.fmt import shape_text as fmt
 from ggmlrun.core.ir.graph import MAX_DIMS, Tensor
 
 FLOATS = ("f32", "f16")
-F32 = np.float32
+F32 = numpy_later(lambda np: np.float32)
+as_strided = numpy_later(lambda np: np.lib.stride_tricks.as_strided)
 
 
 def who(t: Tensor) -> str:

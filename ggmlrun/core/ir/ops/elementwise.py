@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.ops.common import (
     F32, FLOATS, fast_path, need_float, need_tiles, quiet, store, tile_split, want_number, who)
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
@@ -43,7 +42,10 @@ def _binary_infer(op: str):
 
 
 # one dtype throughout, computed in that dtype: the ufunc's own loop, as the kernel picks it
-_NATIVE = (np.dtype(np.float32), np.dtype(np.int32))
+_NATIVE = numpy_later(lambda np: (np.dtype(np.float32), np.dtype(np.int32)))
+BINARY = {"add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b"}
+_BINARY_UFUNC = numpy_later(lambda np: {"add": np.add, "sub": np.subtract, "mul": np.multiply,
+                                        "div": np.divide})
 
 
 def _tiles_by_broadcast(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
@@ -52,11 +54,11 @@ def _tiles_by_broadcast(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> b
         db == da or db == 1 for da, db in zip(a_shape[::-1], b_shape[::-1]))
 
 
-def _binary_kernel(ufunc):
+def _binary_kernel(name: str):
     def bind(out, a, b):
         if (a.dtype == b.dtype == out.dtype and out.dtype in _NATIVE
                 and _tiles_by_broadcast(a.shape, b.shape)):
-            return ufunc, (a, b, out)
+            return _BINARY_UFUNC[name], (a, b, out)
         return None
 
     @fast_path(bind)
@@ -65,14 +67,13 @@ def _binary_kernel(ufunc):
         out_v, b_v = tile_split(out, b)
         a_v, _ = tile_split(a, b)
         dtype = F32 if out.dtype.kind == "f" else None
-        ufunc(a_v, b_v, out=out_v, dtype=dtype, casting="same_kind")
+        _BINARY_UFUNC[name](a_v, b_v, out=out_v, dtype=dtype, casting="same_kind")
     return kernel
 
 
-for _name, _ufunc, _what in [("add", np.add, "a + b"), ("sub", np.subtract, "a - b"),
-                             ("mul", np.multiply, "a * b"), ("div", np.divide, "a / b")]:
+for _name, _what in BINARY.items():
     register(OpSpec(
-        name=_name, n_src=(2, 2), infer=_binary_infer(_name), kernel=_binary_kernel(_ufunc),
+        name=_name, n_src=(2, 2), infer=_binary_infer(_name), kernel=_binary_kernel(_name),
         inplace=True, summary=f"{_what}, elementwise; b tiles to a's shape"))
 
 
@@ -93,7 +94,7 @@ def _silu(x, out):
     np.divide(x, t, out=out)
 
 
-_GELU_C = F32(math.sqrt(2.0 / math.pi))
+_GELU_C = numpy_later(lambda np: np.float32(math.sqrt(2.0 / math.pi)))
 
 
 def _gelu(x, out):
@@ -136,19 +137,16 @@ def _unary_infer(op: str):
 
 # unary ops that are one ufunc call, `out` given positionally (relu stays a formula: NumPy
 # deprecates a positional `out` for np.maximum)
-_UFUNC = {"neg": np.negative, "abs": np.abs, "sqr": np.square, "sqrt": np.sqrt, "log": np.log,
-          "exp": np.exp, "tanh": np.tanh}
+_UFUNC = numpy_later(lambda np: {"neg": np.negative, "abs": np.abs, "sqr": np.square,
+                                  "sqrt": np.sqrt, "log": np.log, "exp": np.exp,
+                                  "tanh": np.tanh})
 
 
 def _unary_kernel(formula, name=None):
-    direct = _UFUNC.get(name)
-
     def bind(out, a):
         if out.dtype == np.float16:
             return None
-        if direct is not None:
-            return direct, (a, out)
-        return formula, (a, out)
+        return _UFUNC.get(name, formula), (a, out)
 
     @fast_path(bind)
     @quiet

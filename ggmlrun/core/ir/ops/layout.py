@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.ir.graph import MAX_DIMS, contiguous_strides, span_bytes
 from ggmlrun.core.ir.ops.common import (

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (

@@ -16,14 +16,12 @@ by the executor with more than one thread, split by KV head among the threads
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.lib.stride_tricks import as_strided
-
 from ggmlrun.core.util.errors import InputError, RunError
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
-    fast_path, fmt, need_dtype, need_float, quiet, store, who)
+    as_strided, fast_path, fmt, need_dtype, need_float, quiet, store, who)
 from ggmlrun.core.ir.ops import panels
 from ggmlrun.core.ir.ops.panels import PanelProduct, Workers, f16_has_inf_nan
 from ggmlrun.core.ir.ops.quant import (

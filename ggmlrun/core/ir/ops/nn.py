@@ -8,9 +8,8 @@ overwriting it, so `out` may be the source's own memory.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops.common import (
     F32, fmt, is_int, need_dtype, need_float, need_ndim, quiet, store, tile_split, tiles,

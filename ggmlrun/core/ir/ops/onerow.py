@@ -24,12 +24,11 @@ decode as before.
 
 from __future__ import annotations
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.blockdecode import f16_at, k_scales
 from ggmlrun.core.ir.ops.quant import F32, QK_K, q8_0_quants, q8_k_quants
 
-I16 = np.int16
+I16 = numpy_later(lambda np: np.int16)
 PANEL_VALUES = 1 << 20          # weight values per panel: ~25 NumPy calls each, so panels are
                                 # large (4 MiB of f32 products; 256K values ran 1.5x slower)
 TYPES = ("q8_0", "q4_0", "q4_K")

@@ -26,8 +26,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.ops import onerow
 from ggmlrun.core.ir.ops.quant import F32, to_f32
 
@@ -40,8 +39,9 @@ WIDE_B_PANEL_BYTES = 4 << 20     # BLAS re-packs it from L3 per panel, so panels
 F32_PANEL_BYTES = 4 << 20        # f32 panels are read in place: fewer, larger calls
 SPLIT_MIN_MACS = 1 << 25         # below this a product is not worth a thread hand-off
 
-F16_SCALE = F32(2.0 ** 112)                 # f16 bits << 13, read as f32, are value·2^-112
-_SIGN_EXP_MANTISSA = np.int32(-1879056384)  # 0x8FFFE000
+# f16 bits << 13, read as f32, are value·2^-112; the mask is 0x8FFFE000
+F16_SCALE = numpy_later(lambda np: np.float32(2.0 ** 112))
+_SIGN_EXP_MANTISSA = numpy_later(lambda np: np.int32(-1879056384))
 _F16_INF_NAN_POSITIVE = 0x7C00              # int16 bits at or above: +inf / nan
 _F16_INF_NAN_NEGATIVE = 0xFC00              # uint16 bits at or above: -inf / nan
 

@@ -15,21 +15,24 @@ products: it converts b to the weight's "vec_dot type" (f16, bf16, q8_0 or q8_K)
 
 from __future__ import annotations
 
-import numpy as np
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.types import TYPES, GgmlType, decode_blocks, encode_blocks
 
-F32 = np.float32
+F32 = numpy_later(lambda np: np.float32)
 QK_K = 256
 
 
-class TypedArray(np.ndarray):
-    """Raw storage of a bf16 or block-typed tensor; `ggml_type` names the type."""
+@numpy_later
+def TypedArray(np):
+    class TypedArray(np.ndarray):
+        """Raw storage of a bf16 or block-typed tensor; `ggml_type` names the type."""
 
-    ggml_type: str = ""
+        ggml_type: str = ""
 
-    def __array_finalize__(self, obj):
-        self.ggml_type = getattr(obj, "ggml_type", "")
+        def __array_finalize__(self, obj):
+            self.ggml_type = getattr(obj, "ggml_type", "")
+    return TypedArray
 
 
 def needs_storage_view(gtype: GgmlType) -> bool:
@@ -182,7 +185,8 @@ def _q8_k_round(x: np.ndarray) -> np.ndarray:
 
 
 _F16_CHUNK = 1 << 15               # values per step of f16_round: its temporaries stay in L1/L2
-_F16_OVERFLOW_UP = F32(2.0 ** 112)  # an f16-rounded value of 2^16 or more overflows to inf here
+# an f16-rounded value of 2^16 or more overflows to inf here
+_F16_OVERFLOW_UP = numpy_later(lambda np: np.float32(2.0 ** 112))
 _F16_SMALLEST_NORMAL = 0x38800000   # 2^-14 as f32 bits: below it f16 steps by 2^-24
 
 

@@ -7,8 +7,7 @@ result keeps `a`'s dtype. i32 sums wrap like ggml's integer arithmetic. mean is 
 
 from __future__ import annotations
 
-import numpy as np
-
+from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.ops.common import need_float, quiet, store
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
