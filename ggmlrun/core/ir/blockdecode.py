@@ -89,12 +89,28 @@ def _q5_1(blocks, out):
 
 
 def k_scales(blocks) -> tuple[np.ndarray, np.ndarray]:
-    """q4_K/q5_K: the 8 six-bit scales and mins packed in bytes 4..16, as f32 [n, 8] each."""
-    s = blocks[:, 4:16].reshape(-1, 3, 4)
-    d, m, md = s[:, 0], s[:, 1], s[:, 2]
-    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
-    return sc.astype(F32), mn.astype(F32)
+    """q4_K/q5_K: the 8 six-bit scales and mins packed in bytes 4..16, as f32 [n, 8] each.
+
+    The 12 bytes are three little-endian uint32 words (d, m, md); every scale and min is a
+    byte-wise mask and shift of them, so four bytes are unpacked per operation (~4x fewer
+    passes than byte slices; one panel's scales cost as much as a pass over its values)."""
+    packed_bytes = blocks[:, 4:16]
+    if packed_bytes.strides[-1] != 1:
+        packed_bytes = np.ascontiguousarray(packed_bytes)
+    words = packed_bytes.view(np.uint32)
+    d, m, md = words[:, 0], words[:, 1], words[:, 2]
+    low6, top2, low4 = np.uint32(0x3F3F3F3F), np.uint32(0x30303030), np.uint32(0x0F0F0F0F)
+    packed = np.empty((len(words), 4), np.uint32)     # bytes: scales 0..7, then mins 0..7
+    np.bitwise_and(d, low6, out=packed[:, 0])
+    np.bitwise_and(m, low6, out=packed[:, 2])
+    for word, col, shift in ((d, 1, 0), (m, 3, 4)):      # j = 4..7: 4 low bits from md,
+        high = np.right_shift(word, np.uint32(2))         # the top 2 from bits 6-7 of j-4
+        high &= top2
+        np.right_shift(md, np.uint32(shift), out=packed[:, col])
+        packed[:, col] &= low4
+        packed[:, col] |= high
+    both = packed.view(U8).astype(F32)                  # one cast: strided ones cost 5x
+    return both[:, :8], both[:, 8:]
 
 
 def _k_affine(blocks, out) -> None:
