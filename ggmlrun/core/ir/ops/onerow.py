@@ -43,14 +43,43 @@ def _f16_column(blocks: np.ndarray, at: int) -> np.ndarray:
     return f16_at(blocks.reshape(r * n, size).view(np.uint16), at // 2).reshape(r, n)
 
 
+PAGE = 4096
+UNDER_LEAD = 3072           # bytes, mod 4 KiB, from b's quants to each row of the products
+
+
+def _at_offset(block: np.ndarray, start: int, residue: int) -> int:
+    """The first int16 index of `block` from `start` whose address is `residue` mod 4 KiB."""
+    return start + (residue - block.ctypes.data - 2 * start) % PAGE // 2
+
+
 class Scratch:
     """One thread's buffers for panels of up to `rows` weight rows (fresh arrays per panel
-    would be fresh pages: their faults cost as much as the arithmetic)."""
+    would be fresh pages: their faults cost as much as the arithmetic).
 
-    def __init__(self, rows: int, row_bytes: int, name: str):
+    q4_K's int16 products and its own copy of b's quants (`under`) share one block, placed
+    so that each row of products starts UNDER_LEAD bytes (mod 4 KiB) after `under`, and
+    rows a multiple of 4 KiB long where that costs little. x86 makes a load wait for an older
+    store at the same address mod 4 KiB still in flight ("4K aliasing"); left to where the
+    allocator put them, `products *= under` ran 1x-3x its time, for a K-4096 weight the
+    largest pass of the call."""
+
+    def __init__(self, rows: int, row_bytes: int, name: str, under: np.ndarray):
         quants = row_bytes * 128 // 144 if name == "q4_K" else row_bytes
         halves = 2 if name == "q4_K" else 1
-        self.wide = np.empty((rows, halves, quants), I16)
+        self.under = under
+        if name == "q4_K":
+            row = halves * quants
+            padded = -(-row * 2 // PAGE) * PAGE // 2
+            row = padded if padded - row <= row // 4 else row
+            block = np.empty(under.size + rows * row + 3 * PAGE // 2, I16)
+            u0 = _at_offset(block, 0, 0)
+            w0 = _at_offset(block, u0 + under.size, UNDER_LEAD)
+            self.under = block[u0:u0 + under.size].reshape(under.shape)
+            np.copyto(self.under, under)
+            self.wide = np.reshape(block[w0:w0 + rows * row].reshape(rows, row)[:, :halves * quants],
+                                   (rows, halves, quants), copy=False)
+        else:
+            self.wide = np.empty((rows, halves, quants), I16)
         self.high = np.empty((rows, quants), I16) if name == "q4_0" else None
         self.f32 = np.empty((rows, halves, quants), F32)
 
@@ -104,7 +133,7 @@ class OneRow:
         return max(1, PANEL_VALUES // values)
 
     def scratch(self, row_bytes: int) -> Scratch:
-        return Scratch(self.panel_rows(row_bytes), row_bytes, self.name)
+        return Scratch(self.panel_rows(row_bytes), row_bytes, self.name, self.under)
 
     def dots(self, rows: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
         """out [R] = rows (uint8 [R, row_bytes], whole weight rows) · b.
@@ -140,11 +169,11 @@ class OneRow:
     def _q4_k_dots(self, blocks: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
         """ggml's q4_K·q8_K: Σ_blocks d_a·d_b·Σ_s sc_s·(Σ q·q_b) − dmin_a·d_b·Σ_s m_s·Σ q_b."""
         r, n = blocks.shape[:2]
-        nibbles = scratch.wide[:r].reshape(r, 2, n, 128)
+        nibbles = np.reshape(scratch.wide[:r], (r, 2, n, 128), copy=False)
         np.copyto(nibbles[:, 0], blocks[:, :, 16:])
         np.right_shift(nibbles[:, 0], I16(4), out=nibbles[:, 1])
         nibbles[:, 0] &= I16(15)
-        nibbles *= self.under
+        nibbles *= scratch.under
         wide32 = scratch.f32[:r].reshape(r, 2, n, 128)
         np.copyto(wide32, nibbles)
         sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(r, 2, n, 4)
