@@ -52,36 +52,40 @@ def _at_offset(block: np.ndarray, start: int, residue: int) -> int:
     return start + (residue - block.ctypes.data - 2 * start) % PAGE // 2
 
 
+def _whole_pages(values: int) -> int:
+    """int16 values per row, padded to whole 4 KiB where that adds a quarter or less."""
+    padded = -(-values * 2 // PAGE) * PAGE // 2
+    return padded if padded - values <= values // 4 else values
+
+
 class Scratch:
     """One thread's buffers for panels of up to `rows` weight rows (fresh arrays per panel
     would be fresh pages: their faults cost as much as the arithmetic).
 
-    q4_K's int16 products and its own copy of b's quants (`under`) share one block, placed
-    so that each row of products starts UNDER_LEAD bytes (mod 4 KiB) after `under`, and
-    rows a multiple of 4 KiB long where that costs little. x86 makes a load wait for an older
-    store at the same address mod 4 KiB still in flight ("4K aliasing"); left to where the
-    allocator put them, `products *= under` ran 1x-3x its time, for a K-4096 weight the
-    largest pass of the call."""
+    q4_K's int16 products are half-major ([low/high nibbles, rows, K/2]): a pass over one
+    half then streams whole pages instead of 4 KiB runs with 4 KiB gaps (the shift and mask
+    passes ran 2-3x slower row-major at K 4096). They share one block with the thread's own
+    copy of b's quants (`under`), every row of each starting UNDER_LEAD bytes (mod 4 KiB)
+    after its half of `under` (rows whole 4 KiB where that costs little): x86 makes a load
+    wait for an older in-flight store at the same address mod 4 KiB ("4K aliasing"), and
+    left to where the allocator put them, `products *= under` ran 1x-3x its time."""
 
     def __init__(self, rows: int, row_bytes: int, name: str, under: np.ndarray):
         quants = row_bytes * 128 // 144 if name == "q4_K" else row_bytes
         halves = 2 if name == "q4_K" else 1
         self.under = under
-        if name == "q4_K":
-            row = halves * quants
-            padded = -(-row * 2 // PAGE) * PAGE // 2
-            row = padded if padded - row <= row // 4 else row
-            block = np.empty(under.size + rows * row + 3 * PAGE // 2, I16)
-            u0 = _at_offset(block, 0, 0)
-            w0 = _at_offset(block, u0 + under.size, UNDER_LEAD)
-            self.under = block[u0:u0 + under.size].reshape(under.shape)
-            np.copyto(self.under, under)
-            self.wide = np.reshape(block[w0:w0 + rows * row].reshape(rows, row)[:, :halves * quants],
-                                   (rows, halves, quants), copy=False)
-        else:
-            self.wide = np.empty((rows, halves, quants), I16)
+        self.f32 = np.empty(rows * halves * quants, F32)
         self.high = np.empty((rows, quants), I16) if name == "q4_0" else None
-        self.f32 = np.empty((rows, halves, quants), F32)
+        if name != "q4_K":
+            self.wide = np.empty((rows, halves, quants), I16)
+            return
+        row = _whole_pages(quants)
+        block = np.empty(2 * row + 2 * rows * row + PAGE, I16)
+        u0 = _at_offset(block, 0, 0)
+        w0 = _at_offset(block, u0 + 2 * row, UNDER_LEAD)
+        self.under = block[u0:u0 + 2 * row].reshape(2, 1, row)[:, :, :quants]
+        np.copyto(self.under, under.reshape(2, 1, quants))
+        self.wide = block[w0:w0 + 2 * rows * row].reshape(2, rows, row)[:, :, :quants]
 
 
 class OneRow:
@@ -158,7 +162,7 @@ class OneRow:
             wide *= self.under[0]
             high *= self.under[1]
             wide += high
-        wide32 = scratch.f32[:r, 0]
+        wide32 = scratch.f32[:wide.size].reshape(wide.shape)
         np.copyto(wide32, wide)
         block = (wide32.reshape(-1, self.size) @ np.ones(self.size, F32)).reshape(r, -1)
         if self.name == "q4_0":
@@ -169,17 +173,17 @@ class OneRow:
     def _q4_k_dots(self, blocks: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
         """ggml's q4_K·q8_K: Σ_blocks d_a·d_b·Σ_s sc_s·(Σ q·q_b) − dmin_a·d_b·Σ_s m_s·Σ q_b."""
         r, n = blocks.shape[:2]
-        nibbles = np.reshape(scratch.wide[:r], (r, 2, n, 128), copy=False)
-        np.copyto(nibbles[:, 0], blocks[:, :, 16:])
-        np.right_shift(nibbles[:, 0], I16(4), out=nibbles[:, 1])
-        nibbles[:, 0] &= I16(15)
-        nibbles *= scratch.under
-        wide32 = scratch.f32[:r].reshape(r, 2, n, 128)
+        nibbles = np.reshape(scratch.wide[:, :r], (2, r, n, 128), copy=False)   # half-major
+        np.copyto(nibbles[0], blocks[:, :, 16:])
+        np.right_shift(nibbles[0], I16(4), out=nibbles[1])
+        nibbles[0] &= I16(15)
+        nibbles *= np.reshape(scratch.under, (2, 1, n, 128), copy=False)
+        wide32 = scratch.f32[:2 * r * n * 128].reshape(2, r, n, 128)
         np.copyto(wide32, nibbles)
-        sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(r, 2, n, 4)
+        sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(2, r, n, 4)
         sc, mn = k_scales(blocks.reshape(r * n, -1))     # [r·n, 8]: sub-block s = 2·chunk + half
-        sums *= sc.reshape(r, n, 4, 2).transpose(0, 3, 1, 2)
-        scaled = (sums[:, 0] + sums[:, 1]).reshape(-1, 4) @ np.ones(4, F32)
+        sums *= sc.reshape(r, n, 4, 2).transpose(3, 0, 1, 2)
+        scaled = (sums[0] + sums[1]).reshape(-1, 4) @ np.ones(4, F32)
         mins = (mn.reshape(r, n, 8) * self.b_sums).reshape(-1, 8) @ np.ones(8, F32)
         scaled = scaled.reshape(r, n)
         scaled *= _f16_column(blocks, 0) * self.b_scale
