@@ -89,7 +89,13 @@ def _q5_1(blocks, out):
 
 
 def k_scales(blocks) -> tuple[np.ndarray, np.ndarray]:
-    """q4_K/q5_K: the 8 six-bit scales and mins packed in bytes 4..16, as f32 [n, 8] each.
+    """q4_K/q5_K: the 8 six-bit scales and mins packed in bytes 4..16, as f32 [n, 8] each."""
+    both = k_scale_bytes(blocks).view(U8).astype(F32)  # one cast: strided ones cost 5x
+    return both[:, :8], both[:, 8:]
+
+
+def k_scale_bytes(blocks) -> np.ndarray:
+    """q4_K/q5_K's scales and mins as bytes: uint32 [n, 4] holding scales 0..7, mins 0..7.
 
     The 12 bytes are three little-endian uint32 words (d, m, md); every scale and min is a
     byte-wise mask and shift of them, so four bytes are unpacked per operation (~4x fewer
@@ -109,8 +115,7 @@ def k_scales(blocks) -> tuple[np.ndarray, np.ndarray]:
         np.right_shift(md, np.uint32(shift), out=packed[:, col])
         packed[:, col] &= low4
         packed[:, col] |= high
-    both = packed.view(U8).astype(F32)                  # one cast: strided ones cost 5x
-    return both[:, :8], both[:, 8:]
+    return packed
 
 
 def _k_affine(blocks, out) -> None:

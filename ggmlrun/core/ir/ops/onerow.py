@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ggmlrun.core.ir.blockdecode import f16_at, k_scales
+from ggmlrun.core.ir.blockdecode import f16_at, k_scale_bytes
 from ggmlrun.core.ir.ops.quant import F32, QK_K, q8_0_quants, q8_k_quants
 
 I16 = np.int16
@@ -180,11 +180,16 @@ class OneRow:
         nibbles *= np.reshape(scratch.under, (2, 1, n, 128), copy=False)
         wide32 = scratch.f32[:2 * r * n * 128].reshape(2, r, n, 128)
         np.copyto(wide32, nibbles)
-        sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(2, r, n, 4)
-        sc, mn = k_scales(blocks.reshape(r * n, -1))     # [r·n, 8]: sub-block s = 2·chunk + half
-        sums *= sc.reshape(r, n, 4, 2).transpose(3, 0, 1, 2)
-        scaled = (sums[0] + sums[1]).reshape(-1, 4) @ np.ones(4, F32)
-        mins = (mn.reshape(r, n, 8) * self.b_sums).reshape(-1, 8) @ np.ones(8, F32)
+        sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(2, r * n, 4)
+        packed = k_scale_bytes(blocks.reshape(r * n, -1))   # sub-block s = 2·chunk + half:
+        pairs = packed.view(np.uint16)[:, :4]                # the scales of s and s+1
+        by_half = np.empty((2, r * n, 4), np.uint16)         # sums' layout: one contiguous
+        np.bitwise_and(pairs, np.uint16(0xFF), out=by_half[0])   # multiply, not strided
+        np.right_shift(pairs, np.uint16(8), out=by_half[1])
+        sums *= by_half.astype(F32)
+        scaled = (sums[0] + sums[1]) @ np.ones(4, F32)
+        mins = packed[:, 2:].view(np.uint8).astype(F32).reshape(r, n, 8)
+        mins = (mins * self.b_sums).reshape(-1, 8) @ np.ones(8, F32)
         scaled = scaled.reshape(r, n)
         scaled *= _f16_column(blocks, 0) * self.b_scale
         scaled -= mins.reshape(r, n) * (_f16_column(blocks, 2) * self.b_scale)
