@@ -154,6 +154,36 @@ def test_quantized_panels_match_the_whole_matrix_decode(name):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("name", ["q8_0", "q4_K", "f16", "f32"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_b_rounded_by_shared_rows_gives_one_threads_bits(name, threads, monkeypatch):
+    """A wide b's rounding to a's vec_dot type is shared by rows among the threads (each
+    row is rounded on its own: the bits cannot depend on who rounds it)."""
+    a, b = randn(40, 256), randn(7, 256) * 3
+    if name == "q4_K":
+        raw = np.random.default_rng(6).integers(0, 256, size=(40, 144), dtype=np.uint8)
+        raw[:, 0:2] = np.frombuffer(F16(0.01).tobytes(), np.uint8)
+        raw[:, 2:4] = np.frombuffer(F16(0.002).tobytes(), np.uint8)
+    elif name == "f16":
+        raw = a.astype(F16)
+    elif name == "f32":
+        raw = a
+    else:
+        raw = gq.quantize(a, Q[name.upper()])
+    arr = typed(raw, name, (40, 256)) if name not in ("f16", "f32") else raw
+    monkeypatch.setattr(panels, "SPLIT_MIN_MACS", 1 << 40)       # panels on one thread
+    want = product(arr, b, panels.Workers(1))
+    calls = []
+    real = panels.Workers.share_evenly
+    monkeypatch.setattr(panels.Workers, "share_evenly",
+                        lambda self, work, count, *rest: calls.append(count)
+                        or real(self, work, count, *rest))
+    monkeypatch.setattr(panels, "ROUND_SHARE_MIN_VALUES", 1)
+    got = product(arr, b, panels.Workers(threads))
+    assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
+    assert calls == ([] if name == "f32" else [7])               # f32: nothing to round
+
+
 @pytest.mark.parametrize("a_shape,b_shape", [((4, 6, 8), (8, 5, 8)), ((2, 3, 6, 8), (2, 6, 5, 8)),
                                              ((1, 6, 8), (3, 5, 8))])
 def test_batched_and_single_matrix_products_both_match_numpy(a_shape, b_shape):

@@ -178,3 +178,26 @@ def test_f16_round_gives_numpys_round_trip_bit_for_bit():
         got = f16_round(x)
     assert same_bits(got, want)
     assert same_bits(f16_round(x[:1000].reshape(10, 100)), want[:1000].reshape(10, 100))
+
+
+def test_f16_round_of_non_negative_chunks_takes_the_four_pass_path(monkeypatch):
+    """0 <= x < 65520 (a softmax) is rounded by adding and subtracting 2^(e+13); the sweep's
+    non-negative part, subnormals and the f16 overflow edge give NumPy's bits, and a chunk
+    holding a negative value, inf, nan or 65520 takes the general path."""
+    from ggmlrun.core.ir.ops import quant
+    x = f32_sweep()
+    bits = x.view(np.uint32)
+    plain = x[bits < np.uint32(0x477FF000)]
+    edges = np.array([0.0, 2.0 ** -149, 2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -24, 2.0 ** -14,
+                      2.0 ** -14 - 2.0 ** -25, 1.0, 2048.5, 65504.0, 65519.996], np.float32)
+    taken = []
+    real = quant._f16_round_plain
+    monkeypatch.setattr(quant, "_f16_round_plain", lambda *a: taken.append(1) or real(*a))
+    for values, plain_path in [(plain, True), (edges, True), (np.append(edges, -1.0), False),
+                               (np.append(edges, 65520.0), False),
+                               (np.append(edges, np.inf), False)]:
+        taken.clear()
+        with np.errstate(all="ignore"):
+            want = values.astype(np.float16).astype(np.float32)
+        assert same_bits(quant.f16_round(values), want)
+        assert bool(taken) == plain_path

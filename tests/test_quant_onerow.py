@@ -117,3 +117,26 @@ def test_the_mul_mat_kernel_takes_it_for_one_row(name):
     get_op("mul_mat").kernel(out, a, b)
     want = exact(a, b.reshape(1, k))
     assert np.abs(out.reshape(-1) - want).max() <= 1e-6 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("k", [4096, 14336, 768])
+def test_q4_k_products_sit_a_fixed_distance_after_b_mod_4_kib(k):
+    """q4_K's int16 products are half-major, and each row of each half starts UNDER_LEAD
+    bytes (mod 4 KiB) after that half of the thread's copy of b's quants (rows padded to
+    whole 4 KiB where that costs a quarter or less), so `products *= under` never waits on
+    its own recent stores (4K aliasing)."""
+    b = np.random.default_rng(1).standard_normal(k).astype(F32)
+    prepared = onerow.OneRow(b, "q4_K")
+    row_bytes = k // 256 * 144
+    scratch = prepared.scratch(row_bytes)
+    rows = prepared.panel_rows(row_bytes)
+    assert scratch.wide.shape == (2, rows, k // 2)
+    assert np.array_equal(scratch.under.reshape(prepared.under.shape), prepared.under)
+    assert not np.shares_memory(scratch.under, prepared.under)
+    leads = {(scratch.wide[h, i].ctypes.data - scratch.under[h].ctypes.data) % onerow.PAGE
+             for h in range(2) for i in range(rows)}
+    if k != 768:                       # a 768-value row would double to reach 4 KiB
+        assert leads == {onerow.UNDER_LEAD}
+    else:
+        assert (scratch.wide[0, 0].ctypes.data - scratch.under[0].ctypes.data) \
+            % onerow.PAGE == onerow.UNDER_LEAD

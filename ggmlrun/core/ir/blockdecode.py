@@ -30,10 +30,10 @@ def f16_at(u16: np.ndarray, col: int) -> np.ndarray:
 def _split_nibbles(qs: np.ndarray, out: np.ndarray) -> None:
     """qs [n, .., L] bytes -> out [n, .., 2, L] f32: low nibbles, then high (ggml's order).
 
-    The bit operations run on whole contiguous chunks and the uint8 -> f32 cast happens in
-    the copy into `out`; NumPy is several times slower at short strided rows than at this."""
-    np.copyto(out[..., 0, :], qs & U8(15))
-    np.copyto(out[..., 1, :], qs >> U8(4))
+    The bit operations run in uint8 and NumPy casts their results into `out` as it goes (no
+    uint8 temporary: ~15% faster than masking into one and copying it)."""
+    np.bitwise_and(qs, U8(15), out=out[..., 0, :])
+    np.right_shift(qs, U8(4), out=out[..., 1, :])
 
 
 def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
@@ -90,11 +90,32 @@ def _q5_1(blocks, out):
 
 def k_scales(blocks) -> tuple[np.ndarray, np.ndarray]:
     """q4_K/q5_K: the 8 six-bit scales and mins packed in bytes 4..16, as f32 [n, 8] each."""
-    s = blocks[:, 4:16].reshape(-1, 3, 4)
-    d, m, md = s[:, 0], s[:, 1], s[:, 2]
-    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
-    return sc.astype(F32), mn.astype(F32)
+    both = k_scale_bytes(blocks).view(U8).astype(F32)  # one cast: strided ones cost 5x
+    return both[:, :8], both[:, 8:]
+
+
+def k_scale_bytes(blocks) -> np.ndarray:
+    """q4_K/q5_K's scales and mins as bytes: uint32 [n, 4] holding scales 0..7, mins 0..7.
+
+    The 12 bytes are three little-endian uint32 words (d, m, md); every scale and min is a
+    byte-wise mask and shift of them, so four bytes are unpacked per operation (~4x fewer
+    passes than byte slices; one panel's scales cost as much as a pass over its values)."""
+    packed_bytes = blocks[:, 4:16]
+    if packed_bytes.strides[-1] != 1:
+        packed_bytes = np.ascontiguousarray(packed_bytes)
+    words = packed_bytes.view(np.uint32)
+    d, m, md = words[:, 0], words[:, 1], words[:, 2]
+    low6, top2, low4 = np.uint32(0x3F3F3F3F), np.uint32(0x30303030), np.uint32(0x0F0F0F0F)
+    packed = np.empty((len(words), 4), np.uint32)     # bytes: scales 0..7, then mins 0..7
+    np.bitwise_and(d, low6, out=packed[:, 0])
+    np.bitwise_and(m, low6, out=packed[:, 2])
+    for word, col, shift in ((d, 1, 0), (m, 3, 4)):      # j = 4..7: 4 low bits from md,
+        high = np.right_shift(word, np.uint32(2))         # the top 2 from bits 6-7 of j-4
+        high &= top2
+        np.right_shift(md, np.uint32(shift), out=packed[:, col])
+        packed[:, col] &= low4
+        packed[:, col] |= high
+    return packed
 
 
 def _k_affine(blocks, out) -> None:

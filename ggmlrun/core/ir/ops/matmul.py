@@ -119,7 +119,7 @@ def _mul_mat_bind(out, a, b, *, workers: Workers | None = None, constant=(False,
     def run(out2, b):
         b2 = b.reshape(-1, k)
         if not product.one_row(out2, to_f32(b2)):
-            product(out2, _round_b(b2, weight_type))
+            product(out2, product.rounded(b2, lambda rows: _round_b(rows, weight_type)))
         if weight_type in MIN_TYPES:     # a's block mins, read per call: a may change
             mins = block_mins(np.asarray(a2).view(np.ndarray), weight_type)
             out2 += np.matmul(q8_1_sum_error(to_f32(b2)), mins.T)

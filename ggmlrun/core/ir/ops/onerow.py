@@ -25,7 +25,7 @@ decode as before.
 from __future__ import annotations
 
 from ggmlrun.core.util.lazynumpy import np, numpy_later
-from ggmlrun.core.ir.blockdecode import f16_at, k_scales
+from ggmlrun.core.ir.blockdecode import f16_at, k_scale_bytes
 from ggmlrun.core.ir.ops.quant import F32, QK_K, q8_0_quants, q8_k_quants
 
 I16 = numpy_later(lambda np: np.int16)
@@ -42,16 +42,49 @@ def _f16_column(blocks: np.ndarray, at: int) -> np.ndarray:
     return f16_at(blocks.reshape(r * n, size).view(np.uint16), at // 2).reshape(r, n)
 
 
+PAGE = 4096
+UNDER_LEAD = 3072           # bytes, mod 4 KiB, from b's quants to each row of the products
+
+
+def _at_offset(block: np.ndarray, start: int, residue: int) -> int:
+    """The first int16 index of `block` from `start` whose address is `residue` mod 4 KiB."""
+    return start + (residue - block.ctypes.data - 2 * start) % PAGE // 2
+
+
+def _whole_pages(values: int) -> int:
+    """int16 values per row, padded to whole 4 KiB where that adds a quarter or less."""
+    padded = -(-values * 2 // PAGE) * PAGE // 2
+    return padded if padded - values <= values // 4 else values
+
+
 class Scratch:
     """One thread's buffers for panels of up to `rows` weight rows (fresh arrays per panel
-    would be fresh pages: their faults cost as much as the arithmetic)."""
+    would be fresh pages: their faults cost as much as the arithmetic).
 
-    def __init__(self, rows: int, row_bytes: int, name: str):
+    q4_K's int16 products are half-major ([low/high nibbles, rows, K/2]): a pass over one
+    half then streams whole pages instead of 4 KiB runs with 4 KiB gaps (the shift and mask
+    passes ran 2-3x slower row-major at K 4096). They share one block with the thread's own
+    copy of b's quants (`under`), every row of each starting UNDER_LEAD bytes (mod 4 KiB)
+    after its half of `under` (rows whole 4 KiB where that costs little): x86 makes a load
+    wait for an older in-flight store at the same address mod 4 KiB ("4K aliasing"), and
+    left to where the allocator put them, `products *= under` ran 1x-3x its time."""
+
+    def __init__(self, rows: int, row_bytes: int, name: str, under: np.ndarray):
         quants = row_bytes * 128 // 144 if name == "q4_K" else row_bytes
         halves = 2 if name == "q4_K" else 1
-        self.wide = np.empty((rows, halves, quants), I16)
+        self.under = under
+        self.f32 = np.empty(rows * halves * quants, F32)
         self.high = np.empty((rows, quants), I16) if name == "q4_0" else None
-        self.f32 = np.empty((rows, halves, quants), F32)
+        if name != "q4_K":
+            self.wide = np.empty((rows, halves, quants), I16)
+            return
+        row = _whole_pages(quants)
+        block = np.empty(2 * row + 2 * rows * row + PAGE, I16)
+        u0 = _at_offset(block, 0, 0)
+        w0 = _at_offset(block, u0 + 2 * row, UNDER_LEAD)
+        self.under = block[u0:u0 + 2 * row].reshape(2, 1, row)[:, :, :quants]
+        np.copyto(self.under, under.reshape(2, 1, quants))
+        self.wide = block[w0:w0 + 2 * rows * row].reshape(2, rows, row)[:, :, :quants]
 
 
 class OneRow:
@@ -103,7 +136,7 @@ class OneRow:
         return max(1, PANEL_VALUES // values)
 
     def scratch(self, row_bytes: int) -> Scratch:
-        return Scratch(self.panel_rows(row_bytes), row_bytes, self.name)
+        return Scratch(self.panel_rows(row_bytes), row_bytes, self.name, self.under)
 
     def dots(self, rows: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
         """out [R] = rows (uint8 [R, row_bytes], whole weight rows) · b.
@@ -128,7 +161,7 @@ class OneRow:
             wide *= self.under[0]
             high *= self.under[1]
             wide += high
-        wide32 = scratch.f32[:r, 0]
+        wide32 = scratch.f32[:wide.size].reshape(wide.shape)
         np.copyto(wide32, wide)
         block = (wide32.reshape(-1, self.size) @ np.ones(self.size, F32)).reshape(r, -1)
         if self.name == "q4_0":
@@ -139,18 +172,23 @@ class OneRow:
     def _q4_k_dots(self, blocks: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
         """ggml's q4_K·q8_K: Σ_blocks d_a·d_b·Σ_s sc_s·(Σ q·q_b) − dmin_a·d_b·Σ_s m_s·Σ q_b."""
         r, n = blocks.shape[:2]
-        nibbles = scratch.wide[:r].reshape(r, 2, n, 128)
-        np.copyto(nibbles[:, 0], blocks[:, :, 16:])
-        np.right_shift(nibbles[:, 0], I16(4), out=nibbles[:, 1])
-        nibbles[:, 0] &= I16(15)
-        nibbles *= self.under
-        wide32 = scratch.f32[:r].reshape(r, 2, n, 128)
+        nibbles = np.reshape(scratch.wide[:, :r], (2, r, n, 128), copy=False)   # half-major
+        np.copyto(nibbles[0], blocks[:, :, 16:])
+        np.right_shift(nibbles[0], I16(4), out=nibbles[1])
+        nibbles[0] &= I16(15)
+        nibbles *= np.reshape(scratch.under, (2, 1, n, 128), copy=False)
+        wide32 = scratch.f32[:2 * r * n * 128].reshape(2, r, n, 128)
         np.copyto(wide32, nibbles)
-        sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(r, 2, n, 4)
-        sc, mn = k_scales(blocks.reshape(r * n, -1))     # [r·n, 8]: sub-block s = 2·chunk + half
-        sums *= sc.reshape(r, n, 4, 2).transpose(0, 3, 1, 2)
-        scaled = (sums[:, 0] + sums[:, 1]).reshape(-1, 4) @ np.ones(4, F32)
-        mins = (mn.reshape(r, n, 8) * self.b_sums).reshape(-1, 8) @ np.ones(8, F32)
+        sums = (wide32.reshape(-1, 32) @ np.ones(32, F32)).reshape(2, r * n, 4)
+        packed = k_scale_bytes(blocks.reshape(r * n, -1))   # sub-block s = 2·chunk + half:
+        pairs = packed.view(np.uint16)[:, :4]                # the scales of s and s+1
+        by_half = np.empty((2, r * n, 4), np.uint16)         # sums' layout: one contiguous
+        np.bitwise_and(pairs, np.uint16(0xFF), out=by_half[0])   # multiply, not strided
+        np.right_shift(pairs, np.uint16(8), out=by_half[1])
+        sums *= by_half.astype(F32)
+        scaled = (sums[0] + sums[1]) @ np.ones(4, F32)
+        mins = packed[:, 2:].view(np.uint8).astype(F32).reshape(r, n, 8)
+        mins = (mins * self.b_sums).reshape(-1, 8) @ np.ones(8, F32)
         scaled = scaled.reshape(r, n)
         scaled *= _f16_column(blocks, 0) * self.b_scale
         scaled -= mins.reshape(r, n) * (_f16_column(blocks, 2) * self.b_scale)

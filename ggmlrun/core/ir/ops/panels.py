@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.ops import onerow
-from ggmlrun.core.ir.ops.quant import F32, to_f32
+from ggmlrun.core.ir.ops.quant import F32, to_f32, vec_dot_type
 
 if TYPE_CHECKING:     # loaded with the first split product: ~5 ms of every command's start-up
     from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +38,7 @@ WIDE_B_BYTES = 1 << 20           # a b of more f32 bytes than this no longer sta
 WIDE_B_PANEL_BYTES = 4 << 20     # BLAS re-packs it from L3 per panel, so panels grow 4x
 F32_PANEL_BYTES = 4 << 20        # f32 panels are read in place: fewer, larger calls
 SPLIT_MIN_MACS = 1 << 25         # below this a product is not worth a thread hand-off
+ROUND_SHARE_MIN_VALUES = 1 << 18  # b's rounding is shared out from 1 MiB of f32 (~0.5 ms)
 
 # f16 bits << 13, read as f32, are value·2^-112; the mask is 0x8FFFE000
 F16_SCALE = numpy_later(lambda np: np.float32(2.0 ** 112))
@@ -153,6 +154,23 @@ class PanelProduct:
                     np.matmul(b2, panel.astype(F32).T, out=out2[:, i:j])
 
         self.workers_share(work, m, b2.shape[0], self.rows)
+
+    def rounded(self, b2: np.ndarray, round_rows: Callable[[np.ndarray], np.ndarray]
+                ) -> np.ndarray:
+        """round_rows(b2) (b's rounding to a's vec_dot type, row by row), its rows shared
+        among the run's threads for a wide b: a 512-token prompt's q8_K rounding is ~2 ns a
+        value, 4-5 ms per product, which the other threads would otherwise wait out."""
+        threads = self.workers.threads if self.workers else 1
+        if (threads == 1 or b2.size < ROUND_SHARE_MIN_VALUES or len(b2) < 2
+                or vec_dot_type(self.weight_type) == "f32"):      # nothing to round
+            return round_rows(b2)
+        out = np.empty(b2.shape, F32)
+
+        def work(lo: int, hi: int) -> None:
+            out[lo:hi] = round_rows(b2[lo:hi])
+
+        self.workers.share_evenly(work, len(b2))
+        return out
 
     def one_row(self, out2: np.ndarray, b2: np.ndarray) -> bool:
         """out2 [1, M] = b2 (one f32 row, NOT yet rounded) @ a2ᵀ the way ggml's vec_dot does
