@@ -201,3 +201,20 @@ def test_f16_round_of_non_negative_chunks_takes_the_four_pass_path(monkeypatch):
             want = values.astype(np.float16).astype(np.float32)
         assert same_bits(quant.f16_round(values), want)
         assert bool(taken) == plain_path
+
+
+def test_f16_round_checks_for_nan_only_where_a_chunk_took_the_general_path(monkeypatch):
+    """All-plain input (a softmax) skips the whole-array nan pass; a nan in a later chunk,
+    after plain ones, still gets NumPy's own conversion (its payload), as do negative chunks
+    beside plain ones."""
+    from ggmlrun.core.ir.ops import quant
+    monkeypatch.setattr(quant, "_F16_CHUNK", 64)
+    rng = np.random.default_rng(3)
+    soft = rng.random(64 * 5).astype(np.float32)
+    payload = np.array([0x7FC00123, 0xFFC00001, 0x7F800001], np.uint32).view(np.float32)
+    for x in (soft, np.concatenate([soft, payload, soft[:61]]), np.concatenate([soft, -soft])):
+        with np.errstate(all="ignore"):
+            want = x.astype(np.float16).astype(np.float32)
+        assert same_bits(quant.f16_round(x), want)
+    monkeypatch.setattr(np, "isnan", lambda *a, **k: pytest.fail("nan pass on plain input"))
+    quant.f16_round(soft)

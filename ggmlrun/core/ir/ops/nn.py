@@ -137,8 +137,8 @@ def _soft_max_bind(out, a, mask=None, *, scale, max_bias, workers=None, constant
     rows = out.shape[-2]
 
     def run() -> None:
-        mask32 = None if mask is None else (      # once, not per slice
-            mask[..., :rows, :] if mask.ndim >= 2 else mask).astype(F32)
+        mask32 = None if mask is None else np.asarray(   # once, not per slice; an f32
+            mask[..., :rows, :] if mask.ndim >= 2 else mask, dtype=F32)   # mask: no copy
 
         def work(lo: int, hi: int) -> None:
             with np.errstate(all="ignore"):           # error state is per thread

@@ -184,7 +184,7 @@ def _q8_k_round(x: np.ndarray) -> np.ndarray:
     return q.reshape(x.shape)
 
 
-_F16_CHUNK = 1 << 15               # values per step of f16_round: its temporaries stay in L1/L2
+_F16_CHUNK = 1 << 16               # values per step of f16_round: its temporaries stay in L2
 # an f16-rounded value of 2^16 or more overflows to inf here
 _F16_OVERFLOW_UP = numpy_later(lambda np: np.float32(2.0 ** 112))
 _F16_SMALLEST_NORMAL = 0x38800000   # 2^-14 as f32 bits: below it f16 steps by 2^-24
@@ -210,12 +210,13 @@ def _f16_round_plain(x: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> Non
 
 
 def _f16_round_chunk(x: np.ndarray, out: np.ndarray, magnitude: np.ndarray,
-                     small: np.ndarray) -> None:
-    """out (uint32, x's size) = the bits of f32(f16(x)) for every x that is not nan."""
+                     small: np.ndarray) -> bool:
+    """out (uint32, x's size) = the bits of f32(f16(x)) for every x that is not nan; False
+    where the chunk had to take the general path (only there can a nan be)."""
     bits = x.view(np.uint32)
     if bits.max() < _F16_PLAIN_BELOW:          # no sign, inf, nan or f16 overflow here
         _f16_round_plain(x, out, magnitude)
-        return
+        return True
     np.right_shift(bits, np.uint32(13), out=out)       # keep 10 mantissa bits, ties to even
     out &= np.uint32(1)
     out += np.uint32(0xFFF)
@@ -231,6 +232,7 @@ def _f16_round_chunk(x: np.ndarray, out: np.ndarray, magnitude: np.ndarray,
     np.rint(subnormal, out=subnormal)
     subnormal *= F32(2.0 ** -24)
     np.copyto(rounded, subnormal, where=small)
+    return False
 
 
 def f16_round(x: np.ndarray) -> np.ndarray:
@@ -238,7 +240,7 @@ def f16_round(x: np.ndarray) -> np.ndarray:
 
     NumPy converts f32 <-> f16 one value at a time (10-100 ns a value here: attention's
     softmax, 8M values at 512 tokens, is rounded to f16 before kqv). This rounds the f32 bits
-    in integer and f32 passes over L1-sized chunks: round the mantissa to 10 bits (ties to
+    in integer and f32 passes over L2-sized chunks: round the mantissa to 10 bits (ties to
     even), let values of 65536 and more overflow to inf, and below 2^-14 (f16 subnormals)
     round to a multiple of 2^-24 with rint. nan keeps NumPy's own conversion (its payload
     rule)."""
@@ -247,12 +249,15 @@ def f16_round(x: np.ndarray) -> np.ndarray:
     bits = np.empty(flat.shape, np.uint32)
     magnitude = np.empty(min(_F16_CHUNK, flat.size), np.uint32)
     small = np.empty(magnitude.shape, bool)
+    plain = True
     with np.errstate(over="ignore", invalid="ignore"):
         for start in range(0, flat.size, _F16_CHUNK):
             stop = min(start + _F16_CHUNK, flat.size)
-            _f16_round_chunk(flat[start:stop], bits[start:stop], magnitude[:stop - start],
-                             small[:stop - start])
+            plain &= _f16_round_chunk(flat[start:stop], bits[start:stop],
+                                      magnitude[:stop - start], small[:stop - start])
     rounded = bits.view(F32).reshape(x.shape)
+    if plain:                 # every chunk's max said: no nan (two passes fewer; a softmax)
+        return rounded
     nan = np.isnan(x)
     if nan.any():
         rounded[nan] = x[nan].astype(np.float16).astype(F32)
