@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.report import Bytes, Table, _seconds, plain
+from ggmlrun.report.table import Bytes, Table, plain, seconds_text
 
 if TYPE_CHECKING:     # rich loads when something is drawn, not on every command
     from rich.console import Console, Group
@@ -21,7 +21,7 @@ if TYPE_CHECKING:     # rich loads when something is drawn, not on every command
 
 
 # --- numbers -----------------------------------------------------------------------------------
-seconds = _seconds
+seconds = seconds_text
 
 
 def rate(value: float | None, unit: str) -> str:

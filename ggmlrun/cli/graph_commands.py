@@ -1,5 +1,5 @@
 """validate, plan, measure, run and dot: parse, call the engine (or the models package),
-render with report.py."""
+render with report/."""
 
 from __future__ import annotations
 

@@ -1,0 +1,99 @@
+"""Reports of a model (a GGUF file or a card): its summary, `measure`, `run` and `fit`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.report.table import Table, seconds_text
+
+if TYPE_CHECKING:
+    from ggmlrun.core.engine import BackendMemory
+    from ggmlrun.core.run.exec import RunResult
+
+
+def model_summary(model) -> dict:
+    import math
+
+    from ggmlrun.core.ir.types import TYPES
+
+    weights = sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
+    hp = model.hparams
+    return {"architecture": model.arch, "n_layer": hp.n_layer, "n_embd": hp.n_embd,
+            "n_head": hp.n_head, "n_head_kv": hp.n_head_kv, "n_ff": hp.n_ff,
+            "n_vocab": hp.n_vocab, "n_ctx_train": hp.n_ctx_train,
+            "tensors": len(model.tensors), "weights_bytes": weights,
+            "tied_embeddings": "output.weight" not in model.tensors}
+
+
+def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
+    """SPEC section 5's keys; `lower_bound_bytes` is the allocator's lower bound of the last
+    reserved graph (a pp graph), so it bounds that graph's arena, not the max over reserves."""
+    lower = {m.name: m.lower_bound_bytes for m in memory}
+    return {"model": model.name, "n_nodes": figures.n_nodes, "n_splits": figures.n_splits,
+            "ctx": figures.ctx, "ubatch": figures.ubatch, "ngl": figures.ngl,
+            "backends": [{"name": b.name, "kind": b.kind, "arena_bytes": b.arena_bytes,
+                          "weights_bytes": b.weights_bytes, "kv_bytes": b.kv_bytes,
+                          "lower_bound_bytes": lower.get(b.name, 0),
+                          "memory_bytes": b.memory_bytes} for b in figures.backends]}
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def model_measure_table(model, figures) -> Table:
+    table = Table(title=f"{model.name}: ctx {figures.ctx}, ubatch {figures.ubatch}, "
+                        f"ngl {figures.ngl}; graph nodes {figures.n_nodes}, graph splits "
+                        f"{figures.n_splits}")
+    for col in ("backend", "kind", "model (weights)", "KV cache", "compute", "total", "memory"):
+        table.add_column(col, justify="left" if col in ("backend", "kind") else "right",
+                         number=col not in ("backend", "kind"))
+    for b in figures.backends:
+        total = b.weights_bytes + b.kv_bytes + b.arena_bytes
+        table.add_row(b.name, b.kind, f"{b.weights_bytes:,}", f"{b.kv_bytes:,}",
+                      f"{b.arena_bytes:,}", f"{total:,} ({human_bytes(total)})",
+                      human_bytes(b.memory_bytes))
+    return table
+
+
+def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
+    return {"outputs": summaries,
+            "timings": {"repeat": result.repeat,
+                        "backends": [{"name": t.name, "copy_s": t.copy_s,
+                                      "compute_s": t.compute_s, "copy_bytes": t.copy_bytes}
+                                     for t in result.timings]}}
+
+
+def model_fit_dict(model, result) -> dict:
+    return {"model": model.name, "ngl": result.ngl, "ctx": result.ctx,
+            "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
+            "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
+                          "kv_bytes": b.kv_bytes, "arena_bytes": b.arena_bytes,
+                          "total_bytes": b.total_bytes, "memory_bytes": b.memory_bytes,
+                          "margin_bytes": b.margin_bytes, "free_bytes": b.free_bytes,
+                          "fits": b.fits} for b in result.backends],
+            "probes": [{"ngl": n, "ctx": c} for n, c in result.probes],
+            "seconds": result.seconds,
+            **({"advice": result.advice} if result.advice else {})}
+
+
+def fit_table(model, result) -> Table:
+    where = (f"-ngl {result.ngl} of {result.n_layer + 1}" if result.fits
+             else f"nothing fits; shown: -ngl {result.shown_ngl}")
+    table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "
+                        f"({len(result.probes)} reserves, {seconds_text(result.seconds)})")
+    for col in ("backend", "model", "KV", "compute", "total", "memory", "margin", "free", "fits"):
+        table.add_column(col, justify="left" if col in ("backend", "fits") else "right",
+                         number=col not in ("backend", "fits"))
+    for b in result.backends:
+        table.add_row(b.name, _mib(b.weights_bytes), _mib(b.kv_bytes), _mib(b.arena_bytes),
+                      _mib(b.total_bytes), _mib(b.memory_bytes), _mib(b.margin_bytes),
+                      _mib(b.free_bytes), "yes" if b.fits else "NO")
+    return table
+
+
+def fit_line(result) -> str:
+    if not result.fits:
+        return "llama.cpp: nothing fits (see the error below)"
+    return f"llama.cpp: -ngl {result.ngl} -c {result.ctx}"
