@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.util.fmt import all_plain_ints
 from ggmlrun.core.ir.graph import Tensor
 
 REQUIRED = object()  # marks a param without a default
@@ -75,19 +76,55 @@ def resolve_params(spec: OpSpec, given: dict | None) -> dict:
     return params
 
 
+_RULES: dict = {}          # rule key -> (spec, OpResult): what a node like this one came to
+MAX_RULES = 4096           # a big graph repeats a few dozen kinds of node; a search makes more
+
+
+def _rule_key(op, srcs, params) -> tuple | None:
+    """What an op's shape rule reads: the op, each source's layout and the params, each param
+    with its type (1, 1.0 and true are equal keys but not equal params) and floats by their
+    bits (-0.0 == 0.0). None for a param of any other kind: that node is not remembered."""
+    key = [op]
+    for src in srcs:
+        key += src.shape, src.dtype, src.strides
+    if params:
+        for name, value in params.items():
+            kind = type(value)
+            if kind is float:
+                value = value.hex()
+            elif kind is list and all_plain_ints(value):
+                value = tuple(value)
+            elif kind is not int and kind is not str and kind is not bool:
+                return None
+            key += name, kind, value
+    return tuple(key)
+
+
 def make_node(name: str, op: str, srcs: list[Tensor], params: dict | None = None, *,
               backend: str | None = None, line: int | None = None) -> Tensor:
-    """Check and build one node; errors name the node (the loader adds file and line)."""
-    try:
-        spec = get_op(op)
-        lo, hi = spec.n_src
-        if not lo <= len(srcs) <= hi:
-            want = f"{lo}" if lo == hi else f"{lo} to {hi}"
-            raise InputError(f"{op} takes {want} sources, got {len(srcs)}")
-        resolved = resolve_params(spec, params)
-        result = spec.infer(srcs, **resolved)
-    except InputError as err:
-        raise err.located(line=line, culprit=f"node '{name}'")
+    """Check and build one node; errors name the node (the loader adds file and line). A node
+    like one built before (same op, source layouts and params) reuses its rule's answer: the
+    rules are pure functions of those, and a 10k-node graph has a few dozen kinds of node."""
+    key = _rule_key(op, srcs, params) if type(op) is str else None
+    known = _RULES.get(key) if key is not None else None
+    if known is not None and known[0] is OPS.get(op):
+        spec, result = known
+        resolved = {**spec.params, **params} if params else dict(spec.params)
+    else:
+        try:
+            spec = get_op(op)
+            lo, hi = spec.n_src
+            if not lo <= len(srcs) <= hi:
+                want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+                raise InputError(f"{op} takes {want} sources, got {len(srcs)}")
+            resolved = resolve_params(spec, params)
+            result = spec.infer(srcs, **resolved)
+        except InputError as err:
+            raise err.located(line=line, culprit=f"node '{name}'")
+        if key is not None:
+            if len(_RULES) >= MAX_RULES:
+                _RULES.clear()
+            _RULES[key] = spec, result
     node = Tensor(name=name, shape=result.shape, dtype=result.dtype,
                   strides=result.strides or (), op=op, src=list(srcs), params=resolved,
                   backend=backend, line=line)
