@@ -71,3 +71,33 @@ def test_a_replaced_op_is_asked_again(monkeypatch):
     monkeypatch.setitem(registry.OPS, "silu", refusing)
     with pytest.raises(InputError, match="no"):
         make_node("b", "silu", [x])
+
+
+def load(tmp_path, tensors: str, nodes: str = "  - {name: y, op: add, src: [a, b]}\n"):
+    from ggmlrun.core.frontend.loader import load_graph
+    path = tmp_path / "g.yaml"
+    path.write_text(f"tensors:\n{tensors}nodes:\n{nodes}")
+    return load_graph(path)
+
+
+def test_leafs_with_one_spec_are_alike_but_their_own(tmp_path):
+    g = load(tmp_path, "  a: {shape: [4, 8], init: randn, scale: 1}\n"
+                       "  b: {shape: [4, 8], init: randn, scale: 1}\n"
+                       "  c: {shape: [4, 8], init: randn, scale: 1.0}\n")
+    a, b, c = g.leafs
+    assert [t.line for t in g.leafs] == [2, 3, 4]
+    assert a.data.keys == b.data.keys == c.data.keys == {"mean": 0.0, "scale": 1.0}
+    assert a.data is not b.data and a.data.keys is not b.data.keys
+    assert (a.shape, a.strides, a.dtype, a.role) == (b.shape, b.strides, b.dtype, b.role)
+
+
+@pytest.mark.parametrize("second, message", [
+    ("{shape: [4, 8], init: randn, scale: true}", "'scale' must be a number, got a boolean"),
+    ("{shape: [4, 8.0], init: randn, scale: 1}", r"shape\[1\] must be an integer, got the number 8.0"),
+    ("{shape: [4, 8], init: randn, scale: 1, 1: 2}", "unknown key"),
+])
+def test_a_leaf_unlike_a_valid_one_still_fails(tmp_path, second, message):
+    from ggmlrun.core.util.errors import InputError
+    with pytest.raises(InputError, match=message) as err:
+        load(tmp_path, f"  a: {{shape: [4, 8], init: randn, scale: 1}}\n  b: {second}\n")
+    assert err.value.line == 3 and "'b'" in str(err.value)

@@ -12,7 +12,7 @@ import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: nodes are checked
 from ggmlrun.core.frontend.backends_file import load_backends, parse_backends, parse_size  # noqa: F401
 from ggmlrun.core.frontend.data import FLOAT_ONLY_INITS, INIT_KEYS, REQUIRED, check_npy
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.core.util.fmt import all_plain_ints, shape_text
+from ggmlrun.core.util.fmt import all_plain_ints, exact_key, shape_text
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
@@ -43,6 +43,7 @@ NODE_KEYS = ("name", "op", "src", "params", "backend")
 NODE_KEYSET = frozenset(NODE_KEYS)
 TENSOR_KEYSET = frozenset(TENSOR_KEYS + ALL_INIT_KEYS)
 ROLES = ("weight", "input")
+OWN_DATA = ("values", "file")   # a leaf spec whose data is its own: never shared (see _twin)
 
 
 # --- graph files ----------------------------------------------------------------------------
@@ -93,10 +94,27 @@ def _parse_tensors(doc, data, yaml_dir: Path) -> list[Tensor]:
     if not tensors:
         raise doc.error("tensors is empty; a graph needs at least one leaf", ("tensors",))
     leafs = []
+    alike: dict = {}      # exact_key of a spec -> the first tensor parsed from it
     for name, spec in tensors.items():
         check_name(doc, name, ("tensors", name), None, "tensor name")
-        leafs.append(_parse_tensor(doc, name, spec, yaml_dir))
+        key = exact_key(spec) if type(spec) is dict and spec.keys().isdisjoint(OWN_DATA) else None
+        twin = alike.get(key) if key is not None else None
+        if twin is not None:
+            leafs.append(_twin(twin, name, doc.line(("tensors", name))))
+            continue
+        tensor = _parse_tensor(doc, name, spec, yaml_dir)
+        if key is not None:
+            alike[key] = tensor
+        leafs.append(tensor)
     return leafs
+
+
+def _twin(tensor: Tensor, name: str, line: int | None) -> Tensor:
+    """A leaf whose spec is exactly another's (a big model repeats a few per layer): it passed
+    the same checks, so it is that leaf under another name, with its own init keys."""
+    return Tensor(name=name, shape=tensor.shape, dtype=tensor.dtype, role=tensor.role,
+                  backend=tensor.backend, line=line,
+                  data=LeafData(init=tensor.data.init, keys=dict(tensor.data.keys)))
 
 
 def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:

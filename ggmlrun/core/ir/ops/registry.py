@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.core.util.fmt import all_plain_ints
+from ggmlrun.core.util.fmt import exact_key
 from ggmlrun.core.ir.graph import Tensor
 
 REQUIRED = object()  # marks a param without a default
@@ -81,22 +81,16 @@ MAX_RULES = 4096           # a big graph repeats a few dozen kinds of node; a se
 
 
 def _rule_key(op, srcs, params) -> tuple | None:
-    """What an op's shape rule reads: the op, each source's layout and the params, each param
-    with its type (1, 1.0 and true are equal keys but not equal params) and floats by their
-    bits (-0.0 == 0.0). None for a param of any other kind: that node is not remembered."""
+    """What an op's shape rule reads: the op, each source's layout and the params (see
+    `exact_key`). None when a param is of a kind that key leaves out: not remembered."""
     key = [op]
     for src in srcs:
         key += src.shape, src.dtype, src.strides
     if params:
-        for name, value in params.items():
-            kind = type(value)
-            if kind is float:
-                value = value.hex()
-            elif kind is list and all_plain_ints(value):
-                value = tuple(value)
-            elif kind is not int and kind is not str and kind is not bool:
-                return None
-            key += name, kind, value
+        params_key = exact_key(params)
+        if params_key is None:
+            return None
+        key.append(params_key)
     return tuple(key)
 
 
