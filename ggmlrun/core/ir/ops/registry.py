@@ -100,7 +100,10 @@ def make_node(name: str, op: str, srcs: list[Tensor], params: dict | None = None
     like one built before (same op, source layouts and params) reuses its rule's answer: the
     rules are pure functions of those, and a 10k-node graph has a few dozen kinds of node."""
     key = _rule_key(op, srcs, params) if type(op) is str else None
-    known = _RULES.get(key) if key is not None else None
+    try:
+        known = _RULES.get(key) if key is not None else None
+    except TypeError:          # a source whose layout is not hashable: asked, not remembered
+        key = known = None
     if known is not None and known[0] is OPS.get(op):
         spec, result = known
         resolved = {**spec.params, **params} if params else dict(spec.params)
