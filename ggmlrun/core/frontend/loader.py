@@ -342,8 +342,8 @@ def _plain_node(doc, item, i, defined) -> Tensor | None:
     """The usual node, built with no message text or key path made for it: a mapping of known
     keys, a new valid name, defined sources, plain params. None for anything else, and for a
     node its op refuses: `_parse_node` then checks it step by step and words the error, so
-    this path decides no outcome of its own (a third of a big file's node time was spent
-    preparing for errors that never came)."""
+    this path decides no outcome of its own; it only skips the culprit text and key paths
+    that nothing but an error reads."""
     if type(item) is not dict or not item.keys() <= NODE_KEYSET:
         return None
     name, op, src_names = item.get("name"), item.get("op"), item.get("src", [])
