@@ -12,13 +12,14 @@ import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: nodes are checked
 from ggmlrun.core.frontend.backends_file import load_backends, parse_backends, parse_size  # noqa: F401
 from ggmlrun.core.frontend.data import FLOAT_ONLY_INITS, INIT_KEYS, REQUIRED, check_npy
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.core.util.fmt import all_plain_ints, shape_text
+from ggmlrun.core.util.fmt import all_plain_ints, exact_key, shape_text
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.ir.graph import MAX_DIMS, Graph, LeafData, Tensor
 from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
 from ggmlrun.core.util.numbers import INT64_MAX, INT64_MIN, checked_int
 from ggmlrun.core.frontend.yamlfile import (
+    NAME_RE,
     check_name,
     describe_value,
     is_int,
@@ -42,6 +43,7 @@ NODE_KEYS = ("name", "op", "src", "params", "backend")
 NODE_KEYSET = frozenset(NODE_KEYS)
 TENSOR_KEYSET = frozenset(TENSOR_KEYS + ALL_INIT_KEYS)
 ROLES = ("weight", "input")
+OWN_DATA = ("values", "file")   # a leaf spec whose data is its own: never shared (see _twin)
 
 
 # --- graph files ----------------------------------------------------------------------------
@@ -92,10 +94,27 @@ def _parse_tensors(doc, data, yaml_dir: Path) -> list[Tensor]:
     if not tensors:
         raise doc.error("tensors is empty; a graph needs at least one leaf", ("tensors",))
     leafs = []
+    alike: dict = {}      # exact_key of a spec -> the first tensor parsed from it
     for name, spec in tensors.items():
         check_name(doc, name, ("tensors", name), None, "tensor name")
-        leafs.append(_parse_tensor(doc, name, spec, yaml_dir))
+        key = exact_key(spec) if type(spec) is dict and spec.keys().isdisjoint(OWN_DATA) else None
+        twin = alike.get(key) if key is not None else None
+        if twin is not None:
+            leafs.append(_twin(twin, name, doc.line(("tensors", name))))
+            continue
+        tensor = _parse_tensor(doc, name, spec, yaml_dir)
+        if key is not None:
+            alike[key] = tensor
+        leafs.append(tensor)
     return leafs
+
+
+def _twin(tensor: Tensor, name: str, line: int | None) -> Tensor:
+    """A leaf whose spec is exactly another's (a big model repeats a few per layer): it passed
+    the same checks, so it is that leaf under another name, with its own init keys."""
+    return Tensor(name=name, shape=tensor.shape, dtype=tensor.dtype, role=tensor.role,
+                  backend=tensor.backend, line=line,
+                  data=LeafData(init=tensor.data.init, keys=dict(tensor.data.keys)))
 
 
 def _parse_tensor(doc, name: str, spec, yaml_dir: Path) -> Tensor:
@@ -313,10 +332,36 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
     defined: dict[str, Tensor] = dict(leafs)
     nodes = []
     for i, item in enumerate(nodes_data):
-        node = _parse_node(doc, item, i, defined, nodes_data)
+        node = _plain_node(doc, item, i, defined) or _parse_node(doc, item, i, defined, nodes_data)
         defined[node.name] = node
         nodes.append(node)
     return nodes
+
+
+def _plain_node(doc, item, i, defined) -> Tensor | None:
+    """The usual node, built with no message text or key path made for it: a mapping of known
+    keys, a new valid name, defined sources, plain params. None for anything else, and for a
+    node its op refuses: `_parse_node` then checks it step by step and words the error, so
+    this path decides no outcome of its own; it only skips the culprit text and key paths
+    that nothing but an error reads."""
+    if type(item) is not dict or not item.keys() <= NODE_KEYSET:
+        return None
+    name, op, src_names = item.get("name"), item.get("op"), item.get("src", [])
+    params, backend = item.get("params"), item.get("backend")
+    if not (type(name) is str and type(op) is str and type(src_names) is list
+            and name not in defined and NAME_RE.match(name)
+            and (backend is None or type(backend) is str and backend)
+            and (params is None or type(params) is dict)):
+        return None
+    try:
+        srcs = [defined[src] for src in src_names]
+        for key, value in params.items() if params else ():
+            if type(key) is not str:
+                return None
+            _check_param_numbers(doc, key, value, (), None)
+        return make_node(name, op, srcs, params, backend=backend, line=doc.line(("nodes", i)))
+    except (KeyError, InputError, TypeError, ValueError, ArithmeticError):
+        return None
 
 
 def _parse_node(doc, item, i, defined, nodes_data) -> Tensor:

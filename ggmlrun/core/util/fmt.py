@@ -64,3 +64,24 @@ def clip(text, limit: int = 80) -> str:
     so a megabyte name never becomes a megabyte error line."""
     text = str(text) if not isinstance(text, str) else text
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def exact_key(mapping) -> tuple | None:
+    """A YAML mapping's items as a dict key that two mappings share only when their every
+    value is the same to any check: each value with its type (1, 1.0 and true are equal keys,
+    not equal values), floats by their bits (-0.0 == 0.0), a flat list of ints as a tuple.
+    None for any other value (nested data, NumPy scalars) or a name that is not a string (1
+    and true again): such a mapping is not remembered."""
+    key = []
+    for name, value in mapping.items():
+        kind = type(value)
+        if type(name) is not str:
+            return None
+        if kind is float:
+            value = value.hex()
+        elif kind is list and all_plain_ints(value):
+            value = tuple(value)
+        elif kind is not int and kind is not str and kind is not bool and value is not None:
+            return None
+        key += name, kind, value
+    return tuple(key)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.util.fmt import exact_key
 from ggmlrun.core.ir.graph import Tensor
 
 REQUIRED = object()  # marks a param without a default
@@ -75,19 +76,52 @@ def resolve_params(spec: OpSpec, given: dict | None) -> dict:
     return params
 
 
+_RULES: dict = {}          # rule key -> (spec, OpResult): what a node like this one came to
+MAX_RULES = 4096           # a big graph repeats a few dozen kinds of node; a search makes more
+
+
+def _rule_key(op, srcs, params) -> tuple | None:
+    """What an op's shape rule reads: the op, each source's layout and the params (see
+    `exact_key`). None when a param is of a kind that key leaves out: not remembered."""
+    key = [op]
+    for src in srcs:
+        key += src.shape, src.dtype, src.strides
+    if params:
+        params_key = exact_key(params)
+        if params_key is None:
+            return None
+        key.append(params_key)
+    return tuple(key)
+
+
 def make_node(name: str, op: str, srcs: list[Tensor], params: dict | None = None, *,
               backend: str | None = None, line: int | None = None) -> Tensor:
-    """Check and build one node; errors name the node (the loader adds file and line)."""
+    """Check and build one node; errors name the node (the loader adds file and line). A node
+    like one built before (same op, source layouts and params) reuses its rule's answer: the
+    rules are pure functions of those, and a 10k-node graph has a few dozen kinds of node."""
+    key = _rule_key(op, srcs, params) if type(op) is str else None
     try:
-        spec = get_op(op)
-        lo, hi = spec.n_src
-        if not lo <= len(srcs) <= hi:
-            want = f"{lo}" if lo == hi else f"{lo} to {hi}"
-            raise InputError(f"{op} takes {want} sources, got {len(srcs)}")
-        resolved = resolve_params(spec, params)
-        result = spec.infer(srcs, **resolved)
-    except InputError as err:
-        raise err.located(line=line, culprit=f"node '{name}'")
+        known = _RULES.get(key) if key is not None else None
+    except TypeError:          # a source whose layout is not hashable: asked, not remembered
+        key = known = None
+    if known is not None and known[0] is OPS.get(op):
+        spec, result = known
+        resolved = {**spec.params, **params} if params else dict(spec.params)
+    else:
+        try:
+            spec = get_op(op)
+            lo, hi = spec.n_src
+            if not lo <= len(srcs) <= hi:
+                want = f"{lo}" if lo == hi else f"{lo} to {hi}"
+                raise InputError(f"{op} takes {want} sources, got {len(srcs)}")
+            resolved = resolve_params(spec, params)
+            result = spec.infer(srcs, **resolved)
+        except InputError as err:
+            raise err.located(line=line, culprit=f"node '{name}'")
+        if key is not None:
+            if len(_RULES) >= MAX_RULES:
+                _RULES.clear()
+            _RULES[key] = spec, result
     node = Tensor(name=name, shape=result.shape, dtype=result.dtype,
                   strides=result.strides or (), op=op, src=list(srcs), params=resolved,
                   backend=backend, line=line)
