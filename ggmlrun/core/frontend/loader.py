@@ -19,7 +19,6 @@ from ggmlrun.core.ir.types import PLAIN, ggml_type
 from ggmlrun.core.ir.ops import OPS, make_node
 from ggmlrun.core.util.numbers import INT64_MAX, INT64_MIN, checked_int
 from ggmlrun.core.frontend.yamlfile import (
-    NAME_RE,
     check_name,
     describe_value,
     is_int,
@@ -332,36 +331,10 @@ def _parse_nodes(doc, data, leafs: dict[str, Tensor]) -> list[Tensor]:
     defined: dict[str, Tensor] = dict(leafs)
     nodes = []
     for i, item in enumerate(nodes_data):
-        node = _plain_node(doc, item, i, defined) or _parse_node(doc, item, i, defined, nodes_data)
+        node = _parse_node(doc, item, i, defined, nodes_data)
         defined[node.name] = node
         nodes.append(node)
     return nodes
-
-
-def _plain_node(doc, item, i, defined) -> Tensor | None:
-    """The usual node, built with no message text or key path made for it: a mapping of known
-    keys, a new valid name, defined sources, plain params. None for anything else, and for a
-    node its op refuses: `_parse_node` then checks it step by step and words the error, so
-    this path decides no outcome of its own; it only skips the culprit text and key paths
-    that nothing but an error reads."""
-    if type(item) is not dict or not item.keys() <= NODE_KEYSET:
-        return None
-    name, op, src_names = item.get("name"), item.get("op"), item.get("src", [])
-    params, backend = item.get("params"), item.get("backend")
-    if not (type(name) is str and type(op) is str and type(src_names) is list
-            and name not in defined and NAME_RE.match(name)
-            and (backend is None or type(backend) is str and backend)
-            and (params is None or type(params) is dict)):
-        return None
-    try:
-        srcs = [defined[src] for src in src_names]
-        for key, value in params.items() if params else ():
-            if type(key) is not str:
-                return None
-            _check_param_numbers(doc, key, value, (), None)
-        return make_node(name, op, srcs, params, backend=backend, line=doc.line(("nodes", i)))
-    except (KeyError, InputError, TypeError, ValueError, ArithmeticError):
-        return None
 
 
 def _parse_node(doc, item, i, defined, nodes_data) -> Tensor:
