@@ -1,7 +1,10 @@
-"""A llama model's hyperparameters, read from GGUF metadata as llama.cpp's loader reads them.
+"""A model's hyperparameters, read from GGUF metadata as llama.cpp's loader reads them.
 
 Keys are `{arch}.{name}` (llama.cpp's LLM_KV names). Defaults are llama.cpp's where a key is
-optional; a missing required key is an input error naming it.
+optional; a missing required key is an input error naming it. `LlamaHParams` holds what
+llama_model_base::load_hparams reads for every architecture (plus the RMS epsilon every
+registered architecture requires); an architecture with keys of its own reads them in its
+module's `read_hparams` (its load_arch_hparams) into a subclass (models/arch/).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class LlamaHParams:
         return self.n_embd_head_v * self.n_head_kv
 
 
+HParams = LlamaHParams     # the common base, under the name every architecture shares
+
+
 def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
     """`fields`: GGUF key -> plain value (ints, floats, strings, lists)."""
 
@@ -73,7 +79,7 @@ def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
     factor = get("rope.scaling.factor", 0.0) or 0.0
     if factor and get("rope.scaling.type", "linear") == "linear":
         scale = 1.0 / float(factor)
-    return LlamaHParams(
+    common = dict(
         n_layer=int(get("block_count")), n_embd=n_embd, n_head=n_head,
         n_head_kv=int(get("attention.head_count_kv", n_head)),
         n_ff=int(get("feed_forward_length")), n_vocab=int(n_vocab),
@@ -84,24 +90,25 @@ def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
         norm_rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         n_embd_head_k=head_k,
         n_embd_head_v=int(get("attention.value_length", 0) or 0) or head_k)
+    from ggmlrun.models.arch import get_arch
+
+    spec = get_arch(arch)
+    if spec.read_hparams is None:
+        return LlamaHParams(**common)
+    return spec.read_hparams(get, common)
+
+
+def tensor_shapes(hp: LlamaHParams, arch: str = "llama",
+                  optional: tuple[str, ...] = ("output.weight",)) -> dict[str, tuple[int, ...]]:
+    """The tensors a model of `arch` has, NumPy order (ggml's ne reversed), in llama.cpp's load
+    order: every required one, and of the optional ones those named in `optional` (by default
+    `output.weight`: a file without it ties the output to `token_embd.weight`)."""
+    from ggmlrun.models.arch import get_arch
+
+    return {name: spec.shape for name, spec in get_arch(arch).tensors(hp).items()
+            if spec.required is True or name in optional}
 
 
 def llama_tensor_shapes(hp: LlamaHParams) -> dict[str, tuple[int, ...]]:
-    """Every tensor llama.cpp loads for a llama model, NumPy order (ggml's ne reversed).
-    `output.weight` is listed; a file without it ties the output to `token_embd.weight`."""
-    shapes = {"token_embd.weight": (hp.n_vocab, hp.n_embd),
-              "output_norm.weight": (hp.n_embd,),
-              "output.weight": (hp.n_vocab, hp.n_embd)}
-    q, kv = hp.n_embd_head_k * hp.n_head, hp.n_embd_k_gqa
-    for i in range(hp.n_layer):
-        p = f"blk.{i}."
-        shapes.update({p + "attn_norm.weight": (hp.n_embd,),
-                       p + "attn_q.weight": (q, hp.n_embd),
-                       p + "attn_k.weight": (kv, hp.n_embd),
-                       p + "attn_v.weight": (hp.n_embd_v_gqa, hp.n_embd),
-                       p + "attn_output.weight": (hp.n_embd, hp.n_embd_head_v * hp.n_head),
-                       p + "ffn_norm.weight": (hp.n_embd,),
-                       p + "ffn_gate.weight": (hp.n_ff, hp.n_embd),
-                       p + "ffn_up.weight": (hp.n_ff, hp.n_embd),
-                       p + "ffn_down.weight": (hp.n_embd, hp.n_ff)})
-    return shapes
+    """Every tensor a plain llama model has (tensor_shapes of llama)."""
+    return tensor_shapes(hp, "llama")

@@ -1,8 +1,9 @@
 """A GGUF model file's header: architecture, hyperparameters and the tensor table.
 
 Read with the `gguf` package llama.cpp publishes (GGUFReader memory-maps the file, so no weight
-byte is read here). Only the llama architecture is accepted: anything else is an input error
-naming the architecture, as is a file `gguf` cannot parse.
+byte is read here). Only the architectures of the registry (models/arch/) are accepted: anything
+else is an input error naming the architecture and the supported ones, as is a file `gguf`
+cannot parse.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from pathlib import Path
 
 from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.hparams import LlamaHParams, from_metadata, llama_tensor_shapes
+from ggmlrun.models.arch import ARCHITECTURES, get_arch  # noqa: F401  (ARCHITECTURES re-exported)
+from ggmlrun.models.hparams import LlamaHParams, from_metadata
 
 GGUF_MAGIC = b"GGUF"
-ARCHITECTURES = ("llama",)
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,7 @@ def read_gguf(path: Path) -> ModelFile:
         fields = _scalar_fields(reader, f"{arch}.")
     except (ValueError, IndexError, TypeError, UnicodeDecodeError) as err:
         raise InputError(f"unreadable GGUF metadata: {err}", file=str(path)) from None
-    if arch not in ARCHITECTURES:
-        raise InputError(f"architecture '{arch}' is not supported; ggmlrun builds llama.cpp's "
-                         f"graph for: {', '.join(ARCHITECTURES)}", file=str(path))
+    get_arch(arch, str(path))      # an unsupported one: exit 2 listing ARCHITECTURES
     try:
         hparams = from_metadata(fields, arch)
     except InputError as err:
@@ -89,24 +88,16 @@ def read_gguf(path: Path) -> ModelFile:
                              f"ggmlrun's type table lacks", file=str(path))
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         tensors[t.name] = TensorInfo(t.name, shape, gtype.name, int(t.data_offset))
-    check_tensors(hparams, tensors, str(path))
+    check_tensors(hparams, tensors, str(path), arch)
     name = fields.get("general.name") or path.stem
     return ModelFile(path=path, arch=arch, name=str(name), hparams=hparams, tensors=tensors)
 
 
-def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None) -> None:
-    """Every tensor llama.cpp requires, in the shape the hyperparameters give it
-    (output.weight may be absent: the output is then tied to token_embd.weight)."""
-    if hparams.n_layer * 9 > len(tensors):       # before listing a corrupt block_count's names
-        raise InputError(f"block_count {hparams.n_layer} needs {hparams.n_layer * 9 + 3} "
-                         f"tensors but the model has {len(tensors)}", file=where)
-    for name, shape in llama_tensor_shapes(hparams).items():
-        info = tensors.get(name)
-        if info is None:
-            if name == "output.weight":
-                continue
-            raise InputError(f"model lacks tensor '{name}', which a llama model needs",
-                             file=where)
-        if info.shape != shape:
-            raise InputError(f"tensor '{name}' has shape {list(info.shape)}; the model's "
-                             f"hyperparameters make it {list(shape)}", file=where)
+def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None,
+                  arch: str = "llama") -> None:
+    """Every tensor llama.cpp requires for the architecture (its tensor table, models/arch/), in
+    the shape the hyperparameters give it; optional ones (output.weight: else tied to
+    token_embd.weight; biases) are checked when present."""
+    from ggmlrun.models.decoder import check_tensors as check
+
+    check(get_arch(arch, where), hparams, tensors, where)

@@ -26,7 +26,7 @@ from ggmlrun.core.sched.schedule import Schedule
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
-from ggmlrun.models.llama import ModelGraph, build_llama
+from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import (KV_TYPES, ModelOptions, context_size, gpu_layers, kv_size,
                                      ubatch_size)
@@ -72,7 +72,7 @@ def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: 
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
-        entry = _GRAPHS[key] = (model, build_llama(model, n_tokens, n_outputs, n_kv, kv,
+        entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
                                                    flash_attn, kv_type))
     return entry[1]
 

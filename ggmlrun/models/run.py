@@ -18,7 +18,7 @@ from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.run.exec import RunResult
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.llama import ModelGraph, build_llama
+from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import ModelOptions, context_size, kv_size
 from ggmlrun.models.placement import place
@@ -106,7 +106,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                          f"{context_size(opts, hp.n_ctx_train)}; raise --ctx")
     T = len(tokens)
     n_kv = min(cells, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
-    mg = build_llama(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type)
+    mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type)
     placement = place(hp, model.tensors, backends, opts)
     apply_placement(mg, placement, backends)
     sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)

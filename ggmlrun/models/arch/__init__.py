@@ -1,0 +1,44 @@
+"""The architecture registry: `general.architecture` -> how llama.cpp reads and builds it.
+
+One short module per architecture (llama.cpp's src/models/<arch>.cpp), each an `Arch`
+(models/arch/base.py): its hyperparameters beyond the common ones (llama_model_base::
+load_hparams + the architecture's load_arch_hparams), its tensor table (load_arch_tensors: names
+from the `gguf` package's tables, shapes from the hyperparameters, required or optional) and its
+graph (the layer loop, on the shared pieces of models/decoder.py).
+
+An architecture is listed here only once its graph gives llama.cpp's recorded figures
+(tests/data/llamacpp/figures.json); anything else is an input error naming the supported ones.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from ggmlrun.core.util.errors import InputError
+
+LLAMA_CPP = "llama-cpp-python 0.3.36 (llama.cpp, ggml 0.25.3)"   # the reference every builder follows
+
+# general.architecture -> module defining ARCH, in the order they landed
+_MODULES = {
+    "llama": "ggmlrun.models.llama",
+    "qwen2": "ggmlrun.models.arch.qwen2",
+    "qwen3": "ggmlrun.models.arch.qwen3",
+}
+ARCHITECTURES = tuple(_MODULES)
+_LOADED: dict = {}
+
+
+def supported() -> tuple[str, ...]:
+    return ARCHITECTURES
+
+
+def get_arch(name: str, where: str | None = None):
+    """The Arch for `name`; an unknown one is an input error listing the supported ones."""
+    arch = _LOADED.get(name)
+    if arch is None:
+        module = _MODULES.get(name)
+        if module is None:
+            raise InputError(f"architecture '{name}' is not supported; ggmlrun builds llama.cpp's "
+                             f"graph for: {', '.join(ARCHITECTURES)}", file=where)
+        arch = _LOADED[name] = import_module(module).ARCH
+    return arch

@@ -1,0 +1,103 @@
+"""What every architecture module gives the registry, and the helpers they share.
+
+- `Arch`: the architecture's name (as llama.cpp and `general.architecture` spell it), its rope
+  type (llama_model_rope_type), how its own hyperparameters are read (load_arch_hparams), its
+  tensor table (load_arch_tensors) and its graph (the layer loop of src/models/<arch>.cpp).
+- `tn`: a tensor's GGUF name from the `gguf` package's tables (MODEL_TENSORS / TENSOR_NAMES),
+  never retyped; asking for a tensor gguf does not list for the architecture is an error.
+- `TensorSpec`: one tensor llama.cpp creates: NumPy-order shape, and whether the file must have
+  it (`required` True), may have it (False), or must have it unless another tensor is present
+  (`required` = that tensor's name: separate Q/K/V unless a fused attn_qkv is there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
+
+ROPE_TYPE_NORM = 0      # LLAMA_ROPE_TYPE_NORM: pairs of consecutive values
+ROPE_TYPE_NEOX = 2      # LLAMA_ROPE_TYPE_NEOX: pairs n_rot/2 apart
+
+_GGUF_ARCH = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple[int, ...]
+    required: bool | str = True
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    rope_type: int
+    tensors: Callable            # (hparams) -> dict[name, TensorSpec], in llama.cpp's load order
+    build: Callable              # (Decoder) -> None: the layers, between inputs and output head
+    read_hparams: Callable | None = None   # (get, common kwargs) -> HParams; None: the common ones
+    is_70b: Callable = lambda hp: False    # llama.cpp's LLM_TYPE_70B (the quantizer's attn_v rule)
+    card_hparams: dict | None = None       # card key -> (GGUF key, required, default), extra ones
+
+    def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
+        return {name: spec.shape for name, spec in self.tensors(hp).items()}
+
+
+def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None = None) -> str:
+    """llama.cpp's tn(LLM_TENSOR_X, suffix, bid): the name from gguf's own tables."""
+    if tensor not in MODEL_TENSORS[_GGUF_ARCH[arch]]:
+        raise KeyError(f"gguf lists no {tensor.name} tensor for architecture {arch}")
+    base = TENSOR_NAMES[tensor]
+    return (base.format(bid=bid) if bid is not None else base) + "." + suffix
+
+
+T = MODEL_TENSOR
+
+
+def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool = False,
+                    attn_out_bias: bool = False, ffn_bias: bool = False,
+                    rope_freqs: bool = False, fused_qkv: bool = False,
+                    fused_gate_up: bool = False) -> dict[str, TensorSpec]:
+    """The tensors of a dense pre-norm decoder (token_embd, output_norm, optional output, then per
+    layer: attn_norm, Q/K/V (separate, each with an optional bias, or with `fused_qkv` an
+    optional attn_qkv instead), attn_output, ffn_norm and the gated FFN), in llama.cpp's
+    create_tensor order."""
+    n_embd, n_q = hp.n_embd, hp.n_embd_head_k * hp.n_head
+    n_k, n_v = hp.n_embd_k_gqa, hp.n_embd_v_gqa
+    name = lambda t, s="weight", bid=None: tn(arch, t, s, bid)   # noqa: E731
+    out = {name(T.TOKEN_EMBD): TensorSpec((hp.n_vocab, n_embd)),
+           name(T.OUTPUT_NORM): TensorSpec((n_embd,)),
+           name(T.OUTPUT): TensorSpec((hp.n_vocab, n_embd), False)}
+    if output_bias:
+        out[name(T.OUTPUT, "bias")] = TensorSpec((hp.n_vocab,), False)
+    if rope_freqs:
+        out[name(T.ROPE_FREQS)] = TensorSpec((hp.n_rot // 2,), False)
+    for i in range(hp.n_layer):
+        out[name(T.ATTN_NORM, bid=i)] = TensorSpec((n_embd,))
+        qkv = name(T.ATTN_QKV, bid=i) if fused_qkv else None
+        if fused_qkv:
+            out[qkv] = TensorSpec((n_q + n_k + n_v, n_embd), False)
+        need = qkv or True
+        for t, n in ((T.ATTN_Q, n_q), (T.ATTN_K, n_k), (T.ATTN_V, n_v)):
+            out[name(t, bid=i)] = TensorSpec((n, n_embd), need)
+        for t, n in ((T.ATTN_Q, n_q), (T.ATTN_K, n_k), (T.ATTN_V, n_v)):
+            out[name(t, "bias", i)] = TensorSpec((n,), False)
+        out[name(T.ATTN_OUT, bid=i)] = TensorSpec((n_embd, n_q))
+        if attn_out_bias:
+            out[name(T.ATTN_OUT, "bias", i)] = TensorSpec((n_embd,), False)
+        if q_k_norm:
+            out[name(T.ATTN_K_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,))
+            out[name(T.ATTN_Q_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,))
+        out[name(T.FFN_NORM, bid=i)] = TensorSpec((n_embd,))
+        if fused_gate_up:
+            out[name(T.FFN_DOWN, bid=i)] = TensorSpec((n_embd, hp.n_ff))
+            out[name(T.FFN_UP, bid=i)] = TensorSpec((2 * hp.n_ff, n_embd))
+            continue
+        out[name(T.FFN_GATE, bid=i)] = TensorSpec((hp.n_ff, n_embd))
+        out[name(T.FFN_DOWN, bid=i)] = TensorSpec((n_embd, hp.n_ff))
+        out[name(T.FFN_UP, bid=i)] = TensorSpec((hp.n_ff, n_embd))
+        if ffn_bias:
+            out[name(T.FFN_GATE, "bias", i)] = TensorSpec((hp.n_ff,), False)
+            out[name(T.FFN_DOWN, "bias", i)] = TensorSpec((n_embd,), False)
+            out[name(T.FFN_UP, "bias", i)] = TensorSpec((hp.n_ff,), False)
+    return out

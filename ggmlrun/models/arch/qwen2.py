@@ -1,0 +1,39 @@
+"""llama.cpp's qwen2 graph (src/models/qwen2.cpp): llama's block with NeoX rope, Q/K/V biases
+(optional, as for every architecture built on build_qkv), an optional output bias, and the
+output tied to token_embd when the file has no output.weight (the small Qwen2.5 models)."""
+
+from __future__ import annotations
+
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors
+from ggmlrun.models.decoder import Decoder, default_kq_scale
+
+
+def tensors(hp):
+    return decoder_tensors("qwen2", hp, output_bias=True)
+
+
+def build(d: Decoder):
+    hp, b = d.hp, d.b
+    kq_scale = default_kq_scale(hp)
+    inpL = d.inpL
+    for il in range(hp.n_layer):
+        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+        inpSA = inpL
+        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
+        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q = b.cb(d.rope_ext(q, None), "Qcur", il)
+        k = b.cb(d.rope_ext(k, None), "Kcur", il)
+        b.cb(v, "Vcur", il)
+        cur = d.attn(il, q, k, v, kq_scale)
+        cur, inpSA = d.last_rows(il, cur, inpSA)
+        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
+        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
+        cur = b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)
+        inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
+    return inpL
+
+
+# llama.cpp's LLM_TYPE_70B for qwen2 is 80 layers (Qwen2-72B), whatever the heads
+ARCH = Arch(name="qwen2", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
+            is_70b=lambda hp: hp.n_layer == 80)

@@ -1,0 +1,43 @@
+"""llama.cpp's qwen3 graph (src/models/qwen3.cpp): qwen2's block without biases, a head size
+from attention.key_length (independent of n_embd / n_head: Qwen3-32B has 64 heads of 128 over an
+n_embd of 5120), and RMS norms over each Q and K head before rope. Those norms go through
+build_norm, so their rms_norm nodes are named "norm-<il>" and llama.cpp's callback pins them to
+the layer's device as it pins the block norms."""
+
+from __future__ import annotations
+
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors
+from ggmlrun.models.decoder import Decoder, default_kq_scale
+
+
+def tensors(hp):
+    return decoder_tensors("qwen3", hp, q_k_norm=True)
+
+
+def build(d: Decoder):
+    hp, b = d.hp, d.b
+    kq_scale = default_kq_scale(hp)
+    inpL = d.inpL
+    for il in range(hp.n_layer):
+        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+        inpSA = inpL
+        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
+        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q = b.cb(d.norm(q, d.weight(T.ATTN_Q_NORM, il), il), "Qcur_normed", il)
+        q = d.rope_ext(q, None)
+        k = b.cb(d.norm(k, d.weight(T.ATTN_K_NORM, il), il), "Kcur_normed", il)
+        k = d.rope_ext(k, None)
+        b.cb(q, "Qcur", il)
+        b.cb(k, "Kcur", il)
+        b.cb(v, "Vcur", il)
+        cur = d.attn(il, q, k, v, kq_scale)
+        cur, inpSA = d.last_rows(il, cur, inpSA)
+        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
+        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
+        cur = b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)
+        inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
+    return inpL
+
+
+ARCH = Arch(name="qwen3", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build)

@@ -1,0 +1,284 @@
+"""llama.cpp's llm_graph_context for one ubatch of a decoder-only model: the inputs, the shared
+layer pieces (build_norm, build_qkv, rope, build_attn, build_ffn) and the output head. An
+architecture module (models/llama.py, models/arch/*.py) is then only its layer loop, as
+llama.cpp's src/models/<arch>.cpp are.
+
+One ubatch of `n_tokens` tokens, `n_outputs` output rows and `n_kv` cache cells attended over.
+Every call is one of llama.cpp's (src/llama-graph.cpp), in its order, so the nodes, their order
+and their names are llama.cpp's. Weights are looked up by gguf's tensor names
+(models/arch/base.py `tn`), never by retyped strings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import tn
+from ggmlrun.models.graph_common import GraphBuilder, KVCache, LayerContext, build_attn_kv
+
+
+@dataclass
+class ModelGraph:
+    graph: Graph
+    weights: dict[str, Tensor]            # GGUF name -> leaf
+    output_weight: Tensor                  # what result_output multiplies by (tied: a duplicate)
+    cache: KVCache
+    inputs: dict[str, Tensor]
+    norm_pins: list[tuple[Tensor, int]]    # rms_norm nodes llama.cpp may pin, with their layer
+    kqv_outs: list[Tensor]                 # pinned to the CPU when the KV cache stays there
+    rope_freqs: dict[int, Tensor]          # per layer: its rope factors (or their duplicate)
+    n_tokens: int
+    n_outputs: int
+    rope_freqs_name: str = "rope_freqs.weight"   # the GGUF tensor rope_freqs' leaves hold
+    duplicates: dict[str, list[Tensor]] = field(default_factory=dict)  # name -> extra leaves
+
+
+class Decoder:
+    """The graph being built for one model and ubatch shape (llm_graph_context)."""
+
+    def __init__(self, model, arch, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
+                 flash_attn: bool, kv_type: str, table: dict | None = None):
+        hp = self.hp = model.hparams
+        self.model, self.arch = model, arch
+        self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
+        b = self.b = GraphBuilder()
+        self.weights = {name: GraphBuilder.leaf(name, info.shape, info.dtype, role="weight")
+                        for name, info in model.tensors.items()}
+        self.T, self.n_outputs = n_tokens, n_outputs
+        self.ctx = LayerContext(b=b, n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv,
+                                kv_size=kv_size, flash_attn=flash_attn,
+                                norm_rms_eps=hp.norm_rms_eps)
+        self.cache = KVCache(kv_type=kv_type, kv_size=kv_size, v_trans=not flash_attn)
+        self.n_ctx = kv_size
+        out_name = self.name(T.OUTPUT)
+        self.output_w = self.weights.get(out_name)
+        if self.output_w is None:     # TENSOR_DUPLICATED: the same bytes, possibly elsewhere
+            src = self.weight(T.TOKEN_EMBD)
+            self.output_w = GraphBuilder.leaf(src.name, src.shape, src.dtype, role="weight")
+        self.rope_freqs: dict[int, Tensor] = {}
+        freqs = self.name(T.ROPE_FREQS) if self._lists(T.ROPE_FREQS) else ""
+        self.rope_freqs_name = freqs if freqs in self.table else ""
+        T_ = n_tokens
+        # build_inp_embd: tokens and the (unused, still allocated) embeddings input
+        tokens = b.leaf("inp_tokens", (T_,), "i32")
+        inp_embd = b.leaf("inp_embd", (T_, hp.n_embd), "f32")
+        self.inpL = b.op("get_rows", [self.weight(T.TOKEN_EMBD), tokens], (T_, hp.n_embd))
+        b.expand(self.inpL)
+        b.expand(inp_embd)           # ggml_build_forward_select adds both candidates
+        b.cb(self.inpL, "embd", -1)
+        self.inputs = {
+            "tokens": tokens, "embd": inp_embd,
+            "pos": b.leaf("inp_pos", (T_,), "i32"),
+            "k_idxs": b.leaf("attn_inp_k_idxs", (T_,), "i64"),
+            "v_idxs": b.leaf("attn_inp_v_idxs",
+                             (T_ * hp.n_embd_v_gqa,) if not flash_attn else (T_,), "i64"),
+            "kq_mask": b.leaf("attn_inp_kq_mask", (1, 1, T_, n_kv),
+                              "f16" if flash_attn else "f32"),
+            "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
+        self.inputs.update(rotation_inputs(b, hp, kv_type))
+        self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, n_ctx_orig=hp.n_ctx_train,
+                         freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
+                         ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+
+    # --- weights by gguf's names --------------------------------------------------------------
+    def _lists(self, t) -> bool:
+        try:
+            tn(self.arch.name, t)
+        except KeyError:
+            return False
+        return True
+
+    def name(self, t, il: int | None = None, suffix: str = "weight") -> str:
+        return tn(self.arch.name, t, suffix, il)
+
+    def weight(self, t, il: int | None = None, suffix: str = "weight") -> Tensor:
+        name = self.name(t, il, suffix)
+        leaf = self.weights.get(name)
+        if leaf is None:
+            raise InputError(f"model lacks tensor '{name}', which a {self.arch.name} model needs")
+        return leaf
+
+    def optional(self, t, il: int | None = None, suffix: str = "weight") -> Tensor | None:
+        """A tensor llama.cpp creates with TENSOR_NOT_REQUIRED for this architecture: the leaf
+        when the file has it; None when absent or when the architecture does not load it."""
+        if not self._lists(t):
+            return None
+        name = self.name(t, il, suffix)
+        return self.weights.get(name) if name in self.table else None
+
+    # --- llm_graph_context's pieces -------------------------------------------------------------
+    def norm(self, cur: Tensor, weight: Tensor, il: int) -> Tensor:
+        """build_norm, LLM_NORM_RMS with a weight: rms_norm named "norm-<il>" (pinned), mul."""
+        return self.ctx.build_norm(cur, weight, il)
+
+    def add_bias(self, cur: Tensor, bias: Tensor | None) -> Tensor:
+        return cur if bias is None else self.b.op("add", [cur, bias], cur.shape)
+
+    def qkv(self, il: int, cur: Tensor, n_embd_head: int, n_head: int, n_head_kv: int):
+        """build_qkv: a fused attn_qkv as three strided views of one product, or separate Q, K,
+        V products, each plus its optional bias; named Qcur/Kcur/Vcur as llama.cpp names them."""
+        b, cb, T_ = self.b, self.b.cb, self.T
+        wqkv = self.optional(T.ATTN_QKV, il)
+        if wqkv is not None:
+            qkv = cb(self.ctx.mul_mat(wqkv, cur), "wqkv", il)
+            bias = self.optional(T.ATTN_QKV, il, "bias")
+            if bias is not None:
+                qkv = cb(self.add_bias(qkv, bias), "wqkv_b", il)
+            n_q, n_k = n_embd_head * n_head, n_embd_head * n_head_kv
+            item = TYPES[qkv.dtype].type_size
+            views = []
+            for heads, offset in ((n_head, 0), (n_head_kv, n_q), (n_head_kv, n_q + n_k)):
+                views.append(b.view(qkv, (T_, heads, n_embd_head),
+                                    (qkv.strides[-2], n_embd_head * item, item), offset * item))
+            q, k, v = views
+        else:
+            out = []
+            for t, heads, label in ((T.ATTN_Q, n_head, "Qcur"), (T.ATTN_K, n_head_kv, "Kcur"),
+                                    (T.ATTN_V, n_head_kv, "Vcur")):
+                x = cb(self.ctx.mul_mat(self.weight(t, il), cur), label, il)
+                bias = self.optional(t, il, "bias")
+                if bias is not None:
+                    x = cb(self.add_bias(x, bias), label, il)
+                out.append(x)
+            q, k, v = (b.reshape(x, (T_, heads, n_embd_head))
+                       for x, heads in zip(out, (n_head, n_head_kv, n_head_kv)))
+        return cb(q, "Qcur", il), cb(k, "Kcur", il), cb(v, "Vcur", il)
+
+    def rope_factors(self, il: int) -> Tensor | None:
+        """llama_model::get_rope_factors: rope_freqs (made at layer 0, TENSOR_DUPLICATED into
+        the other layers' buffers: a leaf per layer, each placed where that layer's copy is)."""
+        if not self.rope_freqs_name:
+            return None
+        first = self.weights.get(self.rope_freqs_name)
+        if first is None:
+            return None
+        leaf = first if il == 0 else GraphBuilder.leaf(first.name, first.shape, first.dtype,
+                                                       role="weight")
+        self.rope_freqs[il] = leaf
+        return leaf
+
+    def rope_ext(self, x: Tensor, factors: Tensor | None) -> Tensor:
+        srcs = [x, self.inputs["pos"]] + ([factors] if factors is not None else [])
+        return self.b.op("rope", srcs, x.shape, **self.rope)
+
+    def attn(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float) -> Tensor:
+        """build_attn over the KV cache, then wo and its optional bias."""
+        cur = build_attn_kv(self.ctx, self.cache, self.inputs, self.weight(T.ATTN_OUT, il),
+                            q, k, v, kq_scale, il)
+        bias = self.optional(T.ATTN_OUT, il, "bias")
+        return self.add_bias(cur, bias)
+
+    def ffn_swiglu(self, il: int, cur: Tensor) -> Tensor:
+        """build_ffn(up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR), each with its optional bias."""
+        b, cb, ctx = self.b, self.b.cb, self.ctx
+        tmp = cb(ctx.mul_mat(self.weight(T.FFN_UP, il), cur), "ffn_up", il)
+        bias = self.optional(T.FFN_UP, il, "bias")
+        if bias is not None:
+            tmp = cb(self.add_bias(tmp, bias), "ffn_up_b", il)
+        gate = cb(ctx.mul_mat(self.weight(T.FFN_GATE, il), cur), "ffn_gate", il)
+        bias = self.optional(T.FFN_GATE, il, "bias")
+        if bias is not None:
+            gate = cb(self.add_bias(gate, bias), "ffn_gate_b", il)
+        act = cb(b.op("glu", [gate, tmp], gate.shape, op="swiglu", swapped=False),
+                 "ffn_swiglu", il)
+        cur = ctx.mul_mat(self.weight(T.FFN_DOWN, il), act)
+        bias = self.optional(T.FFN_DOWN, il, "bias")
+        if bias is not None:
+            cur = self.add_bias(cb(cur, "ffn_down", il), bias)
+        return cur
+
+    def last_rows(self, il: int, cur: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """In the last layer only the output rows go on (get_rows by out_ids)."""
+        if il != self.hp.n_layer - 1:
+            return cur, residual
+        ids = self.inputs["out_ids"]
+        n = self.hp.n_embd
+        return (self.b.op("get_rows", [cur, ids], (self.n_outputs, n)),
+                self.b.op("get_rows", [residual, ids], (self.n_outputs, n)))
+
+    def add(self, a: Tensor, c: Tensor) -> Tensor:
+        return self.b.op("add", [a, c], a.shape)
+
+    # --- the output head -----------------------------------------------------------------------
+    def finish(self, inpL: Tensor) -> ModelGraph:
+        """result_norm, the lm_head (plus output.bias where the architecture has one) as
+        result_output, and the graph."""
+        b = self.b
+        cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
+        result_norm = cur
+        cur = self.ctx.mul_mat(self.output_w, cur)
+        bias = self.optional(T.OUTPUT, None, "bias")
+        if bias is not None:
+            cur = self.add_bias(cur, bias)
+        cur = b.cb(cur, "result_output", -1)
+        b.expand(cur)
+        graph = b.graph(self.model.name, outputs=[result_norm, cur])
+        graph.path = self.model.path
+        return ModelGraph(graph=graph, weights=self.weights, output_weight=self.output_w,
+                          cache=self.cache, inputs=self.inputs,
+                          norm_pins=[(t, il) for t, _, il in b.pins],
+                          kqv_outs=list(b.kqv_outs), rope_freqs=self.rope_freqs,
+                          n_tokens=self.T, n_outputs=self.n_outputs,
+                          rope_freqs_name=self.rope_freqs_name or "rope_freqs.weight")
+
+
+def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
+                flash_attn: bool, kv_type: str) -> ModelGraph:
+    """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch."""
+    from ggmlrun.models.arch import get_arch
+
+    where = str(model.path) if model.path else None
+    arch = get_arch(model.arch, where)
+    table = check_tensors(arch, model.hparams, model.tensors, where)
+    d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table)
+    return d.finish(arch.build(d))
+
+
+MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down
+
+
+def check_tensors(arch, hp, tensors: dict, where: str | None, table: dict | None = None) -> dict:
+    """Every tensor llama.cpp requires for the architecture, and every optional one present, in
+    the shape the hyperparameters give it (models/arch/base.py TensorSpec)."""
+    if hp.n_layer * MIN_LAYER_TENSORS > len(tensors):   # before listing a corrupt block_count's
+        raise InputError(f"block_count {hp.n_layer} needs at least "
+                         f"{hp.n_layer * MIN_LAYER_TENSORS} tensors but the model has "
+                         f"{len(tensors)}", file=where)
+    table = table if table is not None else arch.tensors(hp)
+    for name, spec in table.items():
+        info = tensors.get(name)
+        if info is None:
+            if spec.required is True or (isinstance(spec.required, str)
+                                         and spec.required not in tensors):
+                raise InputError(f"model lacks tensor '{name}', which a {arch.name} model "
+                                 f"needs", file=where)
+            continue
+        if info.shape != spec.shape:
+            raise InputError(f"tensor '{name}' has shape {list(info.shape)}; the model's "
+                             f"hyperparameters make it {list(spec.shape)}", file=where)
+    return table
+
+
+def rotation_inputs(b: GraphBuilder, hp, kv_type: str) -> dict[str, Tensor]:
+    """llama_kv_cache's Hadamard rotations for a quantized cache (attn_rot_k / attn_rot_v): K
+    rotates by the largest power of two from 64 up dividing the head size, V by 64."""
+    if not TYPES[kv_type].is_block:
+        return {}
+    out = {}
+    if hp.n_embd_head_k % 64 == 0:
+        nrot = 64
+        while hp.n_embd_head_k % (nrot * 2) == 0:
+            nrot *= 2
+        out["k_rot"] = b.leaf("attn_inp_k_rot", (nrot, nrot), "f32")
+    if hp.n_embd_head_v % 64 == 0:
+        out["v_rot"] = b.leaf("attn_inp_v_rot", (64, 64), "f32")
+    return out
+
+
+def default_kq_scale(hp) -> float:
+    return 1.0 / math.sqrt(float(hp.n_embd_head_k))
