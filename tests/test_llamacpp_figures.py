@@ -26,6 +26,10 @@ FIGURES = json.loads(FIGURES_FILE.read_text())
 CONFIGS = FIGURES["configs"]
 IDS = [cfg["id"] for cfg in CONFIGS]
 QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K")
+# every bundled tiny model, each recorded on the whole grid: the llama ones, then one f16 and one
+# q8_0 file per further architecture
+GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
+               "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0")
 
 
 def model_options(cfg: dict) -> list[str]:
@@ -95,8 +99,7 @@ def compare_logits(cfg: dict, logits: np.ndarray) -> float:
 def test_the_recording_covers_the_whole_grid():
     """A recording cut short would silently test less: every model x ctx x ubatch x fa x ngl
     (the extras beyond the grid, other ngl values, -nkvo, -ctk f32 and -ot, come on top)."""
-    grid = {(m, c, u, fa, str(n)) for m in ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0",
-                                            "tiny-llama-tied-f16")
+    grid = {(m, c, u, fa, str(n)) for m in GRID_MODELS
             for c in (256, 1024) for u in (32, 512) for fa in (False, True) for n in (0, 2, "all")}
     plain = [cfg["options"] | {"model": cfg["model"]} for cfg in CONFIGS
              if not cfg["options"]["no_kv_offload"] and cfg["options"]["kv_type"] == "f16"
@@ -104,6 +107,7 @@ def test_the_recording_covers_the_whole_grid():
     seen = {(o["model"].removesuffix(".gguf"), o["ctx"], o["ubatch"], o["flash_attn"], str(o["ngl"]))
             for o in plain}
     assert grid <= seen
+    assert {cfg["model"].removesuffix(".gguf") for cfg in CONFIGS} == set(GRID_MODELS)
     assert (FIGURES["llama_cpp_python"], FIGURES["ggml"]) == ("0.3.36", "0.25.3")
     assert all(set(cfg["backends"]) == ({"RPC0", "RPC1", "CPU"} if "tensor_split" in cfg["options"]
                                         else {"RPC0", "CPU"}) for cfg in CONFIGS)

@@ -26,12 +26,11 @@ from ggmlrun.core.frontend.yamlfile import (describe_value, is_int, is_number, r
                                             unknown_keys)
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import did_you_mean
-from ggmlrun.models.hparams import llama_tensor_shapes
+from ggmlrun.models.arch import ARCHITECTURES, get_arch
 from ggmlrun.models.modelfile import ModelFile, TensorInfo
 
 CARDS_DIR = Path(__file__).parent / "cards"
 TOP_KEYS = ("architecture", "name", "hparams", "weights", "types", "tied_embeddings")
-ARCHITECTURES = ("llama",)
 
 # card key -> (GGUF metadata key under the architecture, required, default)
 HPARAMS = {
@@ -42,7 +41,9 @@ HPARAMS = {
     "n_ff": ("feed_forward_length", True, None),
     "n_vocab": ("vocab_size", True, None),
     "n_ctx_train": ("context_length", True, None),
-    "n_rot": ("rope.dimension_count", False, None),            # default: n_embd / n_head
+    "n_rot": ("rope.dimension_count", False, None),            # default: the head size
+    "n_embd_head_k": ("attention.key_length", False, None),    # default: n_embd / n_head
+    "n_embd_head_v": ("attention.value_length", False, None),  # default: n_embd_head_k
     "rope_freq_base": ("rope.freq_base", False, 10000.0),
     "norm_rms_eps": ("attention.layer_norm_rms_epsilon", False, 1e-5),
 }
@@ -50,8 +51,10 @@ FLOAT_HPARAMS = ("rope_freq_base", "norm_rms_eps")
 MAX_DIM = 2**24                   # far past any real model; guards typos like 40960000
 
 TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", "attn_k",
-                  "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.weight\Z")
+                  "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
+                  "attn_q_norm", "attn_k_norm")
+_LAYER_RE = re.compile(r"\Ablk\.\d+\.")
+_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)\Z")
 
 
 # --- llama.cpp's quantization mixtures ----------------------------------------------------------
@@ -139,7 +142,7 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
         raise doc.error("a model card is a mapping with 'architecture:', 'hparams:' and 'weights:'")
     unknown_keys(doc, data, TOP_KEYS, (), None, "top-level key")
     arch = data["architecture"]
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         raise doc.error(f"architecture {shown(arch)} is not supported; "
                         f"{did_you_mean(str(arch), ARCHITECTURES)}", ("architecture",))
     name = data.get("name", path.stem if path else "card")
@@ -156,15 +159,21 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
     ftype = _ftype(doc, data["weights"])
     overrides = _type_overrides(doc, data.get("types", {}))
     hparams = _build_hparams(doc, arch, values)
-    is_70b = values["n_layer"] == 80 and values["n_head"] != values["n_head_kv"]
+    spec = get_arch(arch)
+    is_70b = spec.is_70b(hparams)
     tensors = {}
-    for tname, shape in llama_tensor_shapes(hparams).items():
-        if tied and tname == "output.weight":
-            continue
+    for tname, tspec in spec.tensors(hparams).items():
+        shape = tspec.shape
         match = _CLASS_RE.match(tname)
+        if tspec.required is not True and (tied and tname == "output.weight" or
+                                           _LAYER_RE.sub("", tname) not in spec.card_tensors):
+            continue      # optional: only those the real files of the architecture have
         cls, layer = match.group(2), int(match.group(1) or 0)
-        dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, values["n_layer"],
-                                                   is_70b=is_70b)
+        if len(shape) == 1:             # llama.cpp's quantizer never quantizes 1-D tensors
+            dtype = "f32"
+        else:
+            dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, values["n_layer"],
+                                                       is_70b=is_70b)
         if tied and cls == "token_embd" and "token_embd" not in overrides:
             dtype = mixture_type(ftype, "output", 0, values["n_layer"], is_70b=is_70b)
         tensors[tname] = TensorInfo(name=tname, shape=tuple(shape), dtype=fit_row(dtype, shape[-1]),
@@ -197,13 +206,13 @@ def _hparams(doc, raw) -> dict:
             values[key] = value
     if values["n_head_kv"] is None:
         values["n_head_kv"] = values["n_head"]
-    if values["n_embd"] % values["n_head"]:
+    if values["n_embd_head_k"] is None and values["n_embd"] % values["n_head"]:
         raise doc.error(f"n_embd {values['n_embd']} is not a multiple of n_head {values['n_head']}",
                         path + ("n_embd",))
     if values["n_head"] % values["n_head_kv"]:
         raise doc.error(f"n_head {values['n_head']} is not a multiple of n_head_kv "
                         f"{values['n_head_kv']}", path + ("n_head_kv",))
-    head = values["n_embd"] // values["n_head"]
+    head = values["n_embd_head_k"] or values["n_embd"] // values["n_head"]
     if values["n_rot"] is None:
         values["n_rot"] = head
     if values["n_rot"] > head or values["n_rot"] % 2:

@@ -1,9 +1,11 @@
-"""Tiny random llama GGUF files that real llama.cpp loads, for conformance tests and the README.
+"""Tiny random GGUF files that real llama.cpp loads, for conformance tests and the README.
 
 They exist so that llama.cpp itself can be the oracle for ggmlrun's model graphs: each file is
 small enough to commit, yet covers what distinguishes real models (MHA and GQA, f32 / f16 /
-q8_0 weights, tied output). The weights are random with a fixed seed per model, so rerunning
-the script rewrites byte-identical files and the recorded llama.cpp figures stay valid.
+q8_0 weights, tied output) and each architecture's own features (qwen2's Q/K/V biases, qwen3's
+head size independent of n_embd and its Q/K head norms). The weights are random with a fixed
+seed per model, so rerunning the script rewrites byte-identical files and the recorded
+llama.cpp figures stay valid.
 
     python3 scripts/llamacpp/make_tiny_gguf.py [--out examples/models]
 """
@@ -37,6 +39,14 @@ class TinyModel:
     n_layer: int = 4
     tied: bool = False
     seed: int = 0
+    arch: str = "llama"
+    head_dim: int = 0          # attention.key_length / value_length; 0: n_embd / n_head
+    qkv_bias: bool = False     # attn_q/k/v.bias (qwen2)
+    qk_norm: bool = False      # attn_q_norm / attn_k_norm (qwen3)
+
+    @property
+    def n_embd_head(self) -> int:
+        return self.head_dim or self.n_embd // self.n_head
 
 
 MODELS = [
@@ -45,6 +55,16 @@ MODELS = [
     TinyModel("tiny-llama-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=3),
     TinyModel("tiny-llama-tied-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
               tied=True, seed=4),
+    # qwen2: Q/K/V biases; the f16 one tied as the small Qwen2.5 models are
+    TinyModel("tiny-qwen2-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, tied=True,
+              seed=5, arch="qwen2", qkv_bias=True),
+    TinyModel("tiny-qwen2-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=6,
+              arch="qwen2", qkv_bias=True),
+    # qwen3: heads of 32 over an n_embd of 64 (4 heads: Q is 128 wide), Q/K head norms
+    TinyModel("tiny-qwen3-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=7,
+              arch="qwen3", head_dim=32, qk_norm=True),
+    TinyModel("tiny-qwen3-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=8,
+              arch="qwen3", head_dim=32, qk_norm=True),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -66,13 +86,20 @@ def vocabulary() -> tuple[list[bytes], list[float], list[int]]:
 
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
-    head_dim = m.n_embd // m.n_head
+    head_dim = m.n_embd_head
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd)}
     for i in range(m.n_layer):
         shapes[f"blk.{i}.attn_norm.weight"] = (m.n_embd,)
         shapes[f"blk.{i}.attn_q.weight"] = (m.n_head * head_dim, m.n_embd)
         shapes[f"blk.{i}.attn_k.weight"] = (m.n_head_kv * head_dim, m.n_embd)
         shapes[f"blk.{i}.attn_v.weight"] = (m.n_head_kv * head_dim, m.n_embd)
+        if m.qkv_bias:
+            shapes[f"blk.{i}.attn_q.bias"] = (m.n_head * head_dim,)
+            shapes[f"blk.{i}.attn_k.bias"] = (m.n_head_kv * head_dim,)
+            shapes[f"blk.{i}.attn_v.bias"] = (m.n_head_kv * head_dim,)
+        if m.qk_norm:
+            shapes[f"blk.{i}.attn_q_norm.weight"] = (head_dim,)
+            shapes[f"blk.{i}.attn_k_norm.weight"] = (head_dim,)
         shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * head_dim)
         shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
         shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, m.n_embd)
@@ -84,9 +111,11 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_weight(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Norm gains near 1 and matrices scaled by 1/sqrt(fan-in), so activations stay O(1)
-    through the layers and the logits are spread enough to compare meaningfully."""
+def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Norm gains near 1, biases near 0 and matrices scaled by 1/sqrt(fan-in), so activations
+    stay O(1) through the layers and the logits are spread enough to compare meaningfully."""
+    if name.endswith(".bias"):
+        return (0.5 * rng.standard_normal(shape)).astype(np.float32)
     if len(shape) == 1:
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
@@ -107,7 +136,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     """Writes to a temporary name first so a reader never sees half a file."""
     path = out_dir / f"{m.name}.gguf"
     tmp = path.with_suffix(".gguf.tmp")
-    writer = GGUFWriter(str(tmp), "llama")
+    writer = GGUFWriter(str(tmp), m.arch)
     writer.add_name(m.name)
     writer.add_context_length(N_CTX_TRAIN)
     writer.add_embedding_length(m.n_embd)
@@ -115,7 +144,10 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_feed_forward_length(m.n_ff)
     writer.add_head_count(m.n_head)
     writer.add_head_count_kv(m.n_head_kv)
-    writer.add_rope_dimension_count(m.n_embd // m.n_head)
+    if m.head_dim:
+        writer.add_key_length(m.head_dim)
+        writer.add_value_length(m.head_dim)
+    writer.add_rope_dimension_count(m.n_embd_head)
     writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
@@ -130,7 +162,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_unk_token_id(0)
     rng = np.random.default_rng(m.seed)
     for name, shape in tensor_shapes(m).items():
-        add_weight(writer, name, random_weight(rng, shape), m.weight_type)
+        add_weight(writer, name, random_weight(rng, name, shape), m.weight_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

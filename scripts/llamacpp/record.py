@@ -42,7 +42,8 @@ FIGURES = REPO / "tests" / "data" / "llamacpp" / "figures.json"
 COMMITTED_GRAPHS = REPO / "tests" / "data" / "llamacpp" / "graphs"
 ORACLE_OUT = Path("/work/oracle-out")
 
-MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16"]
+MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
+          "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
@@ -53,7 +54,10 @@ N_BATCH = 2048          # llama.cpp's default -b; the graph depends on the ubatc
 CHILD_MEMORY = 4 << 30  # address-space cap for the server and each child
 # The committed dumps: one per kind of placement, enough to read llama.cpp's graph offline.
 COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub32/fa1/ngl2",
-                 "tiny-llama-q8_0/c1024/ub512/fa0/ngl0", "tiny-llama-tied-f16/c256/ub512/fa1/nglall"}
+                 "tiny-llama-q8_0/c1024/ub512/fa0/ngl0", "tiny-llama-tied-f16/c256/ub512/fa1/nglall",
+                 # one per architecture beyond llama: pinned norms (ub32) and the tied output
+                 "tiny-qwen2-f16/c256/ub32/fa0/ngl2", "tiny-qwen3-f16/c256/ub32/fa1/nglall",
+                 "tiny-qwen3-q8_0/c1024/ub512/fa0/ngl2"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -375,7 +379,9 @@ def compile_shim(workdir: Path) -> Path:
 
 def model_layers(path: Path) -> int:
     from gguf import GGUFReader
-    field = GGUFReader(path).fields["llama.block_count"]
+    fields = GGUFReader(path).fields
+    arch = fields["general.architecture"].contents()
+    field = fields[f"{arch}.block_count"]
     return int(field.parts[field.data[0]][0])
 
 

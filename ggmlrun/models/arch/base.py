@@ -37,7 +37,8 @@ class Arch:
     build: Callable              # (Decoder) -> None: the layers, between inputs and output head
     read_hparams: Callable | None = None   # (get, common kwargs) -> HParams; None: the common ones
     is_70b: Callable = lambda hp: False    # llama.cpp's LLM_TYPE_70B (the quantizer's attn_v rule)
-    card_hparams: dict | None = None       # card key -> (GGUF key, required, default), extra ones
+    # the optional tensors a model card's model has, by name without "blk.<i>."
+    card_tensors: frozenset = frozenset({"output.weight"})
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}

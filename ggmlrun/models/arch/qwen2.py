@@ -36,4 +36,5 @@ def build(d: Decoder):
 
 # llama.cpp's LLM_TYPE_70B for qwen2 is 80 layers (Qwen2-72B), whatever the heads
 ARCH = Arch(name="qwen2", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
-            is_70b=lambda hp: hp.n_layer == 80)
+            is_70b=lambda hp: hp.n_layer == 80,
+            card_tensors=frozenset({"output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"}))
