@@ -212,6 +212,8 @@ def _hparams(doc, raw) -> dict:
     if values["n_head"] % values["n_head_kv"]:
         raise doc.error(f"n_head {values['n_head']} is not a multiple of n_head_kv "
                         f"{values['n_head_kv']}", path + ("n_head_kv",))
+    if values["n_embd_head_v"] is None:
+        values["n_embd_head_v"] = values["n_embd_head_k"]     # a card: V heads as K's
     head = values["n_embd_head_k"] or values["n_embd"] // values["n_head"]
     if values["n_rot"] is None:
         values["n_rot"] = head

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
 
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.types import TYPES
@@ -35,7 +38,8 @@ class ModelGraph:
     n_tokens: int
     n_outputs: int
     rope_freqs_name: str = "rope_freqs.weight"   # the GGUF tensor rope_freqs' leaves hold
-    duplicates: dict[str, list[Tensor]] = field(default_factory=dict)  # name -> extra leaves
+    # inputs an architecture adds, each with how run fills it from the token positions
+    extra_inputs: dict[Tensor, Callable] = field(default_factory=dict)
 
 
 class Decoder:
@@ -61,6 +65,10 @@ class Decoder:
             src = self.weight(T.TOKEN_EMBD)
             self.output_w = GraphBuilder.leaf(src.name, src.shape, src.dtype, role="weight")
         self.rope_freqs: dict[int, Tensor] = {}
+        self.extra_inputs: dict[Tensor, Callable] = {}
+        if hp.rope_scaling == "longrope" and not arch.longrope:
+            raise InputError(f"rope scaling 'longrope' is not supported for {arch.name} yet "
+                             f"(its rope_factors_long/short tensors)")
         freqs = self.name(T.ROPE_FREQS) if self._lists(T.ROPE_FREQS) else ""
         self.rope_freqs_name = freqs if freqs in self.table else ""
         T_ = n_tokens
@@ -81,9 +89,7 @@ class Decoder:
                               "f16" if flash_attn else "f32"),
             "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
         self.inputs.update(rotation_inputs(b, hp, kv_type))
-        self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, n_ctx_orig=hp.n_ctx_train,
-                         freq_base=hp.rope_freq_base, freq_scale=hp.rope_freq_scale,
-                         ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0)
+        self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, **rope_params(hp))
 
     # --- weights by gguf's names --------------------------------------------------------------
     def _lists(self, t) -> bool:
@@ -224,7 +230,8 @@ class Decoder:
                           norm_pins=[(t, il) for t, _, il in b.pins],
                           kqv_outs=list(b.kqv_outs), rope_freqs=self.rope_freqs,
                           n_tokens=self.T, n_outputs=self.n_outputs,
-                          rope_freqs_name=self.rope_freqs_name or "rope_freqs.weight")
+                          rope_freqs_name=self.rope_freqs_name or "rope_freqs.weight",
+                          extra_inputs=self.extra_inputs)
 
 
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
@@ -278,6 +285,32 @@ def rotation_inputs(b: GraphBuilder, hp, kv_type: str) -> dict[str, Tensor]:
     if hp.n_embd_head_v % 64 == 0:
         out["v_rot"] = b.leaf("attn_inp_v_rot", (64, 64), "f32")
     return out
+
+
+def rope_params(hp) -> dict:
+    """ggml_rope_ext's parameters as llama_context's constructor derives them from the
+    hyperparameters (llama.cpp's defaults for every context option): type none never scales;
+    YaRN gets ext_factor 1 and an attention factor of get_mscale(factor), cancelled by
+    1/(1 + 0.1 ln factor) as ggml-cpu applies it again; rope.scaling.attn_factor on top."""
+    f32 = lambda x: float(np.float32(x))       # noqa: E731   (llama.cpp computes in float)
+    freq_scale = 1.0 if hp.rope_scaling == "none" else hp.rope_freq_scale
+    ext_factor = 1.0 if hp.rope_scaling == "yarn" else 0.0
+    attn_factor = 1.0
+    if ext_factor:
+        factor = f32(1.0 / np.float32(freq_scale))
+
+        def mscale(scale: float, m: float) -> float:
+            return 1.0 if scale <= 1.0 else f32(0.1 * m * np.log(np.float32(scale)) + 1.0)
+
+        if hp.rope_yarn_log_mul:
+            attn_factor = f32(mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul))
+        else:
+            attn_factor = mscale(factor, 1.0)
+        attn_factor = f32(attn_factor * f32(1.0 / (1.0 + 0.1 * np.log(np.float32(factor)))))
+    attn_factor = f32(attn_factor * hp.rope_attn_factor)
+    return dict(n_ctx_orig=hp.n_ctx_orig_yarn, freq_base=hp.rope_freq_base,
+                freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
+                beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
 
 
 def default_kq_scale(hp) -> float:

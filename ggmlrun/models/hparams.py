@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from ggmlrun.core.util.errors import InputError
 
 
+ROPE_SCALING = ("none", "linear", "yarn", "longrope")     # llama.cpp's LLAMA_ROPE_SCALING_TYPES
+
+
 @dataclass(frozen=True)
 class LlamaHParams:
     n_layer: int
@@ -29,6 +32,13 @@ class LlamaHParams:
     norm_rms_eps: float = 1e-5
     n_embd_head_k: int = 0          # 0: n_embd / n_head
     n_embd_head_v: int = 0
+    # rope scaling, as llama_model_base::load_hparams reads it for every architecture
+    rope_scaling: str = "linear"    # rope.scaling.type: none | linear | yarn | longrope
+    n_ctx_orig_yarn: int = 0        # rope.scaling.original_context_length; 0: n_ctx_train
+    rope_attn_factor: float = 1.0   # rope.scaling.attn_factor
+    yarn_beta_fast: float = 32.0    # read by the architectures that read it (mistral3)
+    yarn_beta_slow: float = 1.0
+    rope_yarn_log_mul: float = 0.0
 
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
@@ -41,6 +51,11 @@ class LlamaHParams:
             object.__setattr__(self, "n_embd_head_k", self.n_embd // self.n_head)
         if not self.n_embd_head_v:
             object.__setattr__(self, "n_embd_head_v", self.n_embd // self.n_head)
+        if self.rope_scaling not in ROPE_SCALING:
+            raise InputError(f"rope.scaling.type '{self.rope_scaling}' is not one llama.cpp "
+                             f"knows ({', '.join(ROPE_SCALING)})")
+        if not self.n_ctx_orig_yarn:
+            object.__setattr__(self, "n_ctx_orig_yarn", self.n_ctx_train)
 
     @property
     def n_embd_k_gqa(self) -> int:
@@ -75,10 +90,11 @@ def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
                              f"'tokenizer.ggml.tokens'; the vocabulary size is unknown")
         n_vocab = len(tokens)
     head_k = int(get("attention.key_length", 0) or 0) or n_embd // max(n_head, 1)
-    scale = 1.0
-    factor = get("rope.scaling.factor", 0.0) or 0.0
-    if factor and get("rope.scaling.type", "linear") == "linear":
-        scale = 1.0 / float(factor)
+    # rope_freq_scale_train = 1 / rope.scaling.factor (or the older rope.scale_linear), whatever
+    # the scaling type; the context turns it back to 1 for type none (rope_params in decoder.py)
+    factor = float(get("rope.scaling.factor", 0.0) or 0.0) or float(get("rope.scale_linear", 0.0)
+                                                                     or 0.0)
+    scale = 1.0 / factor if factor else 1.0
     common = dict(
         n_layer=int(get("block_count")), n_embd=n_embd, n_head=n_head,
         n_head_kv=int(get("attention.head_count_kv", n_head)),
@@ -89,7 +105,10 @@ def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
         rope_freq_scale=scale,
         norm_rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
         n_embd_head_k=head_k,
-        n_embd_head_v=int(get("attention.value_length", 0) or 0) or head_k)
+        n_embd_head_v=int(get("attention.value_length", 0) or 0) or n_embd // max(n_head, 1),
+        rope_scaling=str(get("rope.scaling.type", "linear")),
+        n_ctx_orig_yarn=int(get("rope.scaling.original_context_length", 0) or 0),
+        rope_attn_factor=float(get("rope.scaling.attn_factor", 1.0)))
     from ggmlrun.models.arch import get_arch
 
     spec = get_arch(arch)

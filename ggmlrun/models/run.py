@@ -114,6 +114,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     check_capacity(sched, memory)
     values = weight_values(model, mg)
     values.update(input_values(mg, tokens, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa))
+    values.update((leaf, fill(range(T))) for leaf, fill in mg.extra_inputs.items())
     result = execute(sched, plan, values)
     logits = np.asarray(result.outputs["result_output"], dtype=np.float32).reshape(1, hp.n_vocab)
     return logits, result

@@ -43,6 +43,7 @@ class TinyModel:
     head_dim: int = 0          # attention.key_length / value_length; 0: n_embd / n_head
     qkv_bias: bool = False     # attn_q/k/v.bias (qwen2)
     qk_norm: bool = False      # attn_q_norm / attn_k_norm (qwen3)
+    metadata: tuple = ()       # further (key under the architecture, value) pairs
 
     @property
     def n_embd_head(self) -> int:
@@ -65,6 +66,17 @@ MODELS = [
               arch="qwen3", head_dim=32, qk_norm=True),
     TinyModel("tiny-qwen3-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=8,
               arch="qwen3", head_dim=32, qk_norm=True),
+    # mistral3 (Ministral 3): YaRN rope scaling and Llama 4's attention temperature (the
+    # inp_attn_scale input) in the f16 file, as the real ones have; the q8_0 one without both
+    TinyModel("tiny-mistral3-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=9,
+              arch="mistral3", metadata=(("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+                                         ("rope.scaling.original_context_length", 512),
+                                         ("rope.scaling.yarn_beta_fast", 32.0),
+                                         ("rope.scaling.yarn_beta_slow", 1.0),
+                                         ("rope.scaling.yarn_log_multiplier", 1.0),
+                                         ("attention.temperature_scale", 0.1))),
+    TinyModel("tiny-mistral3-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=10,
+              arch="mistral3"),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -152,6 +164,14 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
     writer.add_file_type(FILE_TYPES[m.weight_type])
+    for key, value in m.metadata:
+        key = f"{m.arch}.{key}"
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            writer.add_uint32(key, value)
     tokens, scores, types = vocabulary()
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)

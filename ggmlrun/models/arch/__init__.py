@@ -23,6 +23,7 @@ _MODULES = {
     "llama": "ggmlrun.models.llama",
     "qwen2": "ggmlrun.models.arch.qwen2",
     "qwen3": "ggmlrun.models.arch.qwen3",
+    "mistral3": "ggmlrun.models.arch.mistral3",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -37,6 +37,7 @@ class Arch:
     build: Callable              # (Decoder) -> None: the layers, between inputs and output head
     read_hparams: Callable | None = None   # (get, common kwargs) -> HParams; None: the common ones
     is_70b: Callable = lambda hp: False    # llama.cpp's LLM_TYPE_70B (the quantizer's attn_v rule)
+    longrope: bool = False                 # builds LongRoPE's rope_factors_long / _short
     # the optional tensors a model card's model has, by name without "blk.<i>."
     card_tensors: frozenset = frozenset({"output.weight"})
 

@@ -1,0 +1,86 @@
+"""llama.cpp's mistral3 graph (src/models/mistral3.cpp; Ministral 3): llama's block, plus
+Llama 4's attention temperature when attention.temperature_scale is set: an input
+`inp_attn_scale` [n_tokens, 1, 1] of log(floor(pos / n_ctx_orig_yarn) + 1) * scale + 1 that
+multiplies Q after rope. Its load_arch_hparams also reads YaRN's beta_fast, beta_slow and
+log multiplier (the rope scaling itself is every architecture's: models/decoder.py rope_params).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors
+from ggmlrun.models.decoder import Decoder, default_kq_scale
+from ggmlrun.models.hparams import LlamaHParams
+
+
+@dataclass(frozen=True)
+class Mistral3HParams(LlamaHParams):
+    attn_temp_scale: float = 0.0          # attention.temperature_scale; 0: no temperature input
+    n_attn_temp_floor_scale: int = 0      # n_ctx_orig_yarn when the scale is set
+
+
+def read_hparams(get, common: dict) -> Mistral3HParams:
+    temp = float(get("attention.temperature_scale", 0.0) or 0.0)
+    hp = dict(common,
+              yarn_beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
+              yarn_beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0)),
+              rope_yarn_log_mul=float(get("rope.scaling.yarn_log_multiplier", 0.0)),
+              attn_temp_scale=temp)
+    if temp:
+        floor = common.get("n_ctx_orig_yarn") or common["n_ctx_train"]
+        if not floor:
+            raise InputError("invalid n_ctx_orig_yarn for attention temperature scaling")
+        hp["n_attn_temp_floor_scale"] = floor
+    return Mistral3HParams(**hp)
+
+
+def attn_temperature(hp: Mistral3HParams, pos):
+    """llm_graph_input_attn_temp::set_input: log(floor(pos / n) + 1) * scale + 1 per token."""
+    import numpy as np
+
+    p = np.asarray(pos, dtype=np.float32)
+    floor = np.floor(p / np.float32(hp.n_attn_temp_floor_scale)).astype(np.float64)
+    out = np.log(floor + 1.0) * np.float32(hp.attn_temp_scale) + 1.0
+    return out.astype(np.float32).reshape(len(p), 1, 1)
+
+
+def tensors(hp):
+    """load_arch_tensors (dense): optional wo and FFN biases, rope_freqs."""
+    return decoder_tensors("mistral3", hp, rope_freqs=True, attn_out_bias=True, ffn_bias=True)
+
+
+def build(d: Decoder):
+    hp, b = d.hp, d.b
+    attn_scale = None
+    if hp.attn_temp_scale:       # build_inp_attn_scale: ne [1, 1, n_tokens]
+        attn_scale = d.inputs["attn_scale"] = b.cb(b.leaf("inp_attn_scale", (d.T, 1, 1), "f32"),
+                                                   "inp_attn_scale", -1)
+        d.extra_inputs[attn_scale] = lambda pos: attn_temperature(hp, pos)
+    kq_scale = default_kq_scale(hp)
+    inpL = d.inpL
+    for il in range(hp.n_layer):
+        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+        inpSA = inpL
+        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
+        factors = d.rope_factors(il)
+        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q = b.cb(d.rope_ext(q, factors), "Qcur", il)
+        k = b.cb(d.rope_ext(k, factors), "Kcur", il)
+        b.cb(v, "Vcur", il)
+        if attn_scale is not None:
+            q = b.cb(b.op("mul", [q, attn_scale], q.shape), "Qcur_attn_temp_scaled", il)
+        cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
+        cur, inpSA = d.last_rows(il, cur, inpSA)
+        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
+        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
+        cur = b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)
+        cur = b.cb(d.add(cur, ffn_inp), "ffn_out", il)
+        inpL = b.cb(cur, "l_out", il)
+    return inpL
+
+
+ARCH = Arch(name="mistral3", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
+            read_hparams=read_hparams)

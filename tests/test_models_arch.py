@@ -1,0 +1,191 @@
+"""The architecture registry (ggmlrun/models/arch/): what is accepted, tensor tables from gguf's
+names, each architecture's own hyperparameters and graph features, the Qwen3 cards.
+
+llama.cpp's own figures for the tiny model of every architecture are compared in
+tests/test_llamacpp_figures.py (bytes, nodes, splits, logits) and tests/test_models_oracle.py
+(node by node); this file checks what those cannot see.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggmlrun.core.ir.ops import OPS
+from ggmlrun.core.ir.ops.registry import make_node
+from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.arch import ARCHITECTURES, get_arch
+from ggmlrun.models.arch.base import MODEL_TENSOR, tn
+from ggmlrun.models.cards import read_card
+from ggmlrun.models.decoder import build_graph, rope_params
+from ggmlrun.models.hparams import from_metadata
+from ggmlrun.models.modelfile import read_gguf
+from tests.clikit import invoke
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "examples" / "models"
+CARDS = ROOT / "ggmlrun" / "models" / "cards"
+TINY = sorted(MODELS.glob("tiny-*.gguf"))
+
+
+def test_registry_lists_the_recorded_architectures_in_order():
+    assert ARCHITECTURES[0] == "llama"
+    assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3"}
+    for name in ARCHITECTURES:
+        assert get_arch(name).name == name
+    # every architecture has its tiny models, and they are what the tests compare
+    assert {read_gguf(p).arch for p in TINY} == set(ARCHITECTURES)
+
+
+def test_unknown_architecture_exits_2_listing_the_supported_ones(tmp_path):
+    import gguf
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    code, out, err = invoke("measure", path)
+    assert code == 2 and "architecture 'mamba' is not supported" in err
+    assert ", ".join(ARCHITECTURES) in err
+    with pytest.raises(InputError, match="not supported"):
+        get_arch("gemma3")
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_tensor_tables_use_gguf_names(arch):
+    """Every name in a table is gguf's (TENSOR_NAMES of a tensor MODEL_TENSORS lists for the
+    architecture); asking for one it does not list is an error, not a retyped string."""
+    hp = from_metadata({f"{arch}.{k}": v for k, v in dict(
+        block_count=2, embedding_length=64, **{"attention.head_count": 4}, feed_forward_length=96,
+        vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5}).items()},
+        arch)
+    table = get_arch(arch).tensors(hp)
+    assert "token_embd.weight" in table and table["output.weight"].required is False
+    assert all(re.fullmatch(r"(blk\.\d+\.)?[a-z_]+\.(weight|bias)", name) for name in table)
+    with pytest.raises(KeyError):
+        tn(arch, MODEL_TENSOR.SSM_A, "weight", 0)
+
+
+@pytest.mark.parametrize("path", TINY, ids=[p.stem for p in TINY])
+@pytest.mark.parametrize("flash_attn", [False, True])
+def test_builder_agrees_with_the_op_registry(path, flash_attn):
+    """Every node of every architecture's graph re-infers to the builder's shape and layout."""
+    model = read_gguf(path)
+    for node in build_graph(model, 32, 32, 256, 256, flash_attn, "f16").graph.nodes:
+        spec = OPS.get(node.op)
+        if spec is None or (node.op == "cont" and "shape" not in spec.params):
+            continue
+        made = make_node(node.name, node.op, node.src, node.params)
+        assert (made.shape, made.dtype, made.strides, made.view_src, made.view_offset) == \
+            (node.shape, node.dtype, node.strides, node.view_src, node.view_offset), node.name
+
+
+def _names(model, n_tokens=32):
+    return [n.name for n in build_graph(model, n_tokens, n_tokens, 256, 256, False, "f16").graph.nodes]
+
+
+@pytest.mark.skipif("qwen2" not in ARCHITECTURES, reason="qwen2 not accepted")
+def test_qwen2_biases_and_tied_output():
+    model = read_gguf(MODELS / "tiny-qwen2-f16.gguf")
+    assert "output.weight" not in model.tensors and "blk.0.attn_q.bias" in model.tensors
+    mg = build_graph(model, 8, 8, 256, 256, False, "f16")
+    adds = [n for n in mg.graph.nodes if n.op == "add" and n.src[1].name.endswith(".bias")]
+    assert [n.name for n in adds[:3]] == ["Qcur-0", "Vcur-0", "Kcur-0"]   # expanded q, v, k
+    assert len(adds) == 3 * model.hparams.n_layer
+    assert mg.output_weight.name == "token_embd.weight" and mg.output_weight is not \
+        mg.weights["token_embd.weight"]
+    assert get_arch("qwen2").rope_type == 2
+
+
+@pytest.mark.skipif("qwen3" not in ARCHITECTURES, reason="qwen3 not accepted")
+def test_qwen3_head_size_and_pinned_head_norms():
+    model = read_gguf(MODELS / "tiny-qwen3-f16.gguf")
+    hp = model.hparams
+    assert (hp.n_embd, hp.n_head, hp.n_embd_head_k, hp.n_rot) == (64, 4, 32, 32)
+    mg = build_graph(model, 8, 8, 256, 256, False, "f16")
+    names = [n.name for n in mg.graph.nodes]
+    assert "Qcur_normed-0" in names and "Kcur_normed-0" in names
+    # build_norm names the head norms "norm-<il>": four pinned norms a layer, as in llama.cpp
+    assert sum(1 for t, il in mg.norm_pins if il == 0) == 4
+    assert all(t.op == "rms_norm" for t, _ in mg.norm_pins)
+    assert model.tensors["blk.0.attn_q.weight"].shape == (128, 64)
+    assert model.tensors["blk.0.attn_output.weight"].shape == (64, 128)
+
+
+@pytest.mark.skipif("mistral3" not in ARCHITECTURES, reason="mistral3 not accepted")
+def test_mistral3_temperature_input_and_yarn():
+    model = read_gguf(MODELS / "tiny-mistral3-f16.gguf")
+    hp = model.hparams
+    assert (hp.rope_scaling, hp.n_ctx_orig_yarn, hp.attn_temp_scale, hp.n_attn_temp_floor_scale) \
+        == ("yarn", 512, pytest.approx(0.1), 512)
+    rope = rope_params(hp)
+    assert rope["ext_factor"] == 1.0 and rope["freq_scale"] == 0.25 and rope["n_ctx_orig"] == 512
+    # log multiplier 1: mscale / mscale = 1, then the 1 / (1 + 0.1 ln 4) ggml-cpu undoes
+    assert rope["attn_factor"] == pytest.approx(1.0 / (1.0 + 0.1 * math.log(4.0)), rel=1e-6)
+    mg = build_graph(model, 8, 8, 256, 256, False, "f16")
+    scale = mg.inputs["attn_scale"]
+    assert scale.name == "inp_attn_scale" and scale.shape == (8, 1, 1)
+    assert "Qcur_attn_temp_scaled-0" in [n.name for n in mg.graph.nodes]
+    values = mg.extra_inputs[scale]([0, 511, 512, 2000])
+    want = np.log(np.floor(np.array([0, 511, 512, 2000]) / 512) + 1) * 0.1 + 1
+    assert np.allclose(values.reshape(-1), want)
+    plain = read_gguf(MODELS / "tiny-mistral3-q8_0.gguf")
+    assert "attn_scale" not in build_graph(plain, 8, 8, 256, 256, False, "f16").inputs
+    assert rope_params(plain.hparams)["ext_factor"] == 0.0
+
+
+def test_rope_scaling_type_none_never_scales_and_unknown_types_are_refused():
+    base = {"llama.block_count": 1, "llama.embedding_length": 64, "llama.attention.head_count": 4,
+            "llama.feed_forward_length": 96, "llama.vocab_size": 320, "llama.context_length": 512,
+            "llama.rope.scaling.factor": 4.0}
+    assert rope_params(from_metadata(base))["freq_scale"] == 0.25
+    none = from_metadata(base | {"llama.rope.scaling.type": "none"})
+    assert rope_params(none)["freq_scale"] == 1.0
+    with pytest.raises(InputError, match="rope.scaling.type 'llama3'"):
+        from_metadata(base | {"llama.rope.scaling.type": "llama3"})
+
+
+# --- cards ----------------------------------------------------------------------------------
+def _bytes(model) -> int:
+    return sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
+
+
+@pytest.mark.skipif("qwen3" not in ARCHITECTURES, reason="qwen3 not accepted")
+def test_qwen3_cards_hyperparameters_and_q4_k_m_mix():
+    m8 = read_card(CARDS / "qwen3-8b-q4_k_m.yaml")
+    hp = m8.hparams
+    assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_head_kv, hp.n_embd_head_k, hp.n_ff, hp.n_vocab,
+            hp.n_ctx_train) == (36, 4096, 32, 8, 128, 12288, 151936, 40960)
+    assert m8.tensors["blk.0.attn_q_norm.weight"].dtype == "f32"
+    assert m8.tensors["output.weight"].dtype == "q6_K"
+    # 18 use_more_bits layers of 36: attn_v and ffn_down q6_K there, plus the output
+    assert sum(t.dtype == "q6_K" for t in m8.tensors.values()) == 37
+    # Qwen's Qwen3-8B-Q4_K_M.gguf is 5.03 GB with its metadata and vocabulary
+    assert _bytes(m8) == 5_021_827_072
+    m32 = read_card(CARDS / "qwen3-32b-q4_k_m.yaml")
+    hp = m32.hparams
+    assert (hp.n_layer, hp.n_embd, hp.n_head, hp.n_embd_head_k) == (64, 5120, 64, 128)
+    assert m32.tensors["blk.0.attn_q.weight"].shape == (8192, 5120)
+    assert _bytes(m32) == 19_756_174_336          # the 19.8 GB file
+
+
+@pytest.mark.skipif("qwen3" not in ARCHITECTURES, reason="qwen3 not accepted")
+@pytest.mark.parametrize("card", ["qwen3-8b-q4_k_m.yaml", "qwen3-32b-q4_k_m.yaml"])
+def test_fit_on_the_qwen3_cards_takes_under_a_second(card, tmp_path):
+    backends = tmp_path / "b.yaml"
+    backends.write_text("backends:\n  - {name: GPU0, kind: sim, memory: 24GiB}\n"
+                        "  - {name: CPU, kind: cpu, memory: 64GiB}\n")
+    start = time.perf_counter()
+    code, out, err = invoke("fit", CARDS / card, "--backends", backends, "--json")
+    elapsed = time.perf_counter() - start
+    assert code == 0, err
+    assert elapsed < 1.0 or __import__("json").loads(out)["seconds"] < 1.0, elapsed
