@@ -189,3 +189,19 @@ def test_fit_on_the_qwen3_cards_takes_under_a_second(card, tmp_path):
     elapsed = time.perf_counter() - start
     assert code == 0, err
     assert elapsed < 1.0 or __import__("json").loads(out)["seconds"] < 1.0, elapsed
+
+
+@pytest.mark.skipif("phi3" not in ARCHITECTURES, reason="phi3 not accepted")
+def test_phi3_fused_views_and_longrope_factors_by_context():
+    model = read_gguf(MODELS / "tiny-phi3-f16.gguf")
+    assert "blk.0.attn_qkv.weight" in model.tensors and "blk.0.ffn_gate.weight" not in model.tensors
+    for n_ctx, want in ((256, "rope_factors_short.weight"), (1024, "rope_factors_long.weight")):
+        mg = build_graph(model, 8, 8, n_ctx, n_ctx, False, "f16")
+        assert mg.rope_freqs_name == want
+        ropes = [n for n in mg.graph.nodes if n.op == "rope"]
+        assert all(n.src[2].name == want for n in ropes) and len(ropes) == 2 * model.hparams.n_layer
+        # Q, K, V are strided views of the one QKV product
+        q = ropes[0].src[0]
+        assert q.op == "view" and q.src[0].name == "wqkv-0" and not q.is_contiguous
+    glu = [n for n in mg.graph.nodes if n.op == "glu"]
+    assert len(glu[0].src) == 1 and glu[0].shape[-1] == model.hparams.n_ff

@@ -69,8 +69,7 @@ class Decoder:
         if hp.rope_scaling == "longrope" and not arch.longrope:
             raise InputError(f"rope scaling 'longrope' is not supported for {arch.name} yet "
                              f"(its rope_factors_long/short tensors)")
-        freqs = self.name(T.ROPE_FREQS) if self._lists(T.ROPE_FREQS) else ""
-        self.rope_freqs_name = freqs if freqs in self.table else ""
+        self.rope_freqs_name = self._rope_factors_name(kv_size)
         T_ = n_tokens
         # build_inp_embd: tokens and the (unused, still allocated) embeddings input
         tokens = b.leaf("inp_tokens", (T_,), "i32")
@@ -154,6 +153,21 @@ class Decoder:
             q, k, v = (b.reshape(x, (T_, heads, n_embd_head))
                        for x, heads in zip(out, (n_head, n_head_kv, n_head_kv)))
         return cb(q, "Qcur", il), cb(k, "Kcur", il), cb(v, "Vcur", il)
+
+    def _rope_factors_name(self, n_ctx_seq: int) -> str:
+        """llama_model::get_rope_factors: rope_freqs when the model has it, else LongRoPE's
+        long factors when the context (n_ctx_seq: the padded context, one sequence) exceeds
+        the original one, the short ones otherwise; "" when the model has none."""
+        candidates = [T.ROPE_FREQS]
+        if self.arch.longrope:
+            candidates.append(T.ROPE_FACTORS_LONG if n_ctx_seq > self.hp.n_ctx_orig_yarn
+                              else T.ROPE_FACTORS_SHORT)
+        for t in candidates:
+            if self._lists(t):
+                name = self.name(t)
+                if name in self.table and name in self.weights:
+                    return name
+        return ""
 
     def rope_factors(self, il: int) -> Tensor | None:
         """llama_model::get_rope_factors: rope_freqs (made at layer 0, TENSOR_DUPLICATED into

@@ -29,6 +29,11 @@ from ggmlrun.models.hparams import LlamaHParams
 from ggmlrun.models.options import ModelOptions, gpu_layers
 
 
+# Tensors llama.cpp creates in layer 0's context and TENSOR_DUPLICATED into every other layer's
+# (rope frequency factors): the first lives with layer 0, each copy with its own layer.
+LAYER_DUPLICATED = ("rope_freqs.", "rope_factors_long.", "rope_factors_short.")
+
+
 @dataclass
 class Placement:
     layer: list[int]                 # backend index per repeating layer
@@ -37,6 +42,7 @@ class Placement:
     weights: dict[str, int]          # GGUF tensor name -> backend index
     output_weight: int               # where result_output's weight lives
     rope_freqs: list[int]            # where each layer's rope_freqs (or its duplicate) lives
+    layer_copies: dict[str, list[int]]   # every such layer-0 tensor present: its copy per layer
     full_offload: bool
     no_kv_offload: bool
     cpu: int
@@ -109,7 +115,7 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
             default = layer[il] if il < n_layer else cpu
         elif name.startswith("output"):
             default = output
-        elif name.startswith("rope_freqs"):     # a repeating-layer tensor, made at layer 0
+        elif name.startswith(LAYER_DUPLICATED):     # a repeating-layer tensor, made at layer 0
             default = layer[0] if layer else cpu
         else:                 # token_embd and anything else of the input layer
             default = cpu
@@ -118,9 +124,11 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
     if output_weight is None:
         output_weight = where("token_embd.weight", output)
     kv = [cpu if opts.no_kv_offload else layer[il] for il in range(n_layer)]
+    layer_copies = {name: [b if il == 0 else where(name, layer[il]) for il in range(n_layer)]
+                    for name, b in weights.items() if name.startswith(LAYER_DUPLICATED)}
     first = weights.get("rope_freqs.weight")
-    rope_freqs = [first if il == 0 or first is None else where("rope_freqs.weight", layer[il])
-                  for il in range(n_layer)]
+    rope_freqs = layer_copies.get("rope_freqs.weight", [first] * n_layer)
     return Placement(layer=layer, output=output, kv=kv, weights=weights,
-                     output_weight=output_weight, rope_freqs=rope_freqs, full_offload=ngl > n_layer,
+                     output_weight=output_weight, rope_freqs=rope_freqs,
+                     layer_copies=layer_copies, full_offload=ngl > n_layer,
                      no_kv_offload=opts.no_kv_offload, cpu=cpu)

@@ -83,8 +83,9 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
     for name, leaf in mg.weights.items():
         leaf.backend = names[placement.weights[name]]
     mg.output_weight.backend = names[placement.output_weight]
+    copies = placement.layer_copies.get(mg.rope_freqs_name, placement.rope_freqs)
     for il, leaf in mg.rope_freqs.items():
-        leaf.backend = names[placement.rope_freqs[il]]
+        leaf.backend = names[copies[il]]
     for il, leaf in mg.cache.k.items():
         leaf.backend = mg.cache.v[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
@@ -117,8 +118,8 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     duplicates = set()
     if "output.weight" not in model.tensors:
         duplicates.add(("token_embd.weight", placement.output_weight))
-    if "rope_freqs.weight" in model.tensors:
-        duplicates.update(("rope_freqs.weight", b) for b in placement.rope_freqs)
+    for name, copies in placement.layer_copies.items():   # rope factors: one copy per layer
+        duplicates.update((name, b) for b in copies)
     placed += sorted(d for d in duplicates if d not in set(placed))
     for name, b in placed:
         info = model.tensors[name]

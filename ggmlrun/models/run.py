@@ -46,7 +46,7 @@ def weight_values(model: ModelFile, mg: ModelGraph) -> dict[Tensor, np.ndarray]:
     leaves = list(mg.weights.items())
     if "output.weight" not in mg.weights:       # tied: the duplicate reads token_embd's bytes
         leaves.append(("token_embd.weight", mg.output_weight))
-    leaves += [("rope_freqs.weight", leaf) for leaf in mg.rope_freqs.values()]
+    leaves += [(mg.rope_freqs_name, leaf) for leaf in mg.rope_freqs.values()]
     for name, leaf in leaves:
         info = model.tensors[name]
         shape, dtype = storage_shape(info.shape, info.dtype)

@@ -44,6 +44,9 @@ class TinyModel:
     qkv_bias: bool = False     # attn_q/k/v.bias (qwen2)
     qk_norm: bool = False      # attn_q_norm / attn_k_norm (qwen3)
     metadata: tuple = ()       # further (key under the architecture, value) pairs
+    fused: bool = False        # attn_qkv and a 2 n_ff ffn_up (gate and up), no ffn_gate (phi3)
+    longrope: bool = False     # rope_factors_long / rope_factors_short (phi3)
+    title: str = ""            # general.name; default the file's name
 
     @property
     def n_embd_head(self) -> int:
@@ -77,6 +80,19 @@ MODELS = [
                                          ("attention.temperature_scale", 0.1))),
     TinyModel("tiny-mistral3-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=10,
               arch="mistral3"),
+    # phi3: fused QKV and gate/up, LongRoPE factors: an original context of 512 makes ctx 256
+    # use the short factors and ctx 1024 the long ones. general.name avoids "phi3"/"phi-3",
+    # for which llama.cpp's vocabulary wants Phi's <|endoftext|> token.
+    TinyModel("tiny-phi3-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=96, seed=11,
+              arch="phi3", fused=True, longrope=True, title="tiny-phi-three-f16",
+              metadata=(("rope.scaling.type", "longrope"),
+                        ("rope.scaling.original_context_length", 512),
+                        ("rope.scaling.attn_factor", 1.1902380714238083))),
+    TinyModel("tiny-phi3-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=4, n_ff=128, seed=12,
+              arch="phi3", fused=True, longrope=True, title="tiny-phi-three-q8_0",
+              metadata=(("rope.scaling.type", "longrope"),
+                        ("rope.scaling.original_context_length", 512),
+                        ("rope.scaling.attn_factor", 1.1902380714238083))),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -102,6 +118,13 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd)}
     for i in range(m.n_layer):
         shapes[f"blk.{i}.attn_norm.weight"] = (m.n_embd,)
+        if m.fused:
+            shapes[f"blk.{i}.attn_qkv.weight"] = ((m.n_head + 2 * m.n_head_kv) * head_dim, m.n_embd)
+            shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * head_dim)
+            shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
+            shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, m.n_ff)
+            shapes[f"blk.{i}.ffn_up.weight"] = (2 * m.n_ff, m.n_embd)
+            continue
         shapes[f"blk.{i}.attn_q.weight"] = (m.n_head * head_dim, m.n_embd)
         shapes[f"blk.{i}.attn_k.weight"] = (m.n_head_kv * head_dim, m.n_embd)
         shapes[f"blk.{i}.attn_v.weight"] = (m.n_head_kv * head_dim, m.n_embd)
@@ -117,6 +140,9 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
         shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, m.n_ff)
+    if m.longrope:
+        shapes["rope_factors_long.weight"] = (head_dim // 2,)
+        shapes["rope_factors_short.weight"] = (head_dim // 2,)
     shapes["output_norm.weight"] = (m.n_embd,)
     if not m.tied:
         shapes["output.weight"] = (N_VOCAB, m.n_embd)
@@ -128,6 +154,10 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
     stay O(1) through the layers and the logits are spread enough to compare meaningfully."""
     if name.endswith(".bias"):
         return (0.5 * rng.standard_normal(shape)).astype(np.float32)
+    if name.startswith("rope_factors_long"):        # LongRoPE divisors: 1 up to 8
+        return np.geomspace(1.0, 8.0, shape[0]).astype(np.float32)
+    if name.startswith("rope_factors_short"):
+        return np.linspace(1.0, 1.5, shape[0]).astype(np.float32)
     if len(shape) == 1:
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
@@ -149,7 +179,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     path = out_dir / f"{m.name}.gguf"
     tmp = path.with_suffix(".gguf.tmp")
     writer = GGUFWriter(str(tmp), m.arch)
-    writer.add_name(m.name)
+    writer.add_name(m.title or m.name)
     writer.add_context_length(N_CTX_TRAIN)
     writer.add_embedding_length(m.n_embd)
     writer.add_block_count(m.n_layer)

@@ -24,6 +24,7 @@ _MODULES = {
     "qwen2": "ggmlrun.models.arch.qwen2",
     "qwen3": "ggmlrun.models.arch.qwen3",
     "mistral3": "ggmlrun.models.arch.mistral3",
+    "phi3": "ggmlrun.models.arch.phi3",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -59,7 +59,7 @@ T = MODEL_TENSOR
 def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool = False,
                     attn_out_bias: bool = False, ffn_bias: bool = False,
                     rope_freqs: bool = False, fused_qkv: bool = False,
-                    fused_gate_up: bool = False) -> dict[str, TensorSpec]:
+                    fused_gate_up: bool = False, longrope: bool = False) -> dict[str, TensorSpec]:
     """The tensors of a dense pre-norm decoder (token_embd, output_norm, optional output, then per
     layer: attn_norm, Q/K/V (separate, each with an optional bias, or with `fused_qkv` an
     optional attn_qkv instead), attn_output, ffn_norm and the gated FFN), in llama.cpp's
@@ -74,11 +74,15 @@ def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool 
         out[name(T.OUTPUT, "bias")] = TensorSpec((hp.n_vocab,), False)
     if rope_freqs:
         out[name(T.ROPE_FREQS)] = TensorSpec((hp.n_rot // 2,), False)
+    if longrope:     # made in layer 0, duplicated into the others (placement LAYER_DUPLICATED)
+        out[name(T.ROPE_FACTORS_LONG)] = TensorSpec((hp.n_rot // 2,), False)
+        out[name(T.ROPE_FACTORS_SHORT)] = TensorSpec((hp.n_rot // 2,), False)
     for i in range(hp.n_layer):
         out[name(T.ATTN_NORM, bid=i)] = TensorSpec((n_embd,))
         qkv = name(T.ATTN_QKV, bid=i) if fused_qkv else None
         if fused_qkv:
             out[qkv] = TensorSpec((n_q + n_k + n_v, n_embd), False)
+            out[name(T.ATTN_QKV, "bias", i)] = TensorSpec((n_q + n_k + n_v,), False)
         need = qkv or True
         for t, n in ((T.ATTN_Q, n_q), (T.ATTN_K, n_k), (T.ATTN_V, n_v)):
             out[name(t, bid=i)] = TensorSpec((n, n_embd), need)
