@@ -203,7 +203,10 @@ class KVCache:
         if not self.v_trans:
             rows = b.view(v_cur, (n_tokens, gqa), (v_cur.strides[-3], v_cur.strides[-1]))
             return b.set_rows(self.v[il], rows, v_idxs)
-        v_cur = b.reshape(v_cur, (n_tokens, gqa))
+        if v_cur.strides[-3] == row_size(v_cur.dtype, gqa):     # dims 0, 1 and 2 merge
+            v_cur = b.reshape(v_cur, (n_tokens, gqa))
+        else:                 # a strided view (a fused QKV's V): a contiguous copy first
+            v_cur = b.cont(v_cur, (n_tokens, gqa))
         cache = self.v[il]
         v_view = b.reshape(cache, (cache.n_elements, 1))
         v_cur = b.reshape(v_cur, (v_cur.n_elements, 1))
