@@ -10,6 +10,7 @@ from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
 from ggmlrun.cli.model_options import model_options, _model_input
+from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 
 
 class _CtxType(click.ParamType):
@@ -27,7 +28,12 @@ class _CtxType(click.ParamType):
         return n
 
 
-@cli.command()
+FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."
+            "\n\nMODEL is a GGUF file or a model card of a supported architecture: "
+            f"{', '.join(ARCHITECTURES)}; each graph as the llama.cpp of {LLAMA_CPP} builds it.")
+
+
+@cli.command(help=FIT_HELP)
 @click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
 @BACKENDS
 @JSON

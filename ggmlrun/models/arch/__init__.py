@@ -16,7 +16,7 @@ from importlib import import_module
 
 from ggmlrun.core.util.errors import InputError
 
-LLAMA_CPP = "llama-cpp-python 0.3.36 (llama.cpp, ggml 0.25.3)"   # the reference every builder follows
+LLAMA_CPP = "llama-cpp-python 0.3.36 (ggml 0.25.3)"   # whose llama.cpp every builder follows
 
 # general.architecture -> module defining ARCH, in the order they landed
 _MODULES = {
