@@ -65,6 +65,7 @@ class Decoder:
             src = self.weight(T.TOKEN_EMBD)
             self.output_w = GraphBuilder.leaf(src.name, src.shape, src.dtype, role="weight")
         self.rope_freqs: dict[int, Tensor] = {}
+        self.shared: dict[str, tuple[int, ...]] = {}
         self.extra_inputs: dict[Tensor, Callable] = {}
         if hp.rope_scaling == "longrope" and not arch.longrope:
             raise InputError(f"rope scaling 'longrope' is not supported for {arch.name} yet "
@@ -177,8 +178,11 @@ class Decoder:
         first = self.weights.get(self.rope_freqs_name)
         if first is None:
             return None
-        leaf = first if il == 0 else GraphBuilder.leaf(first.name, first.shape, first.dtype,
-                                                       role="weight")
+        rep = self.shared.get(first.name, range(il + 1))[il]    # the layer whose tensor it reads
+        leaf = self.rope_freqs.get(rep) if rep != il else None
+        if leaf is None:
+            leaf = first if il == 0 else GraphBuilder.leaf(first.name, first.shape, first.dtype,
+                                                           role="weight")
         self.rope_freqs[il] = leaf
         return leaf
 
@@ -249,14 +253,17 @@ class Decoder:
 
 
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                flash_attn: bool, kv_type: str) -> ModelGraph:
-    """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch."""
+                flash_attn: bool, kv_type: str, shared: tuple = ()) -> ModelGraph:
+    """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
+    `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
+    (Placement.shared_copies); without it every layer gets its own copy."""
     from ggmlrun.models.arch import get_arch
 
     where = str(model.path) if model.path else None
     arch = get_arch(model.arch, where)
     table = check_tensors(arch, model.hparams, model.tensors, where)
     d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table)
+    d.shared = dict(shared)
     return d.finish(arch.build(d))
 
 

@@ -47,6 +47,17 @@ class Placement:
     no_kv_offload: bool
     cpu: int
 
+    def shared_copies(self) -> tuple:
+        """Which layers read the same tensor: llama.cpp's loader hands a TENSOR_DUPLICATED
+        tensor whose buffer type already holds it the existing one, so layers whose copies land
+        on one backend share a tensor (and a device copies it in once). Per name, each layer's
+        representative: the first layer on its backend (layer 0 for the original's)."""
+        out = []
+        for name, copies in sorted(self.layer_copies.items()):
+            first: dict[int, int] = {}
+            out.append((name, tuple(first.setdefault(b, il) for il, b in enumerate(copies))))
+        return tuple(out)
+
 
 def _layer_name(name: str) -> int | None:
     if name.startswith("blk."):

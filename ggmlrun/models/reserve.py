@@ -64,16 +64,17 @@ _GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
-                flash_attn: bool, kv_type: str) -> ModelGraph:
-    """The graph for one ubatch shape, built once per model and shape. Entries hold their model,
-    so an id in a key always belongs to the model it was made for."""
-    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type)
+                flash_attn: bool, kv_type: str, shared: tuple = ()) -> ModelGraph:
+    """The graph for one ubatch shape, built once per model and shape (and sharing of the
+    per-layer duplicated tensors, Placement.shared_copies). Entries hold their model, so an id
+    in a key always belongs to the model it was made for."""
+    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared)
     entry = _GRAPHS.get(key)
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
         entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
-                                                   flash_attn, kv_type))
+                                                   flash_attn, kv_type, shared))
     return entry[1]
 
 
@@ -169,7 +170,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
     # deterministic allocator sizes exactly as before, so its result is reused
     for tokens in (n_tokens, 1):
-        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type)
+        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type,
+                         placement.shared_copies())
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
         plan = allocator.plan(*allocation_sequence(sched))

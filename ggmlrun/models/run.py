@@ -106,8 +106,9 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                          f"{context_size(opts, hp.n_ctx_train)}; raise --ctx")
     T = len(tokens)
     n_kv = min(cells, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
-    mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type)
     placement = place(hp, model.tensors, backends, opts)
+    mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
+                     placement.shared_copies())
     apply_placement(mg, placement, backends)
     sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
     plan, memory = plan_memory(sched, "ggml")

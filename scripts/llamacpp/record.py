@@ -86,6 +86,19 @@ EXTRAS: list[tuple[str, str, dict]] = [
     for model in ("tiny-llama-f16", "tiny-llama-q8_0") for split in ([1, 1], [3, 1]) for ngl in (3, 4)
 ] + [
     ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1]}),
+] + [
+    # the other architectures: their own tensors under the placement options (qwen3's heads of
+    # 32 take a q8_0 cache; phi3's rope factors are duplicated per layer, -ot moves the copies)
+    ("tiny-qwen3-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-qwen3-f16", "kvq8_0", {"ngl": "all", "kv_type": "q8_0", "flash_attn": True}),
+    ("tiny-qwen3-f16", "kvq8_0", {"ngl": 2, "kv_type": "q8_0", "flash_attn": True, "ubatch": 512}),
+    ("tiny-qwen2-f16", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]]}),
+    ("tiny-qwen2-q8_0", "", {"ngl": 3}),
+    ("tiny-mistral3-f16", "ts1-1", {"ngl": 3, "tensor_split": [1, 1]}),
+    ("tiny-mistral3-f16", "nkvo", {"ngl": 2, "no_kv_offload": True}),
+    ("tiny-phi3-f16", "", {"ngl": 3}),
+    ("tiny-phi3-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_factors", "CPU"]]}),
+    ("tiny-phi3-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
