@@ -146,12 +146,16 @@ def test_mistral3_temperature_input_and_yarn():
 def test_rope_scaling_type_none_never_scales_and_unknown_types_are_refused():
     base = {"llama.block_count": 1, "llama.embedding_length": 64, "llama.attention.head_count": 4,
             "llama.feed_forward_length": 96, "llama.vocab_size": 320, "llama.context_length": 512,
-            "llama.rope.scaling.factor": 4.0}
+            "llama.rope.scaling.factor": 4.0, "llama.attention.layer_norm_rms_epsilon": 1e-5}
     assert rope_params(from_metadata(base))["freq_scale"] == 0.25
     none = from_metadata(base | {"llama.rope.scaling.type": "none"})
     assert rope_params(none)["freq_scale"] == 1.0
     with pytest.raises(InputError, match="rope.scaling.type 'llama3'"):
         from_metadata(base | {"llama.rope.scaling.type": "llama3"})
+    # llama.cpp's load_arch_hparams reads the RMS epsilon without a default
+    del base["llama.attention.layer_norm_rms_epsilon"]
+    with pytest.raises(InputError, match="lacks 'llama.attention.layer_norm_rms_epsilon'"):
+        from_metadata(base)
 
 
 # --- cards ----------------------------------------------------------------------------------
@@ -205,3 +209,46 @@ def test_phi3_fused_views_and_longrope_factors_by_context():
         assert q.op == "view" and q.src[0].name == "wqkv-0" and not q.is_contiguous
     glu = [n for n in mg.graph.nodes if n.op == "glu"]
     assert len(glu[0].src) == 1 and glu[0].shape[-1] == model.hparams.n_ff
+
+
+CARD_OF_TINY = {   # cards describing the tiny mistral3 / phi3 files, with their own hparams
+    "tiny-mistral3-f16": """architecture: mistral3
+hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_ff: 192, n_vocab: 320,
+          n_ctx_train: 2048, rope_scaling: yarn, rope_scaling_factor: 4.0, n_ctx_orig: 512,
+          attn_temp_scale: 0.1, yarn_log_mul: 1.0}
+weights: f16
+""",
+    "tiny-phi3-f16": """architecture: phi3
+hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_ff: 96, n_vocab: 320,
+          n_ctx_train: 2048, rope_scaling: longrope, n_ctx_orig: 512,
+          rope_attn_factor: 1.1902380714238083}
+weights: f16
+""",
+}
+
+
+@pytest.mark.parametrize("tiny", sorted(CARD_OF_TINY))
+@pytest.mark.parametrize("ctx", [256, 1024])
+def test_a_card_with_the_architectures_own_fields_gives_llama_cpps_figures(tmp_path, tiny, ctx):
+    """The card format takes each architecture's fields (rope scaling, mistral3's temperature):
+    a card of a tiny model gives llama.cpp's recorded device bytes, CPU KV and compute, nodes
+    and splits (its CPU model bytes are per-tensor, a card having no file offsets)."""
+    import json
+
+    if tiny.split("-")[1] not in ARCHITECTURES:
+        pytest.skip("architecture not accepted")
+    card = tmp_path / "card.yaml"
+    card.write_text(CARD_OF_TINY[tiny])
+    cfg_id = f"{tiny}/c{ctx}/ub32/fa0/ngl2"
+    recorded = {c["id"]: c for c in json.loads(
+        (ROOT / "tests/data/llamacpp/figures.json").read_text())["configs"]}[cfg_id]
+    code, out, err = invoke("measure", card, "--json", "--backends",
+                            ROOT / "graphs/backends/llamacpp_rpc.yaml", "--ctx", str(ctx),
+                            "--ubatch", "32", "--ngl", "2")
+    assert code == 0, err
+    got = json.loads(out)
+    assert (got["n_nodes"], got["n_splits"]) == (recorded["n_nodes"], recorded["n_splits"])
+    by = {b["name"]: b for b in got["backends"]}
+    assert {k: by["RPC0"][k] for k in recorded["backends"]["RPC0"]} == recorded["backends"]["RPC0"]
+    assert (by["CPU"]["kv_bytes"], by["CPU"]["arena_bytes"]) == \
+        (recorded["backends"]["CPU"]["kv_bytes"], recorded["backends"]["CPU"]["arena_bytes"])

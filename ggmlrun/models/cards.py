@@ -46,8 +46,14 @@ HPARAMS = {
     "n_embd_head_v": ("attention.value_length", False, None),  # default: n_embd_head_k
     "rope_freq_base": ("rope.freq_base", False, 10000.0),
     "norm_rms_eps": ("attention.layer_norm_rms_epsilon", False, 1e-5),
+    "rope_scaling": ("rope.scaling.type", False, None),        # none | linear | yarn | longrope
+    "rope_scaling_factor": ("rope.scaling.factor", False, None),
+    "n_ctx_orig": ("rope.scaling.original_context_length", False, None),
+    "rope_attn_factor": ("rope.scaling.attn_factor", False, None),
 }
-FLOAT_HPARAMS = ("rope_freq_base", "norm_rms_eps")
+FLOAT_HPARAMS = ("rope_freq_base", "norm_rms_eps", "rope_scaling_factor", "rope_attn_factor",
+                 "attn_temp_scale", "yarn_log_mul")
+STR_HPARAMS = {"rope_scaling": ("none", "linear", "yarn", "longrope")}
 MAX_DIM = 2**24                   # far past any real model; guards typos like 40960000
 
 TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", "attn_k",
@@ -151,22 +157,26 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
     for key in ("hparams", "weights"):
         if key not in data:
             raise doc.error(f"missing '{key}:'")
-    values = _hparams(doc, data["hparams"])
+    spec = get_arch(arch)
+    keys = HPARAMS | spec.card_hparams          # the architecture's own keys too
+    values = _hparams(doc, data["hparams"], keys)
     tied = data.get("tied_embeddings", False)
     if not isinstance(tied, bool):
         raise doc.error(f"tied_embeddings must be true or false, got {describe_value(tied)}",
                         ("tied_embeddings",))
     ftype = _ftype(doc, data["weights"])
     overrides = _type_overrides(doc, data.get("types", {}))
-    hparams = _build_hparams(doc, arch, values)
-    spec = get_arch(arch)
+    hparams = _build_hparams(doc, arch, values, keys)
     is_70b = spec.is_70b(hparams)
     tensors = {}
     for tname, tspec in spec.tensors(hparams).items():
         shape = tspec.shape
         match = _CLASS_RE.match(tname)
-        if tspec.required is not True and (tied and tname == "output.weight" or
-                                           _LAYER_RE.sub("", tname) not in spec.card_tensors):
+        carried = (_LAYER_RE.sub("", tname) in spec.card_tensors
+                   or tname.startswith("rope_factors") and hparams.rope_scaling == "longrope"
+                   # required unless its alternative is there (Q/K/V unless a fused attn_qkv)
+                   or isinstance(tspec.required, str) and tspec.required not in tensors)
+        if tspec.required is not True and (tied and tname == "output.weight" or not carried):
             continue      # optional: only those the real files of the architecture have
         cls, layer = match.group(2), int(match.group(1) or 0)
         if len(shape) == 1:             # llama.cpp's quantizer never quantizes 1-D tensors
@@ -181,20 +191,25 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
     return ModelFile(path=path, arch=arch, name=name, hparams=hparams, tensors=tensors)
 
 
-def _hparams(doc, raw) -> dict:
+def _hparams(doc, raw, keys: dict = HPARAMS) -> dict:
     path = ("hparams",)
     if not isinstance(raw, dict):
         raise doc.error(f"hparams must be a mapping, got {describe_value(raw)}", path)
-    unknown_keys(doc, raw, tuple(HPARAMS), path, None, "hyperparameter")
+    unknown_keys(doc, raw, tuple(keys), path, None, "hyperparameter")
     values = {}
-    for key, (_, required, default) in HPARAMS.items():
+    for key, (_, required, default) in keys.items():
         if key not in raw:
             if required:
                 raise doc.error(f"missing hyperparameter '{key}'", path)
             values[key] = default
             continue
         value = raw[key]
-        if key in FLOAT_HPARAMS:
+        if key in STR_HPARAMS:
+            if value not in STR_HPARAMS[key]:
+                raise doc.error(f"{key} must be one of {', '.join(STR_HPARAMS[key])}, got "
+                                f"{describe_value(value)}", path + (key,))
+            values[key] = value
+        elif key in FLOAT_HPARAMS:
             if not is_number(value) or not math.isfinite(value) or value <= 0:
                 raise doc.error(f"{key} must be a positive number, got {describe_value(value)}",
                                 path + (key,))
@@ -223,13 +238,13 @@ def _hparams(doc, raw) -> dict:
     return values
 
 
-def _build_hparams(doc, arch: str, values: dict):
+def _build_hparams(doc, arch: str, values: dict, keys: dict = HPARAMS):
     """Through the GGUF metadata path, so a card and a file with the same numbers agree."""
     from ggmlrun.core.util.errors import InputError
     from ggmlrun.models.hparams import from_metadata
 
     fields = {"general.architecture": arch}
-    for key, (gguf_key, _, _) in HPARAMS.items():
+    for key, (gguf_key, _, _) in keys.items():
         value = values[key]
         if value is None:
             continue

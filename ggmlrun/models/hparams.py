@@ -103,7 +103,8 @@ def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
         n_rot=int(get("rope.dimension_count", head_k)),
         rope_freq_base=float(get("rope.freq_base", 10000.0)),
         rope_freq_scale=scale,
-        norm_rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        # required: every registered architecture's load_arch_hparams reads it without a default
+        norm_rms_eps=float(get("attention.layer_norm_rms_epsilon")),
         n_embd_head_k=head_k,
         n_embd_head_v=int(get("attention.value_length", 0) or 0) or n_embd // max(n_head, 1),
         rope_scaling=str(get("rope.scaling.type", "linear")),

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
@@ -40,6 +40,8 @@ class Arch:
     longrope: bool = False                 # builds LongRoPE's rope_factors_long / _short
     # the optional tensors a model card's model has, by name without "blk.<i>."
     card_tensors: frozenset = frozenset({"output.weight"})
+    # card hyperparameters of its own: card key -> (GGUF key under the architecture, kind)
+    card_hparams: dict = field(default_factory=dict)
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}

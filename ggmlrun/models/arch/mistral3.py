@@ -83,4 +83,6 @@ def build(d: Decoder):
 
 
 ARCH = Arch(name="mistral3", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
-            read_hparams=read_hparams)
+            read_hparams=read_hparams,
+            card_hparams={"attn_temp_scale": ("attention.temperature_scale", False, None),
+                          "yarn_log_mul": ("rope.scaling.yarn_log_multiplier", False, None)})

@@ -45,4 +45,5 @@ def build(d: Decoder):
     return inpL
 
 
-ARCH = Arch(name="phi3", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build, longrope=True)
+ARCH = Arch(name="phi3", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build, longrope=True,
+            card_tensors=frozenset({"output.weight", "attn_qkv.weight"}))
