@@ -252,3 +252,15 @@ def test_a_card_with_the_architectures_own_fields_gives_llama_cpps_figures(tmp_p
     assert {k: by["RPC0"][k] for k in recorded["backends"]["RPC0"]} == recorded["backends"]["RPC0"]
     assert (by["CPU"]["kv_bytes"], by["CPU"]["arena_bytes"]) == \
         (recorded["backends"]["CPU"]["kv_bytes"], recorded["backends"]["CPU"]["arena_bytes"])
+
+
+def test_per_layer_arrays_of_one_value_are_read_and_others_refused():
+    base = {"llama.block_count": 2, "llama.embedding_length": 64, "llama.feed_forward_length": 96,
+            "llama.vocab_size": 320, "llama.context_length": 512,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5}
+    hp = from_metadata(base | {"llama.attention.head_count": [4, 4],
+                               "llama.attention.head_count_kv": [2, 2]})
+    assert (hp.n_head, hp.n_head_kv) == (4, 2)
+    with pytest.raises(InputError, match="differs between layers"):
+        from_metadata(base | {"llama.attention.head_count": 4,
+                              "llama.feed_forward_length": [96, 128]})

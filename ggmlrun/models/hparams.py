@@ -81,7 +81,17 @@ def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
         return default
 
     n_embd = int(get("embedding_length"))
-    n_head = int(get("attention.head_count"))
+    def per_layer(key: str, default=None) -> int:
+        """get_key_or_arr: one value, or one per layer; the dense builders take equal ones."""
+        value = get(key, default)
+        if isinstance(value, (list, tuple)):
+            if not value or any(v != value[0] for v in value):
+                raise InputError(f"'{arch}.{key}' differs between layers ({list(value)[:8]}...); "
+                                 f"ggmlrun's {arch} graph takes one value for every layer")
+            value = value[0]
+        return int(value)
+
+    n_head = per_layer("attention.head_count")
     n_vocab = get("vocab_size", required=False)
     if n_vocab is None:
         tokens = fields.get("tokenizer.ggml.tokens")
@@ -97,8 +107,8 @@ def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
     scale = 1.0 / factor if factor else 1.0
     common = dict(
         n_layer=int(get("block_count")), n_embd=n_embd, n_head=n_head,
-        n_head_kv=int(get("attention.head_count_kv", n_head)),
-        n_ff=int(get("feed_forward_length")), n_vocab=int(n_vocab),
+        n_head_kv=per_layer("attention.head_count_kv", n_head),
+        n_ff=per_layer("feed_forward_length"), n_vocab=int(n_vocab),
         n_ctx_train=int(get("context_length")),
         n_rot=int(get("rope.dimension_count", head_k)),
         rope_freq_base=float(get("rope.freq_base", 10000.0)),
