@@ -89,10 +89,6 @@ def test_builder_agrees_with_the_op_registry(path, flash_attn):
             (node.shape, node.dtype, node.strides, node.view_src, node.view_offset), node.name
 
 
-def _names(model, n_tokens=32):
-    return [n.name for n in build_graph(model, n_tokens, n_tokens, 256, 256, False, "f16").graph.nodes]
-
-
 @pytest.mark.skipif("qwen2" not in ARCHITECTURES, reason="qwen2 not accepted")
 def test_qwen2_biases_and_tied_output():
     model = read_gguf(MODELS / "tiny-qwen2-f16.gguf")

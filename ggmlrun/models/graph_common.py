@@ -8,8 +8,9 @@ of unnamed nodes are ggml's own. Nodes are built directly from the shapes ggml c
 per-node shape inference: an 80-layer graph has thousands of nodes and `fit` builds several);
 tests re-infer every node through the op registry to keep the two in step.
 
-`LayerContext` holds what build_norm / build_ffn / build_attn need, so a second architecture is
-a short file of calls, as in llama.cpp's src/models/.
+`LayerContext` holds what build_norm / build_attn need; models/decoder.py builds the rest of
+llm_graph_context on it, so an architecture is a short file of calls, as in llama.cpp's
+src/models/.
 """
 
 from __future__ import annotations
@@ -163,16 +164,6 @@ class LayerContext:
         """ggml_mul_mat(w, cur): w [.., M, K], cur [.., N, K] -> [.., N, M] in f32."""
         batch = cur.shape[:-2] if len(cur.shape) >= len(w.shape) else w.shape[:-2]
         return self.b.op("mul_mat", [w, cur], (*batch, cur.shape[-2], w.shape[-2]))
-
-    def build_ffn_swiglu(self, cur: Tensor, up: Tensor, gate: Tensor, down: Tensor,
-                         il: int) -> Tensor:
-        """build_ffn with LLM_FFN_SILU, LLM_FFN_PAR: up, gate, swiglu(gate, up), down."""
-        cb = self.b.cb
-        tmp = cb(self.mul_mat(up, cur), "ffn_up", il)
-        gated = cb(self.mul_mat(gate, cur), "ffn_gate", il)
-        act = cb(self.b.op("glu", [gated, tmp], gated.shape, op="swiglu", swapped=False),
-                 "ffn_swiglu", il)
-        return self.mul_mat(down, act)
 
 
 @dataclass

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors
-from ggmlrun.models.decoder import (Decoder, ModelGraph, build_graph, default_kq_scale,  # noqa: F401
-                                    rotation_inputs)
+from ggmlrun.models.decoder import Decoder, ModelGraph, build_graph, default_kq_scale  # noqa: F401
 
 
 def tensors(hp):
