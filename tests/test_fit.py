@@ -15,6 +15,7 @@ import pytest
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models import fit as fitmod
+from ggmlrun.models.arch import ARCHITECTURES
 from ggmlrun.models.cards import read_card
 from ggmlrun.models.options import ModelOptions
 from ggmlrun.models.reserve import BackendFigures
@@ -128,6 +129,20 @@ hparams: {n_layer: 6, n_embd: 128, n_head: 4, n_head_kv: 2, n_ff: 256, n_vocab: 
           n_ctx_train: 2048}
 weights: q8_0
 """
+# the same small model in each further architecture's own form (tests/test_models_arch.py and
+# the recorded tiny models hold their graphs to llama.cpp's)
+SMALLS = {
+    "llama": SMALL,
+    "qwen2": SMALL.replace("architecture: llama", "architecture: qwen2"),
+    "qwen3": SMALL.replace("architecture: llama", "architecture: qwen3").replace(
+        "n_head_kv: 2,", "n_head_kv: 2, n_embd_head_k: 64,"),
+    "mistral3": SMALL.replace("architecture: llama", "architecture: mistral3").replace(
+        "n_ctx_train: 2048}", "n_ctx_train: 2048, rope_scaling: yarn, rope_scaling_factor: 4.0,\n"
+        "          n_ctx_orig: 512, attn_temp_scale: 0.1}"),
+    "phi3": SMALL.replace("architecture: llama", "architecture: phi3").replace(
+        "n_ctx_train: 2048}", "n_ctx_train: 2048, rope_scaling: longrope, n_ctx_orig: 1024}"),
+}
+ARCHS = [a for a in SMALLS if a in ARCHITECTURES]
 
 
 def real_rows(model, backends, opts, margins):
@@ -138,8 +153,9 @@ def real_rows(model, backends, opts, margins):
             for f, b, margin in zip(m.backends, backends, margins)]
 
 
-def test_exact_against_every_ngl_on_measured_figures(tmp_path):
-    model = read_card(write_small(tmp_path))
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exact_against_every_ngl_on_measured_figures(tmp_path, arch):
+    model = read_card(write_small(tmp_path, arch))
     big = backends_with(2**40, 2**40)
     opts = ModelOptions(ctx=512, ubatch=64)
     totals = {ngl: real_rows(model, big, replace(opts, ngl=ngl), [0, 0])
@@ -156,9 +172,10 @@ def test_exact_against_every_ngl_on_measured_figures(tmp_path):
             assert got.backends[0].total_bytes == totals[want][0][0]
 
 
-def test_device_totals_grow_with_ngl_and_cpu_totals_shrink(tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_device_totals_grow_with_ngl_and_cpu_totals_shrink(tmp_path, arch):
     """The premise of the search, checked on llama.cpp's figures."""
-    model = read_card(write_small(tmp_path))
+    model = read_card(write_small(tmp_path, arch))
     big = backends_with(2**40, 2**40)
     opts = ModelOptions(ctx=512, ubatch=64)
     rows = [real_rows(model, big, replace(opts, ngl=n), [0, 0])
@@ -168,11 +185,12 @@ def test_device_totals_grow_with_ngl_and_cpu_totals_shrink(tmp_path):
     assert dev == sorted(dev) and cpu == sorted(cpu, reverse=True)
 
 
-def test_compute_buffers_grow_with_the_context(tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_compute_buffers_grow_with_the_context(tmp_path, arch):
     """What lets fit rule a context out from its KV cache alone."""
     from ggmlrun.models.reserve import measure_model
 
-    model = read_card(write_small(tmp_path))
+    model = read_card(write_small(tmp_path, arch))
     big = backends_with(2**40, 2**40)
     for ngl in (0, 3, 7):
         arenas = [[f.arena_bytes for f in measure_model(
@@ -213,9 +231,16 @@ def test_fit_json_keys_and_timing_printed(tmp_path):
     print(f"fit on a 6-layer card: {data['seconds']:.3f} s, {len(data['probes'])} reserves")
 
 
-def write_small(tmp_path) -> Path:
+def weight_bytes(model) -> int:
+    import math
+
+    from ggmlrun.core.ir.types import TYPES
+    return sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
+
+
+def write_small(tmp_path, arch: str = "llama") -> Path:
     path = tmp_path / "small.yaml"
-    path.write_text(SMALL)
+    path.write_text(SMALLS[arch])
     return path
 
 
@@ -235,14 +260,17 @@ def test_nothing_fits_names_the_largest_context_that_would(tmp_path):
     assert result.advice.endswith(f"a smaller context fits: --ctx {want} with -ngl 7")
 
 
-def test_two_devices_exact_against_every_ngl(tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_two_devices_exact_against_every_ngl(tmp_path, arch):
     """Layers shared by device memory: the device that fills first decides."""
-    model = read_card(write_small(tmp_path))
+    model = read_card(write_small(tmp_path, arch))
     opts = ModelOptions(ctx=512, ubatch=16)
-    KiB = 1024
+    # budgets sized for the llama model, scaled by this model's weight bytes
+    KiB = 1024 * weight_bytes(model) / weight_bytes(read_card(write_small(tmp_path, "llama")))
     answers = []
     for mem0, mem1 in ((1000 * KiB, 600 * KiB), (800 * KiB, 800 * KiB), (1200 * KiB, 300 * KiB),
                        (600 * KiB, 1000 * KiB), (400 * KiB, 400 * KiB), (50 * KiB, 50 * KiB)):
+        mem0, mem1 = int(mem0), int(mem1)
         backends = [BackendSpec("DEV0", "sim", mem0, 32), BackendSpec("DEV1", "sim", mem1, 32),
                     BackendSpec("CPU", "cpu", 2**40, 32)]
         fits = [n for n in range(model.hparams.n_layer + 2)
