@@ -137,11 +137,13 @@ def vec_dot_type(weight_type: str) -> str:
 
 def q8_0_quants(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """quantize_row_q8_0 on [.., 32] blocks: d = amax/127 (f32, before its f16 rounding) and
-    the quants rint(x/d) as f32 (ggml-cpu's SIMD from_float rounds half to even)."""
-    d = np.abs(blocks).max(axis=-1)
-    d /= F32(127)
+    the quants rint(x·id) as f32 with id = 127/amax, as ggml-cpu's x86 SIMD from_float computes
+    it (not 1/d: the two differ in the last bit often enough to flip a rounding); it rounds
+    half to even."""
+    amax = np.abs(blocks).max(axis=-1)
+    d = amax / F32(127)
     inv = np.zeros_like(d)
-    np.divide(F32(1), d, out=inv, where=d != 0)
+    np.divide(F32(127), amax, out=inv, where=amax != 0)
     q = blocks * inv[..., None]
     np.rint(q, out=q)
     return d, q
