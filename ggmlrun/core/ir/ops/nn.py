@@ -43,8 +43,12 @@ def _norm_kernel(out, a, *, eps):
 
 @quiet
 def _rms_norm_kernel(out, a, *, eps):
-    mean_sq = np.mean(np.square(a, dtype=np.float64), axis=-1, keepdims=True)
-    inv = (1.0 / np.sqrt(mean_sq + eps)).astype(F32)
+    # as ggml-cpu computes it: each square in f32, summed in double, the mean rounded to f32,
+    # then 1/sqrtf(mean + eps) in f32 (a last-bit difference here flips q8_0 roundings of the
+    # next product's activations, which wide q8_0 models amplify to 1e-2 of the logits)
+    sums = np.sum(np.square(a, dtype=F32), axis=-1, dtype=np.float64, keepdims=True)
+    mean = (sums / a.shape[-1]).astype(F32)
+    inv = F32(1) / np.sqrt(mean + F32(eps))
     np.multiply(a, inv, out=out, dtype=F32, casting="same_kind")
 
 
