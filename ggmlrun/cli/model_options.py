@@ -67,7 +67,7 @@ class _OverrideType(click.ParamType):
         try:
             compile_override(pattern)
         except ValueError as err:
-            self.fail(f"{value!r}: the pattern {pattern!r} is not a regular expression RE2 "
+            self.fail(f"the pattern '{pattern}' (in {value!r}) is not a regular expression RE2 "
                       f"takes: {err}", param, ctx)
         return (pattern, backend)
 
