@@ -113,6 +113,9 @@ def _bad_cases():
         ("rope__scaling__type", ("bogus", vt.STRING), "llama.rope.scaling.type"),
         ("rope__scaling__factor", (-2.0, vt.FLOAT32), "llama.rope.scaling.factor"),
         ("rope__scaling__factor", (nan, vt.FLOAT32), "llama.rope.scaling.factor"),
+        ("rope__scaling__type", ("longrope", vt.STRING), "is not built by ggmlrun"),
+        ("rope__scaling__finetuned", (1, vt.UINT32), "llama.rope.scaling.finetuned"),
+        ("expert_count", (2000, vt.UINT32), "LLAMA_MAX_EXPERTS"),
         ("feed_forward_length", ([96, 97], vt.ARRAY, vt.UINT32), "differs between layers"),
         ("feed_forward_length", ([96, 96, 96], vt.ARRAY, vt.UINT32), "3 per-layer values"),
         ("feed_forward_length", ([96.0, 96.0], vt.ARRAY, vt.FLOAT32), "an array of FLOAT32"),
@@ -153,6 +156,24 @@ def test_per_layer_arrays_are_read_as_llama_cpp_reads_them(tmp_path):
     assert a[0] == b[0] == 0, a[2] + b[2]
     ja, jb = json.loads(a[1]), json.loads(b[1])
     assert ja["backends"] == jb["backends"] and ja["n_nodes"] == jb["n_nodes"]
+
+
+def test_rope_scaling_is_refused_where_the_graph_would_differ(tmp_path):
+    """YaRN with a factor other than 1 (llama.cpp then mixes in its ramp): exit 2; YaRN at 1 is
+    plain rope, and linear scaling is rope's freq_scale."""
+    vt = _vt()
+    yarn = write_gguf(tmp_path / "y.gguf", rope__scaling__type=("yarn", vt.STRING),
+                      rope__scaling__factor=(4.0, vt.FLOAT32))
+    code, _, err = invoke("validate", yarn)
+    one_line(code, err, 2, "llama.rope.scaling.type 'yarn' (factor 4)")
+    from ggmlrun.models.modelfile import read_gguf
+
+    one = write_gguf(tmp_path / "y1.gguf", rope__scaling__type=("yarn", vt.STRING),
+                     rope__scaling__factor=(1.0, vt.FLOAT32))
+    assert read_gguf(one).hparams.rope_freq_scale == 1.0
+    linear = write_gguf(tmp_path / "l.gguf", rope__scaling__type=("linear", vt.STRING),
+                        rope__scaling__factor=(4.0, vt.FLOAT32))
+    assert read_gguf(linear).hparams.rope_freq_scale == 0.25
 
 
 def test_defaults_apply_when_optional_keys_are_absent(tmp_path):
@@ -335,11 +356,13 @@ def test_override_patterns_take_linear_time():
 
     hp = LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300,
                       n_ctx_train=512, n_rot=16)
-    names = ["a" * 100_000 + "!", "blk.0.ffn_up.weight"]
-    t0 = time.perf_counter()
-    placed = place(hp, names, default_backends(), ModelOptions(overrides=(("(a+)+$", "SIM0"),)))
-    assert time.perf_counter() - t0 < 1.0
-    assert placed.weights[names[0]] == len(default_backends()) - 1     # no match: the CPU
+    opts = ModelOptions(overrides=(("(a+)+$", "SIM0"),))
+    for n in (26, 100_000):          # 26: ~10 s of backtracking in Python's re; 100k: forever
+        names = ["a" * n + "!", "blk.0.ffn_up.weight"]
+        t0 = time.perf_counter()
+        placed = place(hp, names, default_backends(), opts)
+        assert time.perf_counter() - t0 < 1.0, n
+        assert placed.weights[names[0]] == len(default_backends()) - 1    # no match: the CPU
 
 
 def test_override_tensor_still_matches_as_a_search():

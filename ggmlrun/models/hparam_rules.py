@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from ggmlrun.core.util.errors import InputError
 
 LLAMA_MAX_LAYERS = 512            # src/llama-hparams.h
+LLAMA_MAX_EXPERTS = 1024
 MAX_DIM = 2**24                   # embedding, feed-forward, vocabulary, heads, head sizes
 U32_MAX = 2**32 - 1               # llama.cpp's uint32_t fields (context length, -c, -ub)
 F32_MAX = 3.4028234663852886e38
@@ -50,7 +51,7 @@ WEIGHT_TYPES = ("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q
 
 @dataclass(frozen=True)
 class Rule:
-    kind: str                     # "u32", "f32" or "str": the GGUF type llama.cpp reads
+    kind: str                     # "u32", "f32", "str" or "bool": the GGUF type llama.cpp reads
     lo: float = 1                 # inclusive lower bound (u32), or exclusive when lo_open
     hi: float = MAX_DIM           # inclusive upper bound
     lo_open: bool = False         # floats: value > lo rather than >= lo
@@ -61,6 +62,8 @@ class Rule:
     def range_text(self) -> str:
         if self.choices:
             return "one of " + ", ".join(self.choices)
+        if self.kind == "bool":
+            return "true or false"
         if self.kind == "u32":
             return f"an integer from {self.lo} to {self.hi}"
         low = f"> {self.lo:g}" if self.lo_open else f">= {self.lo:g}"
@@ -82,11 +85,16 @@ RULES: dict[str, Rule] = {
     "attention.layer_norm_rms_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
     "rope.scaling.factor": Rule("f32", 0.0, F32_MAX, why="0: no scaling"),
     "rope.scaling.type": Rule("str", choices=ROPE_SCALING_TYPES),
+    # read by llama.cpp though not used by ggmlrun's llama graph: a file llama.cpp refuses
+    # (a wrong type, an expert count past LLAMA_MAX_EXPERTS) is refused here too
+    "rope.scaling.finetuned": Rule("bool"),
+    "rope.scaling.original_context_length": Rule("u32", 1, U32_MAX),
+    "expert_count": Rule("u32", 0, LLAMA_MAX_EXPERTS, why="llama.cpp's LLAMA_MAX_EXPERTS"),
 }
 VOCAB_LIST = "tokenizer.ggml.tokens"     # its length is the vocabulary when vocab_size is absent
 
 _INT_TYPES = ("UINT32", "INT32", "BOOL")  # get_arr's accepted elements for a uint32 array
-_GGUF_OF = {"u32": "UINT32", "f32": "FLOAT32", "str": "STRING"}
+_GGUF_OF = {"u32": "UINT32", "f32": "FLOAT32", "str": "STRING", "bool": "BOOL"}
 
 
 class HParamError(InputError):
@@ -150,7 +158,10 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
         elem = gguf_type[6:-1] if gguf_type and gguf_type.startswith("ARRAY[") else None
         if not rule.per_layer or (elem is not None and elem not in _INT_TYPES):
             raise wrong(f"an array{f' of {elem}' if elem else ''}")
-        items = list(value)
+        try:
+            items = list(value)
+        except TypeError:
+            raise wrong(f"an array whose items were not read ({_shown(value)})") from None
         if n_layer is not None and len(items) != n_layer:
             raise HParamError(key, f"{name} has {len(items)} per-layer values but block_count "
                                    f"is {n_layer}")
@@ -185,6 +196,10 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
         if f is None or not ((f > rule.lo) if rule.lo_open else (f >= rule.lo)) or f > rule.hi:
             raise out_of_range(_shown(value))
         return float(value)
+    if rule.kind == "bool":
+        if not isinstance(value, bool):
+            raise wrong(f"{_kind_of(value)} {_shown(value)}")
+        return value
     if not isinstance(value, str):
         raise wrong(f"{_kind_of(value)} {_shown(value)}")
     if rule.choices and value not in rule.choices:
@@ -196,9 +211,11 @@ def check(values: dict, *, prefix: str = "", types: dict | None = None,
           names: dict | None = None) -> dict:
     """`values`: key -> value for the keys present (GGUF keys; with `prefix`, e.g. "llama.",
     only keys under it are looked at and the prefix is dropped). `types`: full key -> GGUF
-    type name ("UINT32", "ARRAY[INT32]") where the file says; without it a value's Python type
-    stands for it. `names`: short key -> the name to use in messages (a card's own keys).
-    Returns short key -> checked value (arrays reduced)."""
+    type name as gguf.GGUFValueType names it ("UINT32", "FLOAT32", "STRING", "BOOL", and
+    "ARRAY[INT32]" for an array of INT32) where the file says; without it a value's Python
+    type stands for it (cards). A GGUF reader hands over the per-layer arrays' items (at most
+    LLAMA_MAX_LAYERS) as a list. `names`: short key -> the name to use in messages (a card's
+    own keys). Returns short key -> checked value (arrays reduced)."""
     types = types or {}
     names = names or {}
     out = {}

@@ -82,7 +82,14 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
                       head_v=head_v, n_rot=n_rot, prefix=prefix)
     scale = 1.0
     factor = get("rope.scaling.factor", 0.0)
-    if factor and get("rope.scaling.type", "linear") == "linear":
+    scaling = get("rope.scaling.type", "linear")
+    if scaling == "longrope" or (scaling == "yarn" and factor not in (0.0, 1.0)):
+        # llama.cpp then rotates with YaRN's ramp or longrope's factors, which this builder
+        # does not make: refused rather than computed differently
+        raise InputError(f"{prefix}rope.scaling.type {scaling!r} (factor {factor:g}) is not "
+                         f"built by ggmlrun's {arch} graph; supported: none, linear, and yarn "
+                         f"with factor 1")
+    if factor and scaling == "linear":
         scale = 1.0 / factor
     return LlamaHParams(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
