@@ -19,7 +19,7 @@ get_key / get_key_or_arr / get_arr):
   size equals the key head size (a GGML_ASSERT in the graph).
 
 ggmlrun adds the ranges a kernel needs so that nothing unchecked reaches one: floats finite and
-positive (a freq_base of 0 or NaN gives NaN logits in llama.cpp too), eps small, dimensions at
+positive (a freq_base of 0 or NaN makes rope's angles NaN, and the logits), eps small, dimensions at
 most MAX_DIM (2**24, past every real model: with at most 512 layers every tensor's and the
 whole model's byte count is then a 64-bit number, and a small card cannot ask for terabytes of
 per-layer bookkeeping), heads dividing, head sizes positive, the rotary dimensions even.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from ggmlrun.core.util.errors import InputError
 
 LLAMA_MAX_LAYERS = 512            # src/llama-hparams.h
-LLAMA_MAX_EXPERTS = 1024
+LLAMA_MAX_EXPERTS = 1024          # src/llama-hparams.h
 MAX_DIM = 2**24                   # embedding, feed-forward, vocabulary, heads, head sizes
 U32_MAX = 2**32 - 1               # llama.cpp's uint32_t fields (context length, -c, -ub)
 F32_MAX = 3.4028234663852886e38
