@@ -36,7 +36,8 @@ class _CtxType(click.ParamType):
 @click.option("--ctx", "fit_ctx", type=_CtxType(), default=None,
               help="Context length, or 'auto': the largest (a multiple of 256, up to the "
                    "model's) that fits with the most layers; default the model's, at most 4096.")
-@click.option("--min-ctx", type=click.IntRange(min=1, max=U32_MAX), default=4096, show_default=True,
+@click.option("--min-ctx", type=click.IntRange(min=1, max=U32_MAX), default=4096,
+              show_default=True,
               help="With --ctx auto: the context kept while layers are fitted (llama.cpp -fitc).")
 @click.option("--margin", metavar="SIZE", default=None,
               help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "

@@ -18,11 +18,12 @@ get_key / get_key_or_arr / get_arr):
 - for llama the rotary dimensions equal the key head size ("invalid n_rot") and the value head
   size equals the key head size (a GGML_ASSERT in the graph).
 
-ggmlrun adds the ranges a kernel needs so that nothing unchecked reaches one: floats finite and
-positive (a freq_base of 0 or NaN makes rope's angles NaN, and the logits), eps small, dimensions at
-most MAX_DIM (2**24, past every real model: with at most 512 layers every tensor's and the
-whole model's byte count is then a 64-bit number, and a small card cannot ask for terabytes of
-per-layer bookkeeping), heads dividing, head sizes positive, the rotary dimensions even.
+ggmlrun adds the ranges a kernel needs so that nothing unchecked reaches one: floats finite
+and positive (a freq_base of 0 or NaN makes rope's angles NaN, and so the logits), eps small,
+dimensions at most MAX_DIM (2**24, past every real model: with at most 512 layers every
+tensor's and the whole model's byte count is then a 64-bit number, and a small card cannot ask
+for millions of layers' bookkeeping), heads dividing, head sizes positive, the rotary
+dimensions even.
 """
 
 from __future__ import annotations
