@@ -332,6 +332,19 @@ def test_option_bounds_exit_2(args, option):
     assert code == 2 and option in err and "Traceback" not in err, err
 
 
+def test_library_callers_get_the_same_bounds():
+    from ggmlrun.core.backends.spec import default_backends
+    from ggmlrun.models.modelfile import read_gguf
+    from ggmlrun.models.options import ModelOptions
+    from ggmlrun.models.reserve import measure_model
+    from ggmlrun.core.util.errors import InputError
+
+    model = read_gguf(TINY)
+    for opts in (ModelOptions(ctx=2**32), ModelOptions(ubatch=2**40)):
+        with pytest.raises(InputError, match="uint32"):
+            measure_model(model, default_backends(), opts)
+
+
 def test_the_largest_uint32_context_is_measured():
     code, out, err = invoke("measure", TINY, "--ctx", str(2**32 - 1), "--json")
     assert code == 1, err                    # far past the memory: measured, and exit 1
