@@ -448,3 +448,17 @@ def test_measure_model_fits_counts_kv_and_compute():
     assert code == 0, err
     code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need - 1}")
     assert code == 1 and "backend SIM0 needs" in err
+
+
+def test_fit_auto_context_of_a_uint32_trained_gguf_is_quick(tmp_path):
+    """context_length 2**32-1 and memory for 400M cells: the KV bound was walked 256 cells at
+    a time (20 s); solved, the same edge in well under a second of search."""
+    vt = _vt()
+    path = write_gguf(tmp_path / "long.gguf", context_length=(2**32 - 1, vt.UINT32))
+    t0 = time.perf_counter()
+    code, out, err = invoke("fit", path, "--ctx", "auto", "--json", "--memory", "SIM0=4096GiB",
+                            "--memory", "CPU=4096GiB")
+    assert time.perf_counter() - t0 < 5, err
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["ngl"] == 3 and data["ctx"] % 256 == 0 and data["ctx"] > 2**28
