@@ -461,4 +461,4 @@ def test_fit_auto_context_of_a_uint32_trained_gguf_is_quick(tmp_path):
     assert time.perf_counter() - t0 < 5, err
     assert code == 0, err
     data = json.loads(out)
-    assert data["ngl"] == 3 and data["ctx"] % 256 == 0 and data["ctx"] > 2**28
+    assert (data["ngl"], data["ctx"]) == (3, 418918656)      # the walk's answer, the same edge
