@@ -146,7 +146,7 @@ def test_rope_scaling_type_none_never_scales_and_unknown_types_are_refused():
     assert rope_params(from_metadata(base))["freq_scale"] == 0.25
     none = from_metadata(base | {"llama.rope.scaling.type": "none"})
     assert rope_params(none)["freq_scale"] == 1.0
-    with pytest.raises(InputError, match="rope.scaling.type 'llama3'"):
+    with pytest.raises(InputError, match="rope.scaling.type must be one of none, linear, yarn, longrope"):
         from_metadata(base | {"llama.rope.scaling.type": "llama3"})
     # llama.cpp's load_arch_hparams reads the RMS epsilon without a default
     del base["llama.attention.layer_norm_rms_epsilon"]

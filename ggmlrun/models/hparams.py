@@ -69,60 +69,62 @@ class LlamaHParams:
 HParams = LlamaHParams     # the common base, under the name every architecture shares
 
 
-def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
-    """`fields`: GGUF key -> plain value (ints, floats, strings, lists)."""
-
-    def get(key: str, default=None, required: bool = True):
-        full = f"{arch}.{key}"
-        if full in fields:
-            return fields[full]
-        if required and default is None:
-            raise InputError(f"GGUF metadata lacks '{full}', which a {arch} model needs")
-        return default
-
-    n_embd = int(get("embedding_length"))
-    def per_layer(key: str, default=None) -> int:
-        """get_key_or_arr: one value, or one per layer; the dense builders take equal ones."""
-        value = get(key, default)
-        if isinstance(value, (list, tuple)):
-            if not value or any(v != value[0] for v in value):
-                raise InputError(f"'{arch}.{key}' differs between layers ({list(value)[:8]}...); "
-                                 f"ggmlrun's {arch} graph takes one value for every layer")
-            value = value[0]
-        return int(value)
-
-    n_head = per_layer("attention.head_count")
-    n_vocab = get("vocab_size", required=False)
-    if n_vocab is None:
-        tokens = fields.get("tokenizer.ggml.tokens")
-        if tokens is None:
-            raise InputError(f"GGUF metadata has neither '{arch}.vocab_size' nor "
-                             f"'tokenizer.ggml.tokens'; the vocabulary size is unknown")
-        n_vocab = len(tokens)
-    head_k = int(get("attention.key_length", 0) or 0) or n_embd // max(n_head, 1)
-    # rope_freq_scale_train = 1 / rope.scaling.factor (or the older rope.scale_linear), whatever
-    # the scaling type; the context turns it back to 1 for type none (rope_params in decoder.py)
-    factor = float(get("rope.scaling.factor", 0.0) or 0.0) or float(get("rope.scale_linear", 0.0)
-                                                                     or 0.0)
-    scale = 1.0 / factor if factor else 1.0
-    common = dict(
-        n_layer=int(get("block_count")), n_embd=n_embd, n_head=n_head,
-        n_head_kv=per_layer("attention.head_count_kv", n_head),
-        n_ff=per_layer("feed_forward_length"), n_vocab=int(n_vocab),
-        n_ctx_train=int(get("context_length")),
-        n_rot=int(get("rope.dimension_count", head_k)),
-        rope_freq_base=float(get("rope.freq_base", 10000.0)),
-        rope_freq_scale=scale,
-        # required: every registered architecture's load_arch_hparams reads it without a default
-        norm_rms_eps=float(get("attention.layer_norm_rms_epsilon")),
-        n_embd_head_k=head_k,
-        n_embd_head_v=int(get("attention.value_length", 0) or 0) or n_embd // max(n_head, 1),
-        rope_scaling=str(get("rope.scaling.type", "linear")),
-        n_ctx_orig_yarn=int(get("rope.scaling.original_context_length", 0) or 0),
-        rope_attn_factor=float(get("rope.scaling.attn_factor", 1.0)))
+def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) -> LlamaHParams:
+    """`fields`: GGUF key -> plain value (ints, floats, strings, lists); `types`: GGUF key ->
+    its stored GGUF type where known (`gguf_types`). Every value is checked against
+    hparam_rules (types, ranges, the rules between keys) before it is used; the common keys
+    are read here, the architecture's own by its module (models/arch/)."""
+    from ggmlrun.models import hparam_rules as rules
     from ggmlrun.models.arch import get_arch
 
     spec = get_arch(arch)
+    prefix = f"{arch}."
+    values = rules.check(fields, prefix=prefix, types=types)
+
+    def get(key: str, default=None, required: bool = True):
+        if key in values:
+            return values[key]
+        if required and default is None:
+            raise InputError(f"GGUF metadata lacks '{prefix}{key}', which a {arch} model needs")
+        return default
+
+    n_layer = get("block_count")
+    n_embd = get("embedding_length")
+    n_head = get("attention.head_count")
+    n_vocab = get("vocab_size", required=False)
+    if n_vocab is None:
+        tokens = fields.get(rules.VOCAB_LIST)
+        if tokens is None:
+            raise InputError(f"GGUF metadata has neither '{arch}.vocab_size' nor "
+                             f"'{rules.VOCAB_LIST}'; the vocabulary size is unknown")
+        n_vocab = rules.check_vocab_list(len(tokens))
+    n_head_kv = get("attention.head_count_kv", n_head)
+    head_k = get("attention.key_length", 0) or n_embd // n_head
+    head_v = get("attention.value_length", 0) or n_embd // n_head
+    n_rot = get("rope.dimension_count", head_k)
+    rules.check_heads(arch, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_k=head_k,
+                      head_v=head_v, n_rot=n_rot, prefix=prefix)
+    scaling = get("rope.scaling.type", "linear")
+    if scaling == "longrope" and not spec.longrope:
+        # llama.cpp then rotates with the rope_factors_long/short tensors, which this
+        # architecture's builder does not make: refused rather than computed differently
+        raise InputError(f"{prefix}rope.scaling.type 'longrope' is not built by ggmlrun's "
+                         f"{arch} graph (phi3's is); supported: none, linear, yarn")
+    # rope_freq_scale_train = 1 / rope.scaling.factor (or the older rope.scale_linear), whatever
+    # the scaling type; the context turns it back to 1 for type none (decoder.rope_params)
+    factor = get("rope.scaling.factor", 0.0) or get("rope.scale_linear", 0.0)
+    common = dict(
+        n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+        n_ff=get("feed_forward_length"), n_vocab=n_vocab,
+        n_ctx_train=get("context_length"), n_rot=n_rot,
+        rope_freq_base=get("rope.freq_base", 10000.0),
+        rope_freq_scale=1.0 / factor if factor else 1.0,
+        # required: every registered architecture's load_arch_hparams reads it without a default
+        norm_rms_eps=get("attention.layer_norm_rms_epsilon"),
+        n_embd_head_k=head_k, n_embd_head_v=head_v,
+        rope_scaling=scaling,
+        n_ctx_orig_yarn=get("rope.scaling.original_context_length", 0),
+        rope_attn_factor=get("rope.scaling.attn_factor", 1.0))
     if spec.read_hparams is None:
         return LlamaHParams(**common)
     return spec.read_hparams(get, common)
@@ -137,6 +139,17 @@ def tensor_shapes(hp: LlamaHParams, arch: str = "llama",
 
     return {name: spec.shape for name, spec in get_arch(arch).tensors(hp).items()
             if spec.required is True or name in optional}
+
+
+def gguf_types(reader, prefix: str) -> dict[str, str]:
+    """Each `prefix` key's stored GGUF type, by name ("UINT32", "ARRAY[INT32]"), from a
+    gguf.GGUFReader: what hparam_rules checks a value's type against."""
+    types = {}
+    for key, field in reader.fields.items():
+        if key.startswith(prefix) and field.types:
+            names = [getattr(t, "name", str(t)) for t in field.types]
+            types[key] = names[0] if len(names) == 1 else f"{names[0]}[{names[1]}]"
+    return types
 
 
 def llama_tensor_shapes(hp: LlamaHParams) -> dict[str, tuple[int, ...]]:

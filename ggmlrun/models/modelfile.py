@@ -14,7 +14,7 @@ from pathlib import Path
 from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import ARCHITECTURES, get_arch  # noqa: F401  (ARCHITECTURES re-exported)
-from ggmlrun.models.hparams import LlamaHParams, from_metadata
+from ggmlrun.models.hparams import LlamaHParams, from_metadata, gguf_types
 
 GGUF_MAGIC = b"GGUF"
 
@@ -75,7 +75,7 @@ def read_gguf(path: Path) -> ModelFile:
         raise InputError(f"unreadable GGUF metadata: {err}", file=str(path)) from None
     get_arch(arch, str(path))      # an unsupported one: exit 2 listing ARCHITECTURES
     try:
-        hparams = from_metadata(fields, arch)
+        hparams = from_metadata(fields, arch, gguf_types(reader, f"{arch}."))
     except InputError as err:
         raise err.located(file=str(path))
     except (ValueError, TypeError, OverflowError) as err:
