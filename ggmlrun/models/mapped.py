@@ -34,12 +34,12 @@ class MappedFile:
             raise RunError(f"cannot open the model file: {err.strerror or err}",
                            file=self.path) from None
         try:
-            self._check("since its header was read")
             size = os.fstat(self.fd).st_size
             if size < data_end:
                 raise RunError(f"the model file changed since its header was read: its "
                                f"tensors need {data_end} bytes (truncated at byte {size} of "
                                f"{data_end})", file=self.path)
+            self._check("since its header was read")
             try:
                 self.map = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError, OverflowError) as err:
