@@ -176,6 +176,8 @@ def main() -> None:
         runs = {"validate old": ("old", ["validate", path]), "validate new": ("new", ["validate", path]),
                 "fit GGUF (new)": ("new", ["fit", path]), "fit card": ("new", ["fit", card]),
                 "process start": ("new", ["--version"])}
+        if args.quick:          # the old reader takes seconds even at 32k tokens
+            del runs["validate old"]
         got = {name: [] for name in runs}
         for i in range(trials):
             for name, (reader, argv) in runs.items():
@@ -189,13 +191,17 @@ def main() -> None:
              f"{f['rss_mb']:.0f}"] for name, f in figures.items()]
     print(table(["command", "wall s", "CPU s", "header read ms", "peak RSS MiB"], rows))
     new, fit, fit_card = figures["validate new"], figures["fit GGUF (new)"], figures["fit card"]
-    old = figures["validate old"]
-    print(f"validate (new): {new['process_s']:.3f} s wall, {new['cpu_s']:.3f} s CPU, target "
-          f"{TARGET_S} s: {verdict(new['process_s'] <= TARGET_S)} (CPU: "
-          f"{verdict(new['cpu_s'] <= TARGET_S)}); {new['rss_mb']:.0f} MiB, target {TARGET_MB} MB: "
-          f"{verdict(new['rss_mb'] * 2**20 <= TARGET_MB * 1e6)}; old/new "
-          f"{old['process_s'] / new['process_s']:.1f}x wall, header read "
-          f"{old['header_s'] / max(new['header_s'], 1e-9):.0f}x")
+    start = figures["process start"]
+    print(f"validate (new): {new['process_s']:.3f} s wall ({new['process_s'] - start['process_s']:.3f}"
+          f" s over `ggmlrun --version`), {new['cpu_s']:.3f} s CPU, target {TARGET_S} s: "
+          f"{verdict(new['process_s'] <= TARGET_S)} (CPU: {verdict(new['cpu_s'] <= TARGET_S)}); "
+          f"{new['rss_mb']:.0f} MiB, target {TARGET_MB} MB: "
+          f"{verdict(new['rss_mb'] * 2**20 <= TARGET_MB * 1e6)}")
+    old = figures.get("validate old")
+    if old:
+        print(f"old/new: {old['process_s'] / new['process_s']:.1f}x wall, header read "
+              f"{old['header_s'] / max(new['header_s'], 1e-9):.0f}x, peak RSS "
+              f"{old['rss_mb'] / new['rss_mb']:.1f}x")
     for key, unit in (("process_s", "wall"), ("cpu_s", "CPU")):
         ratio = fit[key] / fit_card[key]
         print(f"fit GGUF / fit card ({unit}): {ratio:.2f}x, target {TARGET_FIT}x: "
