@@ -28,7 +28,9 @@ from tests.ggufkit import MODELS, kv_bytes, layout, rebuild
 CASES = int(os.environ.get("GGMLRUN_FUZZ_CASES", "300"))
 SEED = int(os.environ.get("GGMLRUN_FUZZ_SEED", "19"))
 REPORT = os.environ.get("GGMLRUN_FUZZ_REPORT")
-SECONDS = float(os.environ.get("GGMLRUN_FUZZ_SECONDS", "5"))   # per case: a hang, not a timing
+# per case; a case over it runs again (twice at most) and its fastest run counts, so that a
+# busy machine's pause is not taken for a hang
+SECONDS = float(os.environ.get("GGMLRUN_FUZZ_SECONDS", "1"))
 HUGE = [0, 1, 2**8 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 10**9, 2**62,
         2**63 - 1, 2**63, 2**64 - 1]
 COMMANDS = ([["validate"]] * 6 + [["plan"]] * 2 + [["measure"]] * 2 + [["fit"]] * 2
@@ -120,18 +122,22 @@ def _patch(raw: bytes, at: int, value: int, fmt: str = "<Q") -> bytes:
     return bytes(data)
 
 
-def check_case(path, command) -> tuple[int, float]:
-    t0 = time.monotonic()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code, out, err = invoke(*command[:1], path, *command[1:])
-    seconds = time.monotonic() - t0
-    assert code in (0, 1, 2), (command, code, err[-2000:])
-    assert "Traceback" not in err and "internal error" not in err, err[-2000:]
-    assert "Warning" not in err and not caught, (err[-2000:], [str(w.message) for w in caught])
-    assert code == 0 or err.startswith("ggmlrun: error: "), err[-2000:]
+def check_case(path, command) -> tuple[int, float, int]:
+    """(exit code, the fastest run's seconds, runs) of one case, its invariants asserted."""
+    runs, seconds = 0, float("inf")
+    while runs < 3 and seconds >= SECONDS:
+        t0 = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            code, out, err = invoke(*command[:1], path, *command[1:])
+        seconds = min(seconds, time.monotonic() - t0)
+        runs += 1
+        assert code in (0, 1, 2), (command, code, err[-2000:])
+        assert "Traceback" not in err and "internal error" not in err, err[-2000:]
+        assert "Warning" not in err and not caught, (err[-2000:], [str(w.message) for w in caught])
+        assert code == 0 or err.startswith("ggmlrun: error: "), err[-2000:]
     assert seconds < SECONDS, (command, seconds)
-    return code, seconds
+    return code, seconds, runs
 
 
 def test_fuzz_gguf(tmp_path, monkeypatch):
@@ -141,26 +147,27 @@ def test_fuzz_gguf(tmp_path, monkeypatch):
     bases = [m.read_bytes() for m in MODELS]
     codes = collections.Counter()
     by_command = collections.Counter()
-    slowest = (0.0, "")
+    slowest, rerun = (0.0, ""), 0
     path = tmp_path / "fuzz.gguf"
     for case in range(CASES):
         data, what = mutate(rng.choice(bases), rng)
         command = rng.choice(COMMANDS)
         path.write_bytes(data)
         try:
-            code, seconds = check_case(path, command)
+            code, seconds, runs = check_case(path, command)
         except AssertionError as failure:
             keep = tmp_path / f"case{case}.gguf"
             keep.write_bytes(data)
             raise AssertionError(f"case {case} (seed {SEED}): {what}; {command[0]} {keep}: "
                                  f"{failure}") from None
         codes[code] += 1
+        rerun += runs > 1
         by_command[f"{command[0]} {code}"] += 1
         slowest = max(slowest, (seconds, f"case {case}: {command[0]}, {what}"))
     summary = {"cases": CASES, "seed": SEED, "exit_codes": dict(sorted(codes.items())),
                "by_command": dict(sorted(by_command.items())), "hangs": 0,
                "internal_errors": 0, "warnings": 0, "slowest_s": round(slowest[0], 3),
-               "slowest": slowest[1]}
+               "slowest": slowest[1], "over_1s_then_rerun": rerun}
     print(json.dumps(summary))
     if REPORT:
         with open(REPORT, "w") as handle:

@@ -179,16 +179,7 @@ def test_version_and_byte_order(tmp_path, raw):
 
 def test_big_endian_file_from_gguf_writer(tmp_path):
     """A big-endian GGUF ran and returned NaN logits with exit 0."""
-    import gguf as g
-
-    path = tmp_path / "be.gguf"
-    w = g.GGUFWriter(str(path), "llama", endianess=g.GGUFEndian.BIG)
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.ones((4, 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    path = write_tiny_llama(tmp_path / "be.gguf", big_endian=True)
     refused(tmp_path, path.read_bytes(), "big-endian", commands=COMMANDS)
 
 
@@ -328,3 +319,8 @@ def test_architecture_key_must_be_a_string(tmp_path, raw):
     bad = rebuild(raw, drop_key="general.architecture",
                   extra_kv=u32_kv("general.architecture", 7))
     refused(tmp_path, bad, "general.architecture", "must be a string")
+
+
+def test_split_files_are_named(tmp_path, raw):
+    bad = rebuild(raw, extra_kv=kv_bytes("split.count", 2, struct.pack("<H", 3)))
+    refused(tmp_path, bad, "split GGUF files", "merge")

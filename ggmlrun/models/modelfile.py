@@ -68,6 +68,10 @@ def read_gguf(path: Path) -> ModelFile:
     if arch not in ARCHITECTURES:
         raise InputError(f"architecture '{shown(arch)}' is not supported; ggmlrun builds "
                          f"llama.cpp's graph for: {', '.join(ARCHITECTURES)}", file=where)
+    splits = fields.get("split.count", 1)
+    if type(splits) is int and splits > 1:
+        raise InputError(f"the first of {splits} split GGUF files (split.count); ggmlrun reads "
+                         f"one file: merge them first (llama-gguf-split --merge)", file=where)
     try:
         hparams = from_metadata(fields, arch)
     except InputError as err:
