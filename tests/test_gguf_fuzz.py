@@ -55,7 +55,7 @@ def mutate(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
                        "type", "dims", "valuetype", "version", "many"])
     if kind == "flip":
         data = bytearray(raw)
-        top = lay.data_offset if rng.random() < 0.9 else len(raw)
+        top = min(lay.data_offset, len(raw)) if rng.random() < 0.9 else len(raw)
         for _ in range(rng.randint(1, 4)):
             data[rng.randrange(4, top)] = rng.randrange(256)
         return bytes(data), "flip"
@@ -101,7 +101,11 @@ def mutate(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
         return _patch(raw, 4, value, "<I"), f"version {value}"
     data = raw                                   # several of the above at once
     for _ in range(rng.randint(2, 4)):
-        data, _ = mutate(data, rng) if len(data) > 64 and _parses(data) else (data, "")
+        if len(data) > 64 and _parses(data):
+            try:                 # a field the last mutation moved past the end: skip it
+                data, _ = mutate(data, rng)
+            except (struct.error, IndexError, ValueError):
+                pass
     nested = struct.pack("<iQ", 9, 1) * rng.randint(1, 50) + struct.pack("<iQ", 4, 0)
     if rng.random() < 0.3 and _parses(data):
         data = rebuild(data, extra_kv=kv_bytes("x.nested", 9, nested))
@@ -110,8 +114,7 @@ def mutate(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
 
 def _parses(raw: bytes) -> bool:
     try:
-        layout(raw)
-        return raw[:4] == b"GGUF"
+        return raw[:4] == b"GGUF" and layout(raw).data_offset <= len(raw)
     except (struct.error, UnicodeDecodeError, KeyError, IndexError, MemoryError, OverflowError):
         return False
 

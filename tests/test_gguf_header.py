@@ -84,6 +84,7 @@ def test_small_arrays_are_decoded(tmp_path, raw):
     assert header.kv["llama.test_array"] == [1, 2, 3]
     assert header.kv["llama.test_strings"] == ["a", "bc"]
     assert header.kv_types["llama.test_array"] == "arr[i32]" and header.kv["general.flag"] is True
+    assert header.kv.types["llama.block_count"] == "u32"       # what from_metadata is given
     assert read_gguf(path).hparams.n_layer == 4
 
 

@@ -52,6 +52,15 @@ class UnreadArray:
         return self.count
 
 
+class Metadata(dict):
+    """Key -> value, as stored; `types` gives each key's GGUF type ("u32", "str", "arr[i32]"),
+    for checks as strict as llama.cpp's get_key (a u32 key stored as i32 is refused there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.types: dict[str, str] = {}
+
+
 @dataclass(frozen=True)
 class HeaderTensor:
     name: str
@@ -82,9 +91,12 @@ class GGUFHeader:
     alignment: int
     data_offset: int                              # where the data section starts
     data_end: int                                 # the last tensor byte + 1 (data_offset if none)
-    kv: dict = field(default_factory=dict)        # key -> int/float/bool/str/list/UnreadArray
-    kv_types: dict = field(default_factory=dict)  # key -> "u32", "str", "arr[f32]", ...
+    kv: Metadata = field(default_factory=Metadata)   # key -> int/float/bool/str/list/UnreadArray
     tensors: list[HeaderTensor] = field(default_factory=list)
+
+    @property
+    def kv_types(self) -> dict[str, str]:                # key -> "u32", "str", "arr[f32]", ...
+        return self.kv.types
 
 
 def shown(name: str) -> str:
@@ -259,7 +271,7 @@ def _read(r: _Reader, stamp: FileStamp) -> GGUFHeader:
         raise r.truncated(least, f"{n_kv} keys and {n_tensors} tensors")
     header = GGUFHeader(path=r.path, version=version, stamp=stamp, alignment=DEFAULT_ALIGNMENT,
                         data_offset=0, data_end=0)
-    kv, kv_types = header.kv, header.kv_types
+    kv, kv_types = header.kv, header.kv.types
     for i in range(n_kv):
         key = _text(r.raw_string(f"key {i}"), f"key {i}", r)
         if not key:
