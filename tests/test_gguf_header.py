@@ -325,3 +325,23 @@ def test_architecture_key_must_be_a_string(tmp_path, raw):
 def test_split_files_are_named(tmp_path, raw):
     bad = rebuild(raw, extra_kv=kv_bytes("split.count", 2, struct.pack("<H", 3)))
     refused(tmp_path, bad, "split GGUF files", "merge")
+
+
+def test_big_arrays_are_skipped_not_decoded(tmp_path, raw):
+    """A 0.9 MB metadata array took 13.6 s and 656 MiB: big arrays keep their length only."""
+    ints = struct.pack("<iQ", 5, 225_000) + b"\1\0\0\0" * 225_000
+    strings = struct.pack("<iQ", 8, 100_000) + pstr("ab") * 100_000
+    path = tmp_path / "big.gguf"
+    path.write_bytes(rebuild(raw, extra_kv=kv_bytes("x.ints", 9, ints)
+                             + kv_bytes("x.strings", 9, strings), extra_kv_count=2))
+    header = read_header(path)
+    assert header.kv["x.ints"] == UnreadArray("i32", 225_000)
+    assert header.kv["x.strings"] == UnreadArray("str", 100_000)
+    assert header.kv_types["x.strings"] == "arr[str]"
+    assert read_gguf(path).hparams.n_vocab == 320
+    # a string in the walk that runs past the end is found without reading the others
+    cut = path.read_bytes()
+    at = cut.index(pstr("ab") * 2) + 10 * 5
+    bad = bytearray(cut)
+    struct.pack_into("<Q", bad, at, 2**40)
+    refused(tmp_path, bytes(bad), "key 'x.strings'", "string 5")
