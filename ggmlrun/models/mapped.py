@@ -113,10 +113,17 @@ def _install(path: str):
 
     callback = kind(on_sigbus)
     _live.append(callback)
-    previous = libc.signal(signal.SIGBUS, ctypes.cast(callback, ctypes.c_void_p).value)
+    previous = ctypes.create_string_buffer(512)        # the whole struct sigaction, opaque
+    if libc.sigaction(signal.SIGBUS, None, previous) != 0:
+        previous = None
+    libc.signal(signal.SIGBUS, ctypes.cast(callback, ctypes.c_void_p).value)
     return libc, previous, callback
 
 
 def _restore(libc, previous, callback) -> None:
-    libc.signal(signal.SIGBUS, previous)
+    """The handler that was there before (faulthandler's, say), with its flags, exactly."""
+    if previous is not None:
+        libc.sigaction(signal.SIGBUS, previous, None)
+    else:
+        libc.signal(signal.SIGBUS, None)
     _live.remove(callback)
