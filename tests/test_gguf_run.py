@@ -169,3 +169,11 @@ def test_enough_memory_runs(model, monkeypatch):
     monkeypatch.setattr(model_run, "address_space", lambda: (16 * GiB, 1 * GiB))
     code, out, err = invoke("run", model, "--tokens", "1,2,3")
     assert code == 0, err
+
+
+def test_zero_length_file(tmp_path):
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    for command in (["validate"], ["run", "--tokens", "1"]):
+        code, _, err = invoke(command[0], empty, *command[1:])
+        assert code == 2 and "empty" in err and "internal error" not in err, err
