@@ -18,8 +18,6 @@ import struct
 import time
 import warnings
 
-import pytest
-
 from ggmlrun.core.util import ram
 from ggmlrun.models import run as model_run
 from tests.clikit import invoke

@@ -11,7 +11,6 @@ import gguf
 import numpy as np
 import pytest
 
-from ggmlrun.core.util.errors import InputError
 from ggmlrun.models import gguf_header
 from ggmlrun.models.gguf_header import UnreadArray, read_header
 from ggmlrun.models.modelfile import WEIGHT_TYPES, read_gguf

@@ -30,7 +30,7 @@ MAX_DIMS = 4                      # GGML_MAX_DIMS
 INT64_MAX = (1 << 63) - 1
 SIZE_MAX = (1 << 64) - 1
 DEFAULT_ALIGNMENT = 32            # GGUF_DEFAULT_ALIGNMENT
-DECODED_ARRAY_MAX = 4096          # longer arrays (and every tokenizer.* array) keep their length only
+DECODED_ARRAY_MAX = 4096          # longer arrays, and tokenizer.* ones, keep their length only
 _CHUNK = 1 << 20
 
 STRING, ARRAY = 8, 9

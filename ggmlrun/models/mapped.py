@@ -57,9 +57,9 @@ class MappedFile:
                        if getattr(now, name) != getattr(self.stamp, name)]
             what = {"ino": "inode", "dev": "device", "size": "size",
                     "mtime_ns": "modification time"}
+            sizes = f": {self.stamp.size} -> {now.size} bytes" if "size" in changed else ""
             raise RunError(f"the model file changed {when} ({', '.join(what[c] for c in changed)}"
-                           f"{f': {self.stamp.size} -> {now.size} bytes' if 'size' in changed else ''})"
-                           f"; run again on a file that stays put", file=self.path)
+                           f"{sizes}); run again on a file that stays put", file=self.path)
 
     def check_unchanged(self) -> None:
         """After the weights were read: a file rewritten meanwhile gives outputs of no file."""
