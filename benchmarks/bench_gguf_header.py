@@ -187,14 +187,16 @@ def main() -> None:
         figures = {name: {"process_s": min(r["process_s"] for r in rs),
                           "cpu_s": min(r["cpu_s"] for r in rs),
                           "header_s": min(r["header_s"] for r in rs),
-                          "rss_mb": max(r["rss_kb"] for r in rs) / 1024} for name, rs in got.items()}
+                          "rss_mb": max(r["rss_kb"] for r in rs) / 1024}
+                   for name, rs in got.items()}
     rows = [[name, f"{f['process_s']:.3f}", f"{f['cpu_s']:.3f}", f"{f['header_s'] * 1e3:.1f}",
              f"{f['rss_mb']:.0f}"] for name, f in figures.items()]
     print(table(["command", "wall s", "CPU s", "header read ms", "peak RSS MiB"], rows))
     new, fit, fit_card = figures["validate new"], figures["fit GGUF (new)"], figures["fit card"]
     start = figures["process start"]
     over = new["process_s"] - start["process_s"]
-    print(f"validate (new): {new['process_s']:.3f} s wall ({over:.3f} s over `ggmlrun --version`), {new['cpu_s']:.3f} s CPU, target {TARGET_S} s: "
+    print(f"validate (new): {new['process_s']:.3f} s wall ({over:.3f} s over `ggmlrun --version`), "
+          f"{new['cpu_s']:.3f} s CPU, target {TARGET_S} s: "
           f"{verdict(new['process_s'] <= TARGET_S)} (CPU: {verdict(new['cpu_s'] <= TARGET_S)}); "
           f"{new['rss_mb']:.0f} MiB, target {TARGET_MB} MB: "
           f"{verdict(new['rss_mb'] * 2**20 <= TARGET_MB * 1e6)}")
