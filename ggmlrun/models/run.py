@@ -3,8 +3,8 @@
 Weights come memory-mapped from the GGUF (mapped.py: one map of one descriptor, checked
 against the header; block types stay raw bytes, as the quantized kernels take them), the KV
 cache starts empty (zeros), and the inputs are the ones llama.cpp's set_input fills for a first
-batch in sequence 0: positions 0..T-1, cache cells 0..T-1, a causal mask over the n_kv cells attended to, and the last token's row as
-the only output.
+batch in sequence 0: positions 0..T-1, cache cells 0..T-1, a causal mask over the n_kv cells
+attended to, and the last token's row as the only output.
 """
 
 from __future__ import annotations
