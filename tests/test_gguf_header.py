@@ -344,3 +344,21 @@ def test_big_arrays_are_skipped_not_decoded(tmp_path, raw):
     bad = bytearray(cut)
     struct.pack_into("<Q", bad, at, 2**40)
     refused(tmp_path, bytes(bad), "key 'x.strings'", "string 5")
+
+
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+@pytest.mark.parametrize("which, length, words", [
+    (0, 2**31, ("string 0 is 2147483648 bytes long", "limit")),
+    (319, 2**31, ("string 319 is 2147483648 bytes long",)),
+    (319, 10**6, ("string 319 (1000000 bytes)", "truncated at byte")),
+    (100, 10**6, ("truncated at byte",)),
+])
+def test_string_walk_checks_every_length(tmp_path, raw, monkeypatch, chunk, which, length,
+                                         words):
+    """The walk over the vocabulary's strings checks each length (limit, end of file), in
+    whatever chunks the file is read."""
+    monkeypatch.setattr(gguf_header, "_CHUNK", chunk)
+    at = layout(raw).keys["tokenizer.ggml.tokens"][1] + 4 + 4 + 8       # string 0's length
+    for _ in range(which):
+        at += 8 + struct.unpack_from("<Q", raw, at)[0]
+    refused(tmp_path, patch(raw, at, "<Q", length), "key 'tokenizer.ggml.tokens'", *words)

@@ -173,26 +173,33 @@ class _Reader:
         self.pos += nbytes
 
     def skip_strings(self, count: int, culprit: str) -> None:
-        """A bounded walk over `count` length-prefixed strings, reading only the lengths."""
-        pos, size, unpack = self.pos, self.size, _U64.unpack_from
+        """A bounded walk over `count` length-prefixed strings, reading only the lengths. The
+        loop only adds: a length over the limit or past the end moves `pos` out of the chunk
+        (1 MiB, less than the limit), and the checks run where the chunk ends and after it."""
+        pos, unpack = self.pos, _U64.unpack_from
         buf, base = self.buf, self.base
-        top = base + len(buf)
+        top, n = base + len(buf), 0
         for i in range(count):
             if pos + 8 > top:
-                if pos + 8 > size:
+                self._string_checks(i - 1, n, pos, culprit)
+                if pos + 8 > self.size:
                     raise self.truncated(pos + 8, f"string {i}'s length", culprit)
                 self.pos = pos
                 self._load(8, f"string {i}'s length", culprit)
                 buf, base = self.buf, self.base
                 top = base + len(buf)
             n = unpack(buf, pos - base)[0]
-            if n > MAX_STRING:
-                raise self.fail(f"string {i} is {n} bytes long; gguf.cpp's limit is "
-                                f"{MAX_STRING}", culprit)
             pos += 8 + n
-            if pos > size:
-                raise self.truncated(pos, f"string {i} ({n} bytes)", culprit)
+        self._string_checks(count - 1, n, pos, culprit)
         self.pos = pos
+
+    def _string_checks(self, i: int, n: int, end: int, culprit: str) -> None:
+        """String i, `n` bytes long, ends at byte `end`: within gguf.cpp's limit and the file."""
+        if n > MAX_STRING:
+            raise self.fail(f"string {i} is {n} bytes long; gguf.cpp's limit is {MAX_STRING}",
+                            culprit)
+        if end > self.size:
+            raise self.truncated(end, f"string {i} ({n} bytes)", culprit)
 
 
 def _text(raw: bytes, what: str, r: _Reader, culprit: str | None = None) -> str:
