@@ -1,9 +1,10 @@
 """A GGUF model file's header: architecture, hyperparameters and the tensor table.
 
-Read with the `gguf` package llama.cpp publishes (GGUFReader memory-maps the file, so no weight
-byte is read here). Only the architectures of the registry (models/arch/) are accepted: anything
-else is an input error naming the architecture and the supported ones, as is a file `gguf`
-cannot parse.
+Read by `gguf_header` (gguf.cpp's and the model loader's checks, sizes against the file before
+anything is allocated; no weight byte is read here). Only the architectures of the registry
+(models/arch/) are accepted: anything else is an input error naming the architecture and the
+supported ones. Every tensor must be one the architecture loads (its tensor table), in a type
+ggmlrun has a kernel for.
 """
 
 from __future__ import annotations
@@ -11,12 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggmlrun.core.ir.types import BY_ID
+from ggmlrun.core.ir.types import BY_ID, TYPES
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch import ARCHITECTURES, get_arch  # noqa: F401  (ARCHITECTURES re-exported)
+from ggmlrun.models.arch import ARCHITECTURES, get_arch
+from ggmlrun.models.gguf_header import FileStamp, read_header, shown
 from ggmlrun.models.hparams import LlamaHParams, from_metadata, gguf_types
 
 GGUF_MAGIC = b"GGUF"
+# Weight types ggmlrun's kernels read (plain, or block types it decodes); q8_1 and q8_K (the
+# activation formats of ggml's dot products) and anything newer are refused at load.
+WEIGHT_TYPES = tuple(t for t in (
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K",
+    "q6_K", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs",
+    "iq1_m", "tq1_0", "tq2_0", "mxfp4", "nvfp4") if t in TYPES)
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,8 @@ class ModelFile:
     name: str
     hparams: LlamaHParams
     tensors: dict[str, TensorInfo]          # in file order
+    stamp: FileStamp | None = None          # the file as its header was read (None: a card)
+    data_end: int = 0                       # the file's bytes its tensors need
 
 
 def is_gguf(path: Path) -> bool:
@@ -45,59 +55,66 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def _scalar_fields(reader, prefix: str) -> dict:
-    """The architecture's own keys as plain values; big arrays (the vocabulary) are not decoded."""
-    fields = {}
-    for key, field in reader.fields.items():
-        if key.startswith(prefix) or key == "general.name":
-            fields[key] = field.contents()
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        fields["tokenizer.ggml.tokens"] = range(len(tokens.data))   # only its length is used
-    return fields
-
-
 def read_gguf(path: Path) -> ModelFile:
-    from gguf import GGUFReader
-
     path = Path(path)
+    where = str(path)
+    header = read_header(path)
+    fields = header.kv
+    if "general.architecture" not in fields:
+        raise InputError("GGUF metadata lacks 'general.architecture'", file=where)
+    arch = fields["general.architecture"]
+    if header.kv_types["general.architecture"] != "str":
+        raise InputError(f"key 'general.architecture' must be a string, not "
+                         f"{header.kv_types['general.architecture']}", file=where)
+    if arch not in ARCHITECTURES:      # the registry's (models/arch/)
+        raise InputError(f"architecture '{shown(arch)}' is not supported; ggmlrun builds "
+                         f"llama.cpp's graph for: {', '.join(ARCHITECTURES)}", file=where)
+    splits = fields.get("split.count", 1)
+    if type(splits) is int and splits > 1:
+        raise InputError(f"the first of {splits} split GGUF files (split.count); ggmlrun reads "
+                         f"one file: merge them first (llama-gguf-split --merge)", file=where)
     try:
-        reader = GGUFReader(path, "r")
-    except (ValueError, OSError, IndexError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise InputError(f"not a readable GGUF file: {err}", file=str(path)) from None
-    arch_field = reader.fields.get("general.architecture")
-    if arch_field is None:
-        raise InputError("GGUF metadata lacks 'general.architecture'", file=str(path))
-    try:
-        arch = arch_field.contents()
-        fields = _scalar_fields(reader, f"{arch}.")
-    except (ValueError, IndexError, TypeError, UnicodeDecodeError) as err:
-        raise InputError(f"unreadable GGUF metadata: {err}", file=str(path)) from None
-    get_arch(arch, str(path))      # an unsupported one: exit 2 listing ARCHITECTURES
-    try:
-        hparams = from_metadata(fields, arch, gguf_types(reader, f"{arch}."))
+        hparams = from_metadata(fields, arch, gguf_types(header.kv_types, f"{arch}."))
     except InputError as err:
-        raise err.located(file=str(path))
+        raise err.located(file=where)
     except (ValueError, TypeError, OverflowError) as err:
-        raise InputError(f"unreadable {arch} hyperparameters: {err}", file=str(path)) from None
+        raise InputError(f"unreadable {arch} hyperparameters: {err}", file=where) from None
     tensors = {}
-    for t in reader.tensors:
-        gtype = BY_ID.get(int(t.tensor_type))
-        if gtype is None:
-            raise InputError(f"tensor '{t.name}' has GGUF type {int(t.tensor_type)}, which "
-                             f"ggmlrun's type table lacks", file=str(path))
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        tensors[t.name] = TensorInfo(t.name, shape, gtype.name, int(t.data_offset))
-    check_tensors(hparams, tensors, str(path), arch)
-    name = fields.get("general.name") or path.stem
-    return ModelFile(path=path, arch=arch, name=str(name), hparams=hparams, tensors=tensors)
+    for t in header.tensors:
+        gtype = BY_ID[t.type_id]        # the header reader refused ids outside the table
+        if gtype.name not in WEIGHT_TYPES:
+            raise InputError(f"type {gtype.name}, which ggmlrun has no kernel for as a weight "
+                             f"(weights: {', '.join(WEIGHT_TYPES)})", file=where,
+                             culprit=f"tensor '{shown(t.name)}'")
+        tensors[t.name] = TensorInfo(t.name, tuple(reversed(t.ne)), gtype.name, t.offset)
+    check_tensors(hparams, tensors, where, arch)
+    name = fields.get("general.name")
+    name = shown(name) if isinstance(name, str) and name.strip() else path.stem
+    return ModelFile(path=path, arch=arch, name=name, hparams=hparams, tensors=tensors,
+                     stamp=header.stamp, data_end=header.data_end)
+
+
+def expected_tensors(hp: LlamaHParams, arch: str = "llama"
+                     ) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+    """Every tensor the architecture loads (its tensor table, models/arch/), with its shape, and
+    which of them may be absent (TENSOR_NOT_REQUIRED: the output, then tied to token_embd;
+    biases; rope factors; separate Q/K/V when a fused attn_qkv is there)."""
+    table = get_arch(arch).tensors(hp)
+    return ({name: spec.shape for name, spec in table.items()},
+            frozenset(name for name, spec in table.items() if spec.required is not True))
 
 
 def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None,
                   arch: str = "llama") -> None:
-    """Every tensor llama.cpp requires for the architecture (its tensor table, models/arch/), in
-    the shape the hyperparameters give it; optional ones (output.weight: else tied to
-    token_embd.weight; biases) are checked when present."""
+    """Every tensor llama.cpp requires for the architecture, in the shape the hyperparameters
+    give it, and no other: llama.cpp's loader counts the tensors it made against the file's
+    ("wrong number of tensors"), so a tensor the architecture does not load is refused too."""
     from ggmlrun.models.decoder import check_tensors as check
 
-    check(get_arch(arch, where), hparams, tensors, where)
+    spec = get_arch(arch, where)
+    table = check(spec, hparams, tensors, where)
+    extra = next((name for name in tensors if name not in table), None)
+    if extra is not None:
+        raise InputError(f"tensor '{shown(extra)}' is not one a {arch} model with "
+                         f"{hparams.n_layer} layers loads (llama.cpp: \"wrong number of "
+                         f"tensors\"); ggmlrun builds only the tensors it knows", file=where)
