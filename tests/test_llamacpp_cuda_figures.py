@@ -71,7 +71,8 @@ def test_each_configuration_is_consistent(cfg):
     if opts["ngl"] == 0:
         assert backends["CUDA0"]["weights_bytes"] == backends["CUDA0"]["kv_bytes"] == 0
     if opts["ngl"] == "all" and not opts["overrides"]:
-        token_embd = next(row for row in PROBE["model_tensors"][cfg["model"]] if row[0] == "token_embd.weight")
+        tensors = PROBE["model_tensors"][cfg["model"]]
+        token_embd = next(row for row in tensors if row[0] == "token_embd.weight")
         assert backends["CPU"]["weights_bytes"] == token_embd[3]   # the lookup stays on the CPU
         assert backends["CUDA0" if opts["no_kv_offload"] else "CPU"]["kv_bytes"] == 0
     assert cfg["n_nodes"] == RPC[cfg["id"]]["n_nodes"]
@@ -137,7 +138,8 @@ def test_the_profile_in_a_backends_file(tmp_path):
     """`profile: cuda` sets the defaults and keys beside it override them; an unknown profile, or
     one on the CPU, is an error."""
     cuda, cpu = load_backends(CUDA_BACKENDS)
-    assert (cuda.profile, cuda.alignment, cuda.offload_min_batch, cuda.row_padding) == ("cuda", 128, 32, 512)
+    assert (cuda.profile, cuda.alignment, cuda.offload_min_batch, cuda.row_padding) == \
+        ("cuda", 128, 32, 512)
     assert cuda.flash_attn_head_sizes == PROFILES["cuda"]["flash_attn_head_sizes"]
     assert (cpu.profile, cpu.row_padding, cpu.flash_attn_head_sizes) == (None, 0, None)
     f = tmp_path / "b.yaml"
@@ -181,7 +183,8 @@ GAPS = {   # short name (docs/models.md's table) -> the profile rule a plain sim
 
 def gaps(cfg: dict) -> list[str]:
     """Why the sim device cannot give this configuration's figures yet (GAPS' keys; none: it does)."""
-    return ([*GAPS][:1] if cfg["options"]["flash_attn"] else []) + ([*GAPS][1:] if "q8_0" in cfg["model"] else [])
+    fa, q8 = GAPS
+    return [g for g, why in ((fa, cfg["options"]["flash_attn"]), (q8, "q8_0" in cfg["model"])) if why]
 
 
 def gap_cause(cfg: dict) -> str | None:

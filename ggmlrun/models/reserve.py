@@ -128,7 +128,8 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
         elif backends[b].kind == "cpu":
             sizes[b] += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
         else:
-            sizes[b] += _align(backends[b].alloc_size(info.dtype, info.shape, nbytes), backends[b].alignment)
+            spec = backends[b]
+            sizes[b] += _align(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
     if cpu_range:
         sizes[placement.cpu] += max(cpu_range) - min(cpu_range)
     return sizes
@@ -146,7 +147,8 @@ def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) 
     for il, k in mg.cache.k.items():
         b = placement.kv[il]
         for t in (k, mg.cache.v[il]):
-            sizes[b] += _align(backends[b].alloc_size(t.dtype, t.shape, t.nbytes), backends[b].alignment)
+            spec = backends[b]
+            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
     return sizes
 
 

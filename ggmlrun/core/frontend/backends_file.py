@@ -105,8 +105,8 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
     spec = BackendSpec.of_kind(name, kind, line=doc.line(path))
     if "profile" in item:   # the profile's values first: the keys beside it override them
         if not isinstance(item["profile"], str) or item["profile"] not in PROFILES:
-            raise doc.error(f"unknown profile {shown(item['profile'])}; known: {', '.join(PROFILES)}",
-                            at("profile"), culprit)
+            raise doc.error(f"unknown profile {shown(item['profile'])}; known: "
+                            f"{', '.join(PROFILES)}", at("profile"), culprit)
         apply_profile(spec, item["profile"])
     if "memory" in item:
         try:

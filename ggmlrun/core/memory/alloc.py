@@ -351,7 +351,8 @@ def layout_weights(sched: Schedule) -> WeightLayout:
         b = where[weight.index]
         offsets[weight] = used[b]
         spec = sched.backends[b]
-        used[b] += align_up(spec.alloc_size(weight.dtype, weight.shape, weight.nbytes), spec.alignment)
+        nbytes = spec.alloc_size(weight.dtype, weight.shape, weight.nbytes)
+        used[b] += align_up(nbytes, spec.alignment)
     return WeightLayout(offsets, used)
 
 

@@ -32,7 +32,8 @@ def support_key(node: Tensor) -> tuple:
     """What a backend's support answer depends on: the op and its sources' types (and for
     FLASH_ATTN_EXT, which a device profile may refuse by head size, K's and V's head sizes)."""
     if node.op == "flash_attn_ext":
-        return (node.op, *(src.dtype for src in node.src), node.src[1].shape[-1], node.src[2].shape[-1])
+        k, v = node.src[1], node.src[2]
+        return (node.op, *(src.dtype for src in node.src), k.shape[-1], v.shape[-1])
     return (node.op, *(src.dtype for src in node.src))
 
 
