@@ -107,7 +107,8 @@ def _plan_memory(sched: Schedule, planner: str) -> tuple[MemoryPlan, list[Backen
 
     alignments = [b.alignment for b in sched.backends]
     leafs, entries = allocation_sequence(sched)
-    ggml_plan = GraphAllocator(alignments, ggml=sched.ggml).plan(leafs, entries)
+    sizers = [b.alloc_size if b.row_padding else None for b in sched.backends]
+    ggml_plan = GraphAllocator(alignments, ggml=sched.ggml, sizers=sizers).plan(leafs, entries)
     plan = ggml_plan
     if planner == "best":
         from ggmlrun.core.memory.planner import best_plan

@@ -131,7 +131,8 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
         elif backends[b].kind == "cpu":
             sizes[b] += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
         else:
-            sizes[b] += _align(nbytes, backends[b].alignment)
+            spec = backends[b]
+            sizes[b] += _align(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
     if cpu_range:
         sizes[placement.cpu] += max(cpu_range) - min(cpu_range)
     return sizes
@@ -149,7 +150,8 @@ def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) 
     for il, k in mg.cache.k.items():
         b = placement.kv[il]
         for t in (k, mg.cache.v[il]):
-            sizes[b] += _align(t.nbytes, backends[b].alignment)
+            spec = backends[b]
+            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
     return sizes
 
 
@@ -165,7 +167,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
     scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
-    allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml)
+    allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml,
+                               sizers=[b.alloc_size if b.row_padding else None for b in backends])
     arena = [0] * len(backends)
     reserved = []
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's

@@ -321,7 +321,8 @@ def parse_shim(text: str) -> tuple[list[tuple[str, str, str, int]], list[tuple[s
                                    "shape": numpy_shape(ne), "nb": ints(f[6]), "backend": f[7],
                                    "flags": int(f[8]), "view_src": f[9], "view_offs": int(f[10]),
                                    "op_params": ints(f[11]), "src": names(f[12]),
-                                   "sched_src": names(f[13])})
+                                   "sched_src": names(f[13])}
+                                  | ({"alloc": int(f[14])} if len(f) > 14 and f[14] else {}))
     return buffers, sizes, graphs
 
 
@@ -330,13 +331,17 @@ GRAPH_LINE = re.compile(r"graph(?: \(pp bs=\d+, tg bs=\d+\))?: nodes = (\d+)(?: 
                         r"splits = (\d+)(?: / (\d+))?")
 
 
-def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str]) -> tuple[dict, dict]:
-    """(the figures.json entry, the graph dump) of one configuration."""
+def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
+               key=None) -> tuple[dict, dict]:
+    """(the figures.json entry, the graph dump) of one configuration; `key` maps llama.cpp's
+    buffer and backend names to ggmlrun's backends (backend_key unless given: record_cuda.py
+    gives its own for CUDA0 / CUDA_Host)."""
+    to_backend = key or backend_key
     buffers, sizes, graphs = parse_shim(device_names(shim_text, endpoints))
     backends: dict[str, dict[str, int]] = {}
 
     def add(name: str, key: str, nbytes: int) -> None:
-        entry = backends.setdefault(backend_key(name), {"weights_bytes": 0, "kv_bytes": 0,
+        entry = backends.setdefault(to_backend(name), {"weights_bytes": 0, "kv_bytes": 0,
                                                         "arena_bytes": 0})
         entry[key] += nbytes
 
@@ -348,7 +353,7 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str]) -> 
             add(name, "kv_bytes", nbytes)
         elif phase == "context" and fn == "buft_alloc_buffer":
             output_bytes += nbytes   # the logits/embeddings output buffer, host memory
-    arena = {backend_key(name): nbytes for phase, name, nbytes in sizes if phase == "context"}
+    arena = {to_backend(name): nbytes for phase, name, nbytes in sizes if phase == "context"}
     for name, nbytes in arena.items():
         backends.setdefault(name, {"weights_bytes": 0, "kv_bytes": 0, "arena_bytes": 0})
         backends[name]["arena_bytes"] = nbytes

@@ -12,7 +12,8 @@
  *   G  begin <reserve|compute> <n_nodes> <n_splits>, then N/L lines, then G end
  *   N  <index> <name> <op> <type> <ne0,ne1,ne2,ne3> <nb0,..> <backend> <flags> <view_src>
  *      <view_offs> <op_params,...> <srcs as built> <srcs after the split: the input copies>
- *      (src names joined by '|', an empty name where a src is absent)
+ *      (src names joined by '|', an empty name where a src is absent) <alloc size: what the
+ *      node's backend's buffer type allocates for it; empty for views>
  *   L  <name> <op> <type> <ne> <nb> <backend> <flags> <view_src> <buffer name>: the graph's
  *      leaves in its order first, then any other non-node src
  * Compiled by record.py at record time against the headers the llama-cpp-python wheel installs.
@@ -152,6 +153,17 @@ static void put_leaf(FILE *out, ggml_backend_sched_t sched, struct ggml_tensor *
             s->view_src ? s->view_src->name : "", buf ? ggml_backend_buffer_name(buf) : "");
 }
 
+/* What the node's backend's buffer type allocates for it (ggml_backend_buft_get_alloc_size):
+ * ggml-cuda asks more than ggml_nbytes for FLASH_ATTN_EXT (f16 copies of K and V) and pads
+ * quantized rows. Empty for views (they take no memory of their own) and unassigned nodes. */
+static void put_alloc(FILE *out, ggml_backend_sched_t sched, struct ggml_tensor *t) {
+    ggml_backend_t b = ggml_backend_sched_get_tensor_backend(sched, t);
+    fputc('\t', out);
+    if (b && !t->view_src) {
+        fprintf(out, "%zu", ggml_backend_buft_get_alloc_size(ggml_backend_get_default_buffer_type(b), t));
+    }
+}
+
 static void dump_pending(ggml_backend_sched_t sched) {
     FILE *out = shim_out();
     struct ggml_cgraph *graph = pending;
@@ -211,6 +223,7 @@ static void dump_pending(ggml_backend_sched_t sched) {
         }
         put_srcs(out, src);     /* as the model built them */
         put_srcs(out, t->src);  /* as the scheduler rewired them to split-input copies */
+        put_alloc(out, sched, t);
         fputc('\n', out);
     }
     fprintf(out, "G\tend\n");

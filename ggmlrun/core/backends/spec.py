@@ -31,6 +31,13 @@ class BackendSpec:
     mem_bw: float = 1e12
     link_bw: float = 25e9
     link_latency: float = 10e-6
+    # What a device's buffer type allocates beyond ggml_nbytes (core/backends/profiles.py):
+    # a quantized tensor whose rows are not a multiple of `row_padding` elements is padded up to
+    # it once (ggml-cuda: MATRIX_ROW_PADDING, 512); 0 pads nothing.
+    row_padding: int = 0
+    # head sizes (K's, V's) FLASH_ATTN_EXT runs with on this device; None: any
+    flash_attn_head_sizes: frozenset[tuple[int, int]] | None = None
+    profile: str | None = None             # the device profile the defaults came from
     line: int | None = None
 
     @classmethod
@@ -64,6 +71,29 @@ class BackendSpec:
             return False
         refused = self.unsupported_types.get(op)
         return not (refused and any(dtype in refused for dtype in src_dtypes))
+
+
+    def alloc_size(self, dtype: str, shape, nbytes: int) -> int:
+        """ggml_backend_buft_get_alloc_size: the bytes this backend's buffer type takes for a
+        tensor of this type, NumPy-order shape and ggml_nbytes, before alignment."""
+        if not self.row_padding or not shape:
+            return nbytes
+        from ggmlrun.core.ir.types import TYPES
+
+        t = TYPES.get(dtype)
+        ne0 = shape[-1]
+        if t is None or not t.is_block or ne0 % self.row_padding == 0:
+            return nbytes
+        return nbytes + t.row_bytes(self.row_padding - ne0 % self.row_padding)
+
+    def supports_node(self, node) -> bool:
+        """supports_op, plus what depends on shapes: FLASH_ATTN_EXT's head sizes."""
+        if not self.supports_op(node.op, tuple(s.dtype for s in node.src)):
+            return False
+        if node.op == "flash_attn_ext" and self.flash_attn_head_sizes is not None:
+            k, v = node.src[1], node.src[2]
+            return (k.shape[-1], v.shape[-1]) in self.flash_attn_head_sizes
+        return True
 
 
 def default_cpu(name: str = "CPU") -> BackendSpec:

@@ -7,6 +7,7 @@ import os
 import re
 
 import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: op lists are checked)
+from ggmlrun.core.backends.profiles import PROFILES, apply_profile
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import did_you_mean
 from ggmlrun.core.util.fmt import clip
@@ -24,10 +25,11 @@ from ggmlrun.core.frontend.yamlfile import (
     unknown_keys,
 )
 
-BACKEND_KEYS = ("name", "kind", "memory", "alignment", "threads", "supports", "unsupported",
-                "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency")
+BACKEND_KEYS = ("name", "kind", "profile", "memory", "alignment", "threads", "supports",
+                "unsupported", "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency")
 CPU_ONLY_KEYS = ("threads",)
-SIM_ONLY_KEYS = ("supports", "unsupported", "offload_min_batch", "link_bw", "link_latency")
+SIM_ONLY_KEYS = ("profile", "supports", "unsupported", "offload_min_batch", "link_bw",
+                 "link_latency")
 KINDS = ("cpu", "sim")
 MAX_THREADS = 4096
 RATE_RANGE = {key: (1.0, 1e30) for key in ("flops", "mem_bw", "link_bw")}   # per second
@@ -101,6 +103,11 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
         return path + (key,)
 
     spec = BackendSpec.of_kind(name, kind, line=doc.line(path))
+    if "profile" in item:   # the profile's values first: the keys beside it override them
+        if not isinstance(item["profile"], str) or item["profile"] not in PROFILES:
+            raise doc.error(f"unknown profile {shown(item['profile'])}; known: "
+                            f"{', '.join(PROFILES)}", at("profile"), culprit)
+        apply_profile(spec, item["profile"])
     if "memory" in item:
         try:
             spec.memory = parse_size(item["memory"])

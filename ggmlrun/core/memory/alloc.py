@@ -216,9 +216,12 @@ class GraphAllocator:
     indexed by `Tensor.index`, not in dicts keyed by Tensor: on a big graph every dict lookup
     is a cache miss."""
 
-    def __init__(self, alignments: list[int], ggml: GgmlVersion | str | None = None):
+    def __init__(self, alignments: list[int], ggml: GgmlVersion | str | None = None,
+                 sizers: list | None = None):
         self.alignments = alignments
         self.ggml = ggml_version(ggml)
+        # per buffer, its backend's alloc_size (ggml_backend_buft_get_alloc_size); None: nbytes
+        self.sizers = sizers if sizers and any(s is not None for s in sizers) else None
 
     def plan(self, leafs: list[tuple[Tensor, int]], sequence: AllocationSequence) -> MemoryPlan:
         with gc_paused():
@@ -278,6 +281,8 @@ class GraphAllocator:
                     self.inplace.append((node, parent))
                     return
         nbytes = node.nbytes
+        if self.sizers and self.sizers[buffer] is not None:
+            nbytes = self.sizers[buffer](node.dtype, node.shape, nbytes)
         offset = self.arenas[buffer].alloc(nbytes)
         self.event += 1
         slot = Slot(buffer, offset, align_up(nbytes, self.alignments[buffer]), self.event,
@@ -345,7 +350,9 @@ def layout_weights(sched: Schedule) -> WeightLayout:
     for weight in sched.graph.weights:
         b = where[weight.index]
         offsets[weight] = used[b]
-        used[b] += align_up(weight.nbytes, sched.backends[b].alignment)
+        spec = sched.backends[b]
+        nbytes = spec.alloc_size(weight.dtype, weight.shape, weight.nbytes)
+        used[b] += align_up(nbytes, spec.alignment)
     return WeightLayout(offsets, used)
 
 

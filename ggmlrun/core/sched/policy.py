@@ -186,7 +186,7 @@ class CostPolicy:
             if get_op(node.op).view_op or owner(node) not in index:
                 continue
             v = index[owner(node)]
-            runs = spec[device].supports_op(node.op, tuple(s.dtype for s in node.src))
+            runs = spec[device].supports_node(node)
             on_d[v] += ps(costs.compute_s(spec[device], node)) if runs else INF
             on_c[v] += ps(costs.compute_s(spec[cpu], node))
 

@@ -29,7 +29,11 @@ from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
 
 
 def support_key(node: Tensor) -> tuple:
-    """What a backend's support answer depends on: the op and its sources' types."""
+    """What a backend's support answer depends on: the op and its sources' types (and for
+    FLASH_ATTN_EXT, which a device profile may refuse by head size, K's and V's head sizes)."""
+    if node.op == "flash_attn_ext":
+        k, v = node.src[1], node.src[2]
+        return (node.op, *(src.dtype for src in node.src), k.shape[-1], v.shape[-1])
     return (node.op, *(src.dtype for src in node.src))
 
 
@@ -127,7 +131,7 @@ class Scheduler:
         mask = self._masks.get(key)
         if mask is None:
             mask = self._masks[key] = sum(1 << b for b, spec in enumerate(self.backends)
-                                          if spec.supports_op(key[0], key[1:]))
+                                          if spec.supports_node(node))
         return mask
 
     def _supports(self, b: int, node: Tensor) -> bool:
