@@ -203,10 +203,15 @@ def _measure_model(model, backends, opts, as_json):
     figures = measure_model(model, backends, opts)
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     fit = model_fit(figures)
+    from ggmlrun.models.command_line import llama_cpp_line
+
+    command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
     if as_json:
-        emit_json({**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit)})
+        emit_json({**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
+                   "command": command})
     else:
         report.print_tables(stdout(), report.model_measure_table(model, figures))
+        click.echo(f"llama.cpp: {command}")
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
 

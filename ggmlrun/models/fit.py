@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.models.command_line import llama_cpp_line
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import ModelOptions
 from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
@@ -64,6 +65,7 @@ class FitResult:
     probes: list[tuple[int, int]] = field(default_factory=list)   # (ngl, ctx) measured
     seconds: float = 0.0
     advice: str = ""
+    command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
 
     @property
     def fits(self) -> bool:
@@ -135,9 +137,10 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     shown = ngl if ngl is not None else device_ngl or 0
     advice = "" if ngl is not None else _advice(probe, ctx, device_ngl, n_max, costs)
     rows, m = probe.full(shown, ctx)
+    command = llama_cpp_line(opts, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""
     return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer, shown_ngl=shown, backends=rows,
                      measure=m, probes=list(probe.order), advice=advice,
-                     seconds=time.perf_counter() - start)
+                     seconds=time.perf_counter() - start, command=command)
 
 
 def _ctx_top(n_ctx_train: int) -> int:

@@ -74,7 +74,7 @@ def model_fit_dict(model, result) -> dict:
                           "margin_bytes": b.margin_bytes, "free_bytes": b.free_bytes,
                           "fits": b.fits} for b in result.backends],
             "probes": [{"ngl": n, "ctx": c} for n, c in result.probes],
-            "seconds": result.seconds,
+            "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
 
 
@@ -96,4 +96,4 @@ def fit_table(model, result) -> Table:
 def fit_line(result) -> str:
     if not result.fits:
         return "llama.cpp: nothing fits (see the error below)"
-    return f"llama.cpp: -ngl {result.ngl} -c {result.ctx}"
+    return f"llama.cpp: {result.command}"
