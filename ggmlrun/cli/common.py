@@ -86,6 +86,38 @@ def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
     return engine.prepare(graph_path, backends_file, policy, ggml, overrides, phases)
 
 
+def memory_size(text: str, option: str, sep: str = " ") -> int:
+    """A memory size given on the command line. A bare number is bytes, but one under 1 MiB is
+    surely a size without its unit (`--gpu 12` meaning 12 GiB): an error that suggests it."""
+    from ggmlrun.core.frontend.backends_file import SIZE_RE, parse_size
+    from ggmlrun.core.util.errors import InputError
+
+    text = str(text).strip()
+    match = SIZE_RE.match(text)
+    if match and not match.group(2) and float(match.group(1)) < 2**20:
+        raise InputError(f"{option}{sep}{text}: {text} bytes is less than 1 MiB; give the unit, "
+                         f"e.g. {option}{sep}{text}GiB (units: B, KiB, MiB, GiB, TiB)")
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise InputError(f"{option}{sep}{text}: {err}") from None
+
+
+def _check_memory_specs(specs) -> None:
+    """--memory NAME=SIZE: a size without NAME= (the user means "my GPU has 12 GiB") gets the
+    plain way to say it; a bare size under 1 MiB is refused as memory_size refuses it."""
+    from ggmlrun.core.frontend.backends_file import SIZE_RE
+    from ggmlrun.core.util.errors import InputError
+
+    for spec in specs:
+        name, eq, size = spec.partition("=")
+        if not eq:
+            hint = (f"; for a device of that size say --gpu {spec.strip()} (and --ram SIZE for "
+                    f"the host)" if SIZE_RE.match(spec) else "")
+            raise InputError(f"--memory {spec!r}: expected NAME=SIZE, e.g. SIM0=12GiB{hint}")
+        memory_size(size, f"--memory {name.strip()}", sep="=")
+
+
 def placement_options(func):
     """--memory, --remap, --no-op-offload, --offload-min-batch: "what if" without editing files,
     received by the command as one `overrides` argument; and --progress (phase times)."""
@@ -93,6 +125,7 @@ def placement_options(func):
     def wrapper(*args, memory_specs, remap_specs, no_op_offload, offload_min_batch, **kwargs):
         from ggmlrun.core.frontend.overrides import parse
 
+        _check_memory_specs(memory_specs)
         kwargs["overrides"] = parse(memory_specs, remap_specs, not no_op_offload,
                                     offload_min_batch, kwargs.pop("threads", None))
         return func(*args, **kwargs)

@@ -9,7 +9,7 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
-from ggmlrun.cli.model_options import model_options, _model_input
+from ggmlrun.cli.model_options import model_options, _model_input, planned_for_dict, print_planned_for
 from ggmlrun.models.options import U32_MAX
 
 
@@ -57,6 +57,7 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
         raise InputError("fit takes a model: a GGUF file or a model card", file=str(model_path))
     margin_device, margin_cpu = _parse_margins(margin)
     model_file, backends, opts = model
+    planned = model
     if isinstance(fit_ctx, int):
         from dataclasses import replace
 
@@ -64,8 +65,9 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx)
     if as_json:
-        emit_json(report.model_fit_dict(model_file, result))
+        emit_json({**report.model_fit_dict(model_file, result), **planned_for_dict(planned)})
     else:
+        print_planned_for(planned)
         report.print_tables(stdout(), report.fit_table(model_file, result))
         click.echo(report.fit_line(result))
     if not result.fits:

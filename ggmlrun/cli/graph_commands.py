@@ -11,7 +11,7 @@ from ggmlrun import report
 from ggmlrun.core import engine
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
 from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
-from ggmlrun.cli.model_options import model_options, _model_input, _validate_model, _model_schedule, _measure_model, _run_model
+from ggmlrun.cli.model_options import model_options, _model_input, _validate_model, _model_schedule, _measure_model, _run_model, planned_for_dict, print_planned_for
 
 
 @cli.command()
@@ -65,6 +65,10 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
         _, memory = engine.plan_memory(sched, "ggml")
     dump_splits = dump_splits or fmt == "ggml"     # the ggml text is the dump itself
     payload = report.plan_dict(sched) if as_json else None
+    if model and as_json:
+        payload.update(planned_for_dict(model))
+    elif model and fmt != "ggml":
+        print_planned_for(model)
     if as_json:
         pass
     elif fmt == "ggml":
@@ -106,7 +110,7 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
 
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
     if model:
-        return _measure_model(*model, as_json)
+        return _measure_model(model, as_json)
     phases = phase_timer(show_progress)
     g, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
     with phases("plan"):
@@ -199,7 +203,12 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy,
                          overrides)
     if model:
-        return _run_model(*model, tokens, as_json, out_file)
+        source = click.get_current_context().get_parameter_source
+        return _run_model(model, tokens, as_json, out_file, dict(
+            repeat=repeat, warmup=warmup, trace_file=trace_file, show_profile=show_profile,
+            profile_by=profile_by, profile_sort=profile_sort, profile_top=profile_top,
+            check=check, input_specs=input_specs,
+            planner=source("planner") == click.core.ParameterSource.COMMANDLINE))
     phases = phase_timer(show_progress)
     request = engine.RunRequest(graph_path=graph, backends_path=backends_file,
                                 input_specs=input_specs, repeat=repeat, check=check,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.report.table import Table, seconds_text
+from ggmlrun.report.table import Table, pack_line, plain, seconds_text
 
 if TYPE_CHECKING:
     from ggmlrun.core.engine import BackendMemory
@@ -24,6 +24,25 @@ def model_summary(model) -> dict:
             "n_vocab": hp.n_vocab, "n_ctx_train": hp.n_ctx_train,
             "tensors": len(model.tensors), "weights_bytes": weights,
             "tied_embeddings": "output.weight" not in model.tensors}
+
+
+def planned_for_dict(backends, sources: dict[str, str]) -> list[dict]:
+    return [{"name": b.name, "kind": b.kind, "memory_bytes": b.memory,
+             "source": sources.get(b.name, "default")} for b in backends]
+
+
+def planned_for_lines(backends, sources: dict[str, str], width: int = 80) -> list[str]:
+    """`planned for: GPU0 24.00 GiB (--gpu), ...; host CPU 32.00 GiB (--ram)`, folded between
+    items (never inside one) to the width."""
+    devices = [f"{plain(b.name)} {human_bytes(b.memory)} ({sources.get(b.name, 'default')})"
+               for b in backends if b.kind != "cpu"]
+    host = [f"host {plain(b.name)} {human_bytes(b.memory)} ({sources.get(b.name, 'default')})"
+            for b in backends if b.kind == "cpu"]
+    items = [d + ("," if i < len(devices) - 1 else ";" if host else "")
+             for i, d in enumerate(devices)] + host
+    if not devices:
+        items = ["no device;"] + host
+    return pack_line("planned for:", items, width)
 
 
 def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
@@ -97,3 +116,28 @@ def fit_line(result) -> str:
     if not result.fits:
         return "llama.cpp: nothing fits (see the error below)"
     return f"llama.cpp: {result.command}"
+
+
+def ran_with_lines(ran: dict, width: int = 80) -> list[str]:
+    """`ran 3 tokens: ctx 2048, -ngl 5 of 5; 2 splits: SIM0 148 nodes, CPU 2 nodes`."""
+    items = [f"ctx {ran['ctx']},", f"-ngl {ran['ngl']} of {ran['n_layer'] + 1};",
+             f"{ran['n_splits']} split{'s' if ran['n_splits'] != 1 else ''}:"]
+    splits = ran["splits"]
+    items += [f"{plain(s['backend'])} {s['nodes']} nodes" + ("," if i < len(splits) - 1 else "")
+              for i, s in enumerate(splits)]
+    return pack_line(f"ran {ran['tokens']} token{'s' if ran['tokens'] != 1 else ''}:", items,
+                     width)
+
+
+def top_tokens_table(top: list[dict]) -> Table:
+    """The largest logits of the last token, with each token's text from the vocabulary."""
+    from ggmlrun.models.vocab import shown_text
+
+    table = Table(title=f"top {len(top)} tokens (last position)")
+    table.add_column("rank", "right", number=True, drop=1)
+    table.add_column("id", "right", number=True)
+    table.add_column("logit", "right", number=True)
+    table.add_column("token")
+    for rank, t in enumerate(top, 1):
+        table.add_row(str(rank), str(t["id"]), f"{t['logit']:.4f}", shown_text(t["text"]))
+    return table

@@ -114,6 +114,21 @@ class Table:
         return total
 
 
+def pack_line(prefix: str, items: list[str], width: int = 80) -> list[str]:
+    """`prefix item item ...` on as few lines as fit the width, breaking only between items
+    (a number and its unit, a name, stay on one line); later lines indent under the first."""
+    lines, line = [], prefix
+    indent = " " * (len(prefix) + 1)
+    for item in items:
+        if len(line) + 1 + len(item) > width and line.strip() and line != prefix:
+            lines.append(line)
+            line = indent + item
+        else:
+            line = f"{line} {item}"
+    lines.append(line)
+    return lines
+
+
 def seconds_text(s: float | None) -> str:
     """Seconds, in the unit that reads best."""
     if s is None:
