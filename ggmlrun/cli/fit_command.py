@@ -61,6 +61,9 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     if isinstance(fit_ctx, int):
         from dataclasses import replace
 
+        from ggmlrun.cli.model_options import warn_past_training
+
+        warn_past_training(model_file, fit_ctx)
         opts = replace(opts, ctx=fit_ctx)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx)

@@ -247,6 +247,7 @@ def _model_setup(model, backends, kw: dict):
     if split is not None and len(split) != len(devices):
         raise InputError(f"--tensor-split has {len(split)} proportions, one per device, but "
                          f"there are {len(devices)} devices ({', '.join(d.name for d in devices) or 'none'})")
+    warn_past_training(model, kw.get("ctx_size"))
     opts = ModelOptions(ctx=kw.get("ctx_size"), ubatch=kw.get("ubatch") or 512,
                         flash_attn=kw.get("flash_attn") == "on", ngl=kw.get("ngl"),
                         no_kv_offload=bool(kw.get("no_kv_offload")),
@@ -255,6 +256,18 @@ def _model_setup(model, backends, kw: dict):
                         op_offload=not kw.get("no_op_offload"),
                         ggml=kw.get("ggml") or "0.25")
     return backends, opts
+
+
+def warn_past_training(model, ctx: int | None) -> None:
+    """A context past the model's training length: llama.cpp warns and goes on (it allocates
+    the whole cache; positions past n_ctx_train were never trained), and so does ggmlrun."""
+    n_train = model.hparams.n_ctx_train
+    if ctx is not None and ctx > n_train:
+        click.echo(f"ggmlrun: warning: --ctx {ctx} is past the model's training context "
+                   f"({n_train} tokens); llama.cpp warns 'n_ctx_per_seq ({ctx}) > n_ctx_train "
+                   f"({n_train}) -- possible training context overflow' and goes on, allocating "
+                   f"the whole cache (the figures here are for it), but past {n_train} tokens "
+                   f"the model's output degrades unless its RoPE is scaled", err=True)
 
 
 # --- models: GGUF files and model cards (SPEC section 5) -----------------------------------------

@@ -278,10 +278,43 @@ def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs)
              f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but has "
              f"{human_bytes(r.memory_bytes - r.margin_bytes)} after the margin" for r in short]
     message = f"nothing fits: {where} " + "; ".join(parts)
-    if ctx > CTX_STEP:
-        small = _device_ngl(probe, CTX_STEP, n_max, costs)
-        if small is not None and _all_fit(probe(small, CTX_STEP)):
-            best = _largest_ctx(probe, small, CTX_STEP, (ctx - 1) // CTX_STEP * CTX_STEP)
-            return message + f"; a smaller context fits: --ctx {best} with -ngl {small}"
+    top = (ctx - 1) // CTX_STEP * CTX_STEP        # contexts below the one asked, 256 apart
+    if top >= CTX_STEP:
+        best = _largest_fitting_ctx(probe, n_max, costs, top)
+        if best is not None:
+            best_ctx, best_ngl = best
+            return (message + f"; the largest context that fits is --ctx {best_ctx}, with "
+                    f"-ngl {best_ngl} (the most layers at that context)")
     need = ", ".join(f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short)
     return message + f"; it needs {need} (or a smaller --margin)"
+
+
+def _ngl_that_fits(probe: _Prober, ctx: int, n_max: int, costs) -> int | None:
+    """The most layers with which everything fits at `ctx`, or None. The devices' largest
+    -ngl is the only candidate: below it the CPU only holds more (so if the CPU is short
+    there, it is short at every smaller -ngl)."""
+    ngl = _device_ngl(probe, ctx, n_max, costs)
+    return ngl if ngl is not None and _all_fit(probe(ngl, ctx)) else None
+
+
+def _largest_fitting_ctx(probe: _Prober, n_max: int, costs, top: int) -> tuple[int, int] | None:
+    """The largest context (a multiple of 256, at most `top`) at which some -ngl fits, and the
+    most layers there. Whether anything fits only gets harder as the context grows (every
+    total grows with it), so the edge is bisected over the multiples of 256."""
+    lo = CTX_STEP
+    lo_ngl = _ngl_that_fits(probe, lo, n_max, costs)
+    if lo_ngl is None:
+        return None
+    hi = top + CTX_STEP                     # known (or taken) not to fit
+    ngl_at_top = _ngl_that_fits(probe, top, n_max, costs) if top > lo else lo_ngl
+    if ngl_at_top is not None:
+        return top, ngl_at_top
+    hi = top
+    while hi - lo > CTX_STEP:
+        mid = (lo + hi) // 2 // CTX_STEP * CTX_STEP
+        ngl = _ngl_that_fits(probe, mid, n_max, costs)
+        if ngl is None:
+            hi = mid
+        else:
+            lo, lo_ngl = mid, ngl
+    return lo, lo_ngl
