@@ -444,9 +444,9 @@ def test_measure_model_fits_counts_kv_and_compute():
     data = json.loads(invoke("measure", TINY, "--json")[1])
     sim = data["backends"][0]
     need = sim["weights_bytes"] + sim["kv_bytes"] + sim["arena_bytes"]
-    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need}")
+    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need}B")
     assert code == 0, err
-    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need - 1}")
+    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need - 1}B")
     assert code == 1 and "backend SIM0 needs" in err
 
 

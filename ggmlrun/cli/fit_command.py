@@ -43,6 +43,8 @@ class _CtxType(click.ParamType):
               help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "
                    "one SIZE for devices, or DEVICES,CPU (e.g. 512MiB,2GiB).")
 @GGML
+@click.option("--ngl", hidden=True, expose_value=False, callback=lambda ctx, param, value:
+              _ngl_refused(value))
 @model_options(skip=("ctx_size", "ngl"))
 @placement_options
 @DEBUG
@@ -52,9 +54,13 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.models.fit import fit_model
 
+    from ggmlrun.core.util.inputs import open_regular
+
+    open_regular(model_path, "model", limit=None).close()   # "no such file", a directory, ...
     model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides)
     if model is None:
-        raise InputError("fit takes a model: a GGUF file or a model card", file=str(model_path))
+        raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
+                         "YAML file with `architecture:`); this is neither", file=str(model_path))
     margin_device, margin_cpu = _parse_margins(margin)
     model_file, backends, opts = model
     planned = model
@@ -75,6 +81,14 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
         click.echo(report.fit_line(result))
     if not result.fits:
         raise RunError(result.advice)
+
+
+def _ngl_refused(value) -> None:
+    """`fit --ngl N`: fit chooses -ngl itself; say so rather than suggest --ggml."""
+    if value is not None:
+        raise InputError(f"fit chooses -ngl itself (the most layers that fit), so it takes no "
+                         f"--ngl; for the figures at -ngl {value}: ggmlrun measure MODEL --ngl "
+                         f"{value}")
 
 
 def _parse_margins(text: str | None) -> tuple[int, int]:

@@ -291,6 +291,13 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
             click.echo(f"wrote {out_file}", err=True)
             return
         dot_file = out_file.with_suffix(".dot")
+        if dot_file.exists():
+            from ggmlrun.core.util.errors import RunError
+
+            raise RunError(f"Graphviz `dot` is not on PATH, so no {fmt.upper()}; the DOT text "
+                           f"would go to {dot_file}, which exists and is left as it is: remove "
+                           f"it, or name the DOT file with -o FILE.dot (apt install graphviz "
+                           f"for {fmt.upper()})")
         click.echo(f"ggmlrun: warning: Graphviz `dot` is not on PATH, so no {fmt.upper()}; "
                    f"writing DOT to {dot_file} (render it with: dot -T{fmt} {dot_file} "
                    f"-o {out_file})", err=True)

@@ -274,9 +274,16 @@ def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs)
     short = [r for r in probe(ngl, ctx) if not r.fits]
     where = (f"with -ngl {ngl}, the most the devices hold," if device_ngl is not None
              else "even with -ngl 0,")
+    def has(r: FitBackend) -> str:
+        left = r.memory_bytes - r.margin_bytes
+        if left < 0:
+            return (f"its memory, {human_bytes(r.memory_bytes)}, is less than the margin of "
+                    f"{human_bytes(r.margin_bytes)}")
+        return f"has {human_bytes(left)} after the margin"
+
     parts = [f"{r.name} needs {human_bytes(r.total_bytes)} (weights {human_bytes(r.weights_bytes)}"
-             f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but has "
-             f"{human_bytes(r.memory_bytes - r.margin_bytes)} after the margin" for r in short]
+             f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but "
+             f"{has(r)}" for r in short]
     message = f"nothing fits: {where} " + "; ".join(parts)
     top = (ctx - 1) // CTX_STEP * CTX_STEP        # contexts below the one asked, 256 apart
     if top >= CTX_STEP:
