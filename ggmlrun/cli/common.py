@@ -16,9 +16,16 @@ from ggmlrun.core import engine
 @functools.cache
 def stdout():
     """The console for data; made on first use, so a command that draws nothing never loads
-    rich. Piped output gets a wide fixed width so tables are not squeezed into 80 columns."""
+    rich. Its width is COLUMNS when that is set (a terminal's, or `COLUMNS=80 ggmlrun ...` into
+    a file), else the terminal's; piped output without COLUMNS gets a wide fixed width (160) so
+    tables are not squeezed into 80 columns."""
+    import os
+
     from rich.console import Console
 
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return Console(soft_wrap=False, width=int(columns))
     return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 

@@ -77,7 +77,10 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
         emit_json({**report.model_fit_dict(model_file, result), **planned_for_dict(planned)})
     else:
         print_planned_for(planned)
+        from ggmlrun import visual
+
         report.print_tables(stdout(), report.fit_table(model_file, result))
+        visual.print_memory_bars(stdout(), report.memory_bars(result.backends))
         click.echo(report.fit_line(result))
     if not result.fits:
         raise RunError(result.advice)

@@ -276,8 +276,13 @@ def _validate_model(model, backends, opts, as_json):
     if as_json:
         emit_json({"model": model.name, "valid": True, **summary})
     else:
-        click.echo(f"{model.path}: ok ({summary['architecture']}, {summary['n_layer']} layers, "
-                   f"{summary['tensors']} tensors, {summary['weights_bytes']:,} bytes of weights)")
+        import shutil
+
+        items = [f"({summary['architecture']},", f"{summary['n_layer']} layers,",
+                 f"{summary['tensors']} tensors,", f"{summary['weights_bytes']:,} bytes of weights)"]
+        width = shutil.get_terminal_size((160, 24)).columns
+        for line in report.pack_line(f"{report.plain(model.path)}: ok", items, width):
+            click.echo(line)
 
 
 def _model_schedule(model, backends, opts):
@@ -302,7 +307,10 @@ def _measure_model(model_input, as_json):
                    "command": command, **planned_for_dict(model_input)})
     else:
         print_planned_for(model_input)
+        from ggmlrun import visual
+
         report.print_tables(stdout(), report.model_measure_table(model, figures))
+        visual.print_memory_bars(stdout(), report.memory_bars(figures.backends))
         click.echo(f"llama.cpp: {command}")
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
