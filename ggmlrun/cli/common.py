@@ -47,7 +47,8 @@ def phase_timer(show_progress: bool):
 
 GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
 BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),
-                        help="YAML file with a `backends:` list; overrides the graph's own.")
+                        help="YAML file with a `backends:` list; overrides the graph's own. "
+                             "Default: the graph's, else [SIM0 (sim, 16GiB), CPU].")
 JSON = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
                      help="Show Python tracebacks on errors.")
@@ -147,7 +148,8 @@ def placement_options(func):
                      help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
                           "--no-op-offload)."),
         click.option("--offload-min-batch", type=click.IntRange(min=1), metavar="N",
-                     help="Batch from which op offload moves an op to a device (every device)."),
+                     help="Batch from which op offload moves an op to a device (every device); "
+                          "default each device's own (32). Graph files only."),
         click.option("--progress", "show_progress", is_flag=True,
                      help="Phase times on stderr even when it is not a terminal."),
     ]

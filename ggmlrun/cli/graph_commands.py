@@ -44,6 +44,7 @@ def validate(graph, backends_file, as_json, overrides, show_progress):
 @JSON
 @click.option("--dump-splits", is_flag=True, help="Every node's backend, cause and sources.")
 @click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
+              show_default=True,
               help="The dump as rich tables, or as ggml's GGML_SCHED_DEBUG text (implies "
                    "--dump-splits).")
 @POLICY
@@ -164,13 +165,13 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
 @click.option("--input", "input_specs", multiple=True, metavar="NAME=FILE.npy",
               help="Set a graph input from a .npy file (repeatable).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every output, by name, to this .npz (atomically).")
+              help="Write every output, by name, to this .npz (atomically); default: none.")
 @click.option("--repeat", type=click.IntRange(min=1, max=MAX_REPEAT), default=1,
-              help="Compute N times after one plan.")
+              show_default=True, help="Compute N times after one plan.")
 @click.option("--check", is_flag=True, help="Compare outputs with the plain NumPy reference evaluator.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.json", help="Write a Chrome/Perfetto trace of every run (atomically); "
-              "open it in ui.perfetto.dev or chrome://tracing.")
+              "open it in ui.perfetto.dev or chrome://tracing. Default: none.")
 @click.option("--profile", "show_profile", is_flag=True,
               help="Time per op and per copy route (with --json: a `profile` key).")
 @click.option("--profile-by", type=click.Choice(["op", "node", "shape"]), default="op",
@@ -178,17 +179,18 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
 @click.option("--sort", "profile_sort", type=click.Choice(["total", "mean", "calls", "name"]),
               default="total", show_default=True, help="With --profile: the order of its rows.")
 @click.option("--top", "profile_top", type=click.IntRange(min=1), metavar="N",
-              help="With --profile: only the first N rows.")
+              help="With --profile: only the first N rows; default all.")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Untimed runs before the timed ones (caches, BLAS start-up).")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N",
               help="BLAS threads for the run (capped at the machine's cores); overrides the CPU "
-                   "backend's `threads`.")
+                   "backend's `threads`. Default: the backend's, else BLAS's own.")
 @POLICY
 @PLANNER
 @GGML
 @click.option("--tokens", metavar="1,2,3", help="[models] Token ids evaluated as one batch; the "
-              "output is the last token's logits, `result_output`.")
+              "output is the last token's logits, `result_output`. No default: run MODEL "
+              "needs it.")
 @model_options()
 @placement_options
 @DEBUG
