@@ -147,14 +147,14 @@ def test_every_cli_model_option_reaches_the_line():
                "--no-kv-offload": "-nkvo", "--kv-type f32": "-ctk f32 -ctv f32",
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
-               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1"}
-    from ggmlrun.cli.model_options import MODEL_OPTIONS
+               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1"}
+    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has"}
+    from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
 
     flags = {o.split()[0] for o in spelled}
     for key in MODEL_OPTIONS:
-        flag = "--" + {"ctx_size": "ctx", "tensor_overrides": "override-tensor"}.get(
-            key, key.replace("_", "-"))
-        assert flag in flags or flag in ("--gpu", "--ram"), f"{flag} has no case"
+        flag = MODEL_FLAGS[key]
+        assert flag in flags or flag in not_llama, f"{flag} has no case"
     for given, expect in spelled.items():
         code, out, err = invoke("measure", TINY, *given.split(), "--json")
         assert code == 0, (given, err)
