@@ -57,7 +57,7 @@ def test_header_names_devices_host_and_sources(command, tmp_path):
     (("--ram", "32"), "--ram 32: 32 bytes is less than 1 MiB; give the unit, e.g. --ram 32GiB"),
     (("--memory", "SIM0=12"), "--memory SIM0=12: 12 bytes is less than 1 MiB; give the unit, "
                               "e.g. --memory SIM0=12GiB"),
-    (("--memory", "12GiB"), "for a device of that size say --gpu 12GiB"),
+    (("--memory", "12GiB"), "e.g. SIM0=12GiB; for a model, --gpu 12GiB says one GPU of that size"),
     (("--gpu", "24GiB,"), "one SIZE per device"),
     (("--gpu", "12GB"), "use binary units"),
     (("--gpu", "1GiB", "--backends", ROOT / "graphs/backends/sim_cpu.yaml"), "give one of the two"),

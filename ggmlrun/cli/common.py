@@ -120,8 +120,8 @@ def _check_memory_specs(specs) -> None:
     for spec in specs:
         name, eq, size = spec.partition("=")
         if not eq:
-            hint = (f"; for a device of that size say --gpu {spec.strip()} (and --ram SIZE for "
-                    f"the host)" if SIZE_RE.match(spec) else "")
+            hint = (f"; for a model, --gpu {spec.strip()} says one GPU of that size (and --ram "
+                    f"SIZE the host's memory)" if SIZE_RE.match(spec) else "")
             raise InputError(f"--memory {spec!r}: expected NAME=SIZE, e.g. SIM0=12GiB{hint}")
         memory_size(size, f"--memory {name.strip()}", sep="=")
 

@@ -9,7 +9,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
-from ggmlrun.cli.model_options import model_options, _model_input, planned_for_dict, print_planned_for
+from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
+                                       print_planned_for)
 from ggmlrun.models.options import U32_MAX
 
 
