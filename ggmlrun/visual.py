@@ -182,10 +182,14 @@ def memory_bar_lines(bars: list[dict], width: int) -> list:
     for b, note in zip(bars, notes):
         line = Text(f"{plain(b['name']).ljust(name_w)} {human_bytes(b['memory_bytes']).rjust(size_w)} ")
         scale = b["memory_bytes"] + b["over"]
+        cells = [(BAR_MARKS[key], n) for key, n in _bar_cells(b["segments"], scale, bar_w)]
+        marks = [(mark, style) for (mark, style), n in cells for _ in range(n)]
+        if b["over"] and scale:          # where the memory ends: what lies past it does not fit
+            edge = min(len(marks) - 1, round(b["memory_bytes"] / scale * bar_w))
+            marks[edge] = ("┃", "bold red")
         line.append("▕")
-        for key, n in _bar_cells(b["segments"], scale, bar_w):
-            mark, style = BAR_MARKS[key]
-            line.append(mark * n, style=style)
+        for mark, style in marks:
+            line.append(mark, style=style)
         line.append("▏")
         if note:
             line.append(note, style="bold red")
@@ -195,6 +199,9 @@ def memory_bar_lines(bars: list[dict], width: int) -> list:
         mark, style = BAR_MARKS[key]
         legend.append(mark, style=style)
         legend.append(f" {key}  ")
+    if any(b["over"] for b in bars):
+        legend.append("┃", style="bold red")
+        legend.append(" memory ends")
     lines.append(legend)
     return lines
 

@@ -114,3 +114,20 @@ def test_table_drops_and_says_so():
     console.print(table)
     text = console.export_text()
     assert "left out at 50 columns: optional" in text and "9,876,543,210" in text
+
+
+def test_bar_marks_where_memory_ends_when_over(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", "80")
+    from ggmlrun.cli import common
+
+    common.stdout.cache_clear()
+    try:
+        code, out, _ = invoke("measure", CARD_70B, "--gpu", "24GiB", "--ram", "16GiB",
+                              "--ngl", "50")
+    finally:
+        common.stdout.cache_clear()
+    assert code == 1
+    gpu = next(line for line in out.splitlines() if line.startswith("GPU0"))
+    assert "┃" in gpu and gpu.endswith("over by 1.49 GiB") and len(gpu) <= 80
+    assert "┃ memory ends" in out
