@@ -89,3 +89,25 @@ def test_token_texts_bounded_by_the_file(tmp_path):
     bad.write_bytes(bytes(huge))
     assert token_texts(bad, [0, 5]) == {0: None, 5: None}
     assert token_texts(TINY, [10**9]) == {10**9: None}
+
+
+def test_token_texts_of_a_large_vocabulary(tmp_path):
+    """Chunked reads cross chunk edges: every asked id reads back, ids past the end are None."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    tokens = [f"t{i}" + "é" * (i % 5) + "x" * (i % 300) for i in range(40000)]
+    path = tmp_path / "vocab.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_token_list(tokens)
+    writer.add_tensor("a", np.zeros(4, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ids = [0, 1, 4095, 20000, 39998, 39999, 40000]
+    got = token_texts(path, ids)
+    for i in ids[:-1]:
+        want = tokens[i].encode()[:256].decode("utf-8", "replace")
+        assert got[i] == want, i
+    assert got[40000] is None

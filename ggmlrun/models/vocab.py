@@ -26,6 +26,8 @@ class _Truncated(Exception):
 
 
 class _Reader:
+    """The key/value section, read field by field through the handle, bounded by `size`."""
+
     def __init__(self, handle, size: int):
         self.f, self.size = handle, size
 
@@ -100,19 +102,59 @@ def token_texts(path: Path | str, ids) -> dict[int, str | None]:
                 if vtype != ARRAY or r.u32() != STRING:
                     return out
                 count = r.u64()
-                top = wanted[-1]
-                for i in range(min(count, top + 1)):
-                    if i in out:
-                        length = r.u64()
-                        text = r.take(min(length, MAX_TEXT))
-                        r.skip(length - len(text))
-                        out[i] = text.decode("utf-8", "replace")
-                    else:
-                        r.skip_string()
+                _walk_strings(handle, size, min(count, wanted[-1] + 1), out)
                 return out
     except (OSError, _Truncated, struct.error, OverflowError):
         pass
     return out
+
+
+def _walk_strings(handle, size: int, count: int, out: dict) -> None:
+    """The first `count` strings of an array (a u64 length, then the bytes), from the handle's
+    position: read in chunks of 1 MiB, a long string skipped by a seek, never past `size`;
+    the ids in `out` get their text."""
+    unpack = struct.Struct("<Q").unpack_from
+    chunk = 1 << 20
+    pos, buf, p = handle.tell(), b"", 0        # buf holds the file from pos; p: the offset in it
+
+    def need(n: int) -> bool:
+        nonlocal pos, buf, p
+        if p + n <= len(buf):
+            return True
+        at = pos + len(buf)                    # where the next read starts
+        want = max(chunk, p + n - len(buf))
+        if pos + p + n > size:
+            return False
+        handle.seek(at)
+        more = handle.read(min(want, size - at))
+        buf, pos, p = buf[p:] + more, pos + p, 0
+        return p + n <= len(buf)
+
+    def skip(n: int) -> bool:
+        nonlocal pos, buf, p
+        if p + n <= len(buf):
+            p += n
+            return True
+        target = pos + p + n
+        if target > size:
+            return False
+        pos, buf, p = target, b"", 0
+        return True
+
+    for i in range(count):
+        if not need(8):
+            return
+        (length,) = unpack(buf, p)
+        p += 8
+        if pos + p + length > size:            # a length past the end: the file is cut
+            return
+        if i in out:
+            shown = min(length, MAX_TEXT)
+            if not need(shown):
+                return
+            out[i] = buf[p:p + shown].decode("utf-8", "replace")
+        if not skip(length):
+            return
 
 
 def shown_text(text: str | None) -> str:
