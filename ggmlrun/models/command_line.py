@@ -80,6 +80,9 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int, ctx: int) -> list[
         args += ["-ot", f"{pattern}={backend}"]
     if not opts.op_offload:
         args.append("--no-op-offload")
+    endpoints = [getattr(b, "endpoint", None) for b in devices if b.kind == "rpc"]
+    if any(endpoints):                     # ggml rpc-servers as devices (SPEC section 3)
+        args += ["--rpc", ",".join(e for e in endpoints if e)]
     # options other branches add to ModelOptions, spelled as llama.cpp spells them
     if getattr(opts, "swa_full", False):
         args.append("--swa-full")
@@ -113,7 +116,7 @@ _VALUES = {"-ngl": "ngl", "--gpu-layers": "ngl", "--n-gpu-layers": "ngl",
            "-ts": "tensor_split", "--tensor-split": "tensor_split",
            "-ot": "override", "--override-tensor": "override",
            "--n-cpu-moe": "n_cpu_moe", "-ncmoe": "n_cpu_moe", "-np": "parallel",
-           "--parallel": "parallel"}
+           "--parallel": "parallel", "--rpc": "rpc"}
 
 
 def parse_llama_args(line: str | list[str]) -> dict:
@@ -147,6 +150,8 @@ def parse_llama_args(line: str | list[str]) -> dict:
             out[key] = tuple(float(v) for v in value.replace("/", ",").split(","))
         elif key == "flash_attn":
             out[key] = {"on": True, "off": False, "1": True, "0": False}[value]
+        elif key == "rpc":
+            out[key] = tuple(value.split(","))
         elif key in ("cache_type_k", "cache_type_v", "ngl"):
             out[key] = value if key != "ngl" or value in ("all", "auto") else int(value)
         else:

@@ -286,6 +286,7 @@ def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs)
              f"{has(r)}" for r in short]
     message = f"nothing fits: {where} " + "; ".join(parts)
     top = (ctx - 1) // CTX_STEP * CTX_STEP        # contexts below the one asked, 256 apart
+    top = min(top, _ctx_ceiling(probe.model, probe(ngl, ctx), ctx))
     if top >= CTX_STEP:
         best = _largest_fitting_ctx(probe, n_max, costs, top)
         if best is not None:
@@ -294,6 +295,22 @@ def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs)
                     f"-ngl {best_ngl} (the most layers at that context)")
     need = ", ".join(f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short)
     return message + f"; it needs {need} (or a smaller --margin)"
+
+
+def _ctx_ceiling(model: ModelFile, rows: list[FitBackend], ctx: int) -> int:
+    """A context no -ngl can fit past: every weight is somewhere (the backends' weights add
+    up to at least the header's tensor bytes), the KV cache is the same bytes per cell
+    wherever it lives, and compute buffers are not negative; so the cells are at most the
+    memory left over all backends after the weights, over the KV bytes per cell."""
+    from ggmlrun.core.ir.types import TYPES
+
+    weights = sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
+    cells = (ctx + CTX_STEP - 1) // CTX_STEP * CTX_STEP
+    kv = sum(r.kv_bytes for r in rows)
+    room = sum(r.memory_bytes - r.margin_bytes for r in rows) - weights
+    if kv <= 0:
+        return 2**63
+    return max(0, room) * cells // kv // CTX_STEP * CTX_STEP
 
 
 def _ngl_that_fits(probe: _Prober, ctx: int, n_max: int, costs) -> int | None:
