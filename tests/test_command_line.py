@@ -106,6 +106,15 @@ def test_split_text_is_exact():
     assert split_text(split_proportions((3, 1))) == "3,1"
 
 
+def test_parse_reads_what_other_options_write():
+    fields = parse_llama_args("-ngl 3 -c 256 -fa off --rpc 127.0.0.1:50052,h:1 --swa-full "
+                              "--n-cpu-moe 4 -np 2 --no-mmap -b 4096 -ub 4096")
+    assert fields["rpc"] == ("127.0.0.1:50052", "h:1") and fields["swa_full"] is True
+    assert (fields["n_cpu_moe"], fields["parallel"], fields["no_mmap"]) == (4, 2, True)
+    assert fields["ubatch"] == 4096
+    assert parse_llama_args("-ub 4096")["ubatch"] == 2048     # llama.cpp's -b caps -ub
+
+
 def test_parse_refuses_what_it_does_not_write():
     with pytest.raises(ValueError, match="--temp"):
         parse_llama_args("-ngl 1 --temp 0.5")
