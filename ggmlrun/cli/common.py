@@ -143,7 +143,8 @@ def placement_options(func):
                      help="Override a backend's memory (e.g. SIM0=4GiB); repeatable."),
         click.option("--remap", "remap_specs", multiple=True, metavar="NAME=NAME",
                      help="Move every tensor and pin of one backend to another, which drops the "
-                          "first from the list (e.g. SIM0=CPU); repeatable."),
+                          "first from the list (e.g. SIM0=CPU); repeatable. Graph files only "
+                          "(a model's weights move with --ngl or --override-tensor)."),
         click.option("--no-op-offload", is_flag=True,
                      help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
                           "--no-op-offload)."),
