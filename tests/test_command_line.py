@@ -168,3 +168,23 @@ def test_every_cli_model_option_reaches_the_line():
         code, out, err = invoke("measure", TINY, *given.split(), "--json")
         assert code == 0, (given, err)
         assert expect in json.loads(out)["command"], given
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-kv-offload", "--ubatch", "2048"),
+                                   ("--override-tensor", r"blk\.(1|2)\.ffn_.*=CPU"),
+                                   ("--tensor-split", "1,3")])
+def test_two_gpu_fit_line_measures_the_same(extra):
+    """fit on two GPUs: its line, parsed and measured on the same devices, gives fit's figures
+    (the default split written as -ts 24,12 included)."""
+    from ggmlrun.core.backends.spec import default_cpu, default_sim
+
+    data = _fit("--gpu", "24GiB,12GiB", "--ram", "64GiB", "--ctx", "8192", *extra)
+    model = load_model(CARD_70B)
+    backends = [dataclasses.replace(default_sim("GPU0"), memory=24 * 2**30),
+                dataclasses.replace(default_sim("GPU1"), memory=12 * 2**30),
+                dataclasses.replace(default_cpu(), memory=64 * 2**30)]
+    fields = parse_llama_args(data["command"])
+    assert fields["ngl"] == data["ngl"] and "tensor_split" in fields
+    again = measure_model(model, backends, options_from_line(data["command"]))
+    assert [(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes) for b in again.backends] == \
+        [(b["name"], b["weights_bytes"], b["kv_bytes"], b["arena_bytes"]) for b in data["backends"]]
