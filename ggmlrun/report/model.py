@@ -59,7 +59,8 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
 
 def _unit(values) -> tuple[str, int]:
     """One unit for a whole table (in its title), so cells are bare numbers that never split
-    from a unit: GiB when the largest value is a GiB or more, else MiB, else KiB."""
+    from a unit: GiB when the largest value is a GiB or more, else MiB, else KiB (the caller
+    passes the values that matter: a tiny model on a large device reads in MiB)."""
     top = max((abs(v) for v in values), default=0)
     for name, size in (("GiB", 2**30), ("MiB", 2**20)):
         if top >= size:
@@ -112,7 +113,7 @@ def fit_table(model, result) -> Table:
     where = (f"-ngl {result.ngl} of {result.n_layer + 1}" if result.fits
              else f"nothing fits; shown: -ngl {result.shown_ngl}")
     rows = result.backends
-    unit, size = _unit([v for b in rows for v in (b.total_bytes, b.memory_bytes, b.free_bytes)])
+    unit, size = _unit([b.total_bytes for b in rows])    # the figures read, not the memory
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "
                         f"({len(result.probes)} reserves, {seconds_text(result.seconds)}); "
                         f"sizes in {unit}")
