@@ -141,6 +141,76 @@ def print_occupancy(console: Console, pictures: list[ArenaPicture], planner: str
         console.print(arena_picture(pic))
 
 
+# --- fit, measure MODEL: each device's memory as a stacked bar ---------------------------------
+BAR_MARKS = {"weights": ("█", "cyan"), "KV": ("▓", "magenta"), "compute": ("▒", "yellow"),
+             "margin": ("░", "dim"), "free": ("·", "green")}
+
+
+def _bar_cells(segments: dict[str, int], scale: int, width: int) -> list[tuple[str, int]]:
+    """Cells per segment out of `width`, by largest remainders, so the bar is exactly as wide
+    as the bytes say (a segment with bytes gets at least one cell while cells remain)."""
+    exact = {k: v * width / scale if scale else 0 for k, v in segments.items()}
+    cells = {k: int(x) for k, x in exact.items()}
+    for k in segments:
+        if segments[k] > 0 and cells[k] == 0 and sum(cells.values()) < width:
+            cells[k] = 1
+    left = width - sum(cells.values())
+    for k in sorted(exact, key=lambda k: exact[k] - int(exact[k]), reverse=True):
+        if left <= 0:
+            break
+        if segments[k] > 0:
+            cells[k] += 1
+            left -= 1
+    while sum(cells.values()) > width:         # the minimum cells overshot: take from the largest
+        big = max(cells, key=cells.get)
+        cells[big] -= 1
+    return [(k, cells[k]) for k in segments]
+
+
+def memory_bar_lines(bars: list[dict], width: int) -> list:
+    """One line per backend (`GPU0 24.00 GiB ████▓▒░···`) fitting `width`, and a legend."""
+    from rich.text import Text
+
+    if not bars:
+        return []
+    name_w = max(len(plain(b["name"])) for b in bars)
+    size_w = max(len(human_bytes(b["memory_bytes"])) for b in bars)
+    notes = [f" over by {human_bytes(b['over'])}" if b["over"] else "" for b in bars]
+    note_w = max(len(n) for n in notes)
+    bar_w = max(8, width - name_w - size_w - note_w - 4)
+    lines = []
+    for b, note in zip(bars, notes):
+        line = Text(f"{plain(b['name']).ljust(name_w)} {human_bytes(b['memory_bytes']).rjust(size_w)} ")
+        scale = b["memory_bytes"] + b["over"]
+        cells = [(BAR_MARKS[key], n) for key, n in _bar_cells(b["segments"], scale, bar_w)]
+        marks = [(mark, style) for (mark, style), n in cells for _ in range(n)]
+        if b["over"] and scale:          # where the memory ends: what lies past it does not fit
+            edge = min(len(marks) - 1, round(b["memory_bytes"] / scale * bar_w))
+            marks[edge] = ("┃", "bold red")
+        line.append("▕")
+        for mark, style in marks:
+            line.append(mark, style=style)
+        line.append("▏")
+        if note:
+            line.append(note, style="bold red")
+        lines.append(line)
+    legend = Text(" " * (name_w + size_w + 2))
+    for key in BAR_MARKS:
+        mark, style = BAR_MARKS[key]
+        legend.append(mark, style=style)
+        legend.append(f" {key}  ")
+    if any(b["over"] for b in bars):
+        legend.append("┃", style="bold red")
+        legend.append(" memory ends")
+    lines.append(legend)
+    return lines
+
+
+def print_memory_bars(console: Console, bars: list[dict]) -> None:
+    for line in memory_bar_lines(bars, console.width):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 # --- progress ----------------------------------------------------------------------------------
 def is_terminal(stream) -> bool:
     try:

@@ -42,7 +42,7 @@ def test_failure_is_one_error_object(args, code):
 
 def test_a_result_that_does_not_fit_stays_the_one_object():
     """measure prints its figures, then exits 1: the figures are the object, no second one."""
-    exit_code, out, err = invoke("measure", MLP, "--memory", "SIM0=1", "--json")
+    exit_code, out, err = invoke("measure", MLP, "--memory", "SIM0=1B", "--json")
     assert exit_code == 1
     data = _one_object(out)
     assert "backends" in data and "error" not in data

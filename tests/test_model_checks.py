@@ -432,15 +432,15 @@ def test_fit_context_bounds(args):
 
 # --- measure exits 1 when something does not fit, as plan does --------------------------------
 def test_measure_model_exits_1_when_it_does_not_fit():
-    code, out, err = invoke("measure", TINY, "--memory", "CPU=1", "--json")
+    code, out, err = invoke("measure", TINY, "--memory", "CPU=1B", "--json")
     assert code == 1 and "backend CPU needs" in err and "--memory CPU=SIZE" in err, err
     data = json.loads(out)                           # the figures are still printed
     assert data["fits"] is False and {b["name"]: b["fits"] for b in data["memory"]} == \
         {"SIM0": True, "CPU": False}
     assert data["backends"][1]["memory_bytes"] == 1
-    plan = invoke("plan", TINY, "--memory", "CPU=1")
+    plan = invoke("plan", TINY, "--memory", "CPU=1B")
     assert plan[0] == 1
-    code, out, err = invoke("measure", TINY, "--memory", "CPU=1")
+    code, out, err = invoke("measure", TINY, "--memory", "CPU=1B")
     assert code == 1 and "CPU" in out                # the table first, then the error
 
 
@@ -449,9 +449,9 @@ def test_measure_model_fits_counts_kv_and_compute():
     data = json.loads(invoke("measure", TINY, "--json")[1])
     sim = data["backends"][0]
     need = sim["weights_bytes"] + sim["kv_bytes"] + sim["arena_bytes"]
-    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need}")
+    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need}B")
     assert code == 0, err
-    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need - 1}")
+    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need - 1}B")
     assert code == 1 and "backend SIM0 needs" in err
 
 

@@ -103,10 +103,10 @@ def test_fit_answers_what_bisecting_gen_offload_by_hand_answers(tmp_path):
     assert per_k == sorted(per_k)
     # a memory between the needs of 3 and 4 layers on the device
     memory = (per_k[3] + per_k[4]) // 2
-    found, _ = as_json("measure", base, "--fit", "--memory", f"SIM0={memory}")
+    found, _ = as_json("measure", base, "--fit", "--memory", f"SIM0={memory}B")
     assert found["layer_fit"] == [{"device": "SIM0", "layers": 3, "total": layers,
                                    "base_fits": True, "op_offload": True}]
-    code, out, _ = invoke("measure", base, "--fit", "--memory", f"SIM0={memory}", "--no-op-offload")
+    code, out, _ = invoke("measure", base, "--fit", "--memory", f"SIM0={memory}B", "--no-op-offload")
     assert code == 0 and "layers fit on SIM0 (op offload off)" in out
 
 

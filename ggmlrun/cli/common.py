@@ -16,9 +16,16 @@ from ggmlrun.core import engine
 @functools.cache
 def stdout():
     """The console for data; made on first use, so a command that draws nothing never loads
-    rich. Piped output gets a wide fixed width so tables are not squeezed into 80 columns."""
+    rich. Its width is COLUMNS when that is set (a terminal's, or `COLUMNS=80 ggmlrun ...` into
+    a file), else the terminal's; piped output without COLUMNS gets a wide fixed width (160) so
+    tables are not squeezed into 80 columns."""
+    import os
+
     from rich.console import Console
 
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return Console(soft_wrap=False, width=int(columns))
     return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 160)
 
 
@@ -40,7 +47,8 @@ def phase_timer(show_progress: bool):
 
 GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
 BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),
-                        help="YAML file with a `backends:` list; overrides the graph's own.")
+                        help="YAML file with a `backends:` list; overrides the graph's own. "
+                             "Default: the graph's, else [SIM0 (sim, 16GiB), CPU].")
 JSON = click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
 DEBUG = click.option("--debug", is_flag=True, expose_value=False, is_eager=True,
                      help="Show Python tracebacks on errors.")
@@ -86,6 +94,38 @@ def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
     return engine.prepare(graph_path, backends_file, policy, ggml, overrides, phases)
 
 
+def memory_size(text: str, option: str, sep: str = " ") -> int:
+    """A memory size given on the command line. A bare number is bytes, but one under 1 MiB is
+    surely a size without its unit (`--gpu 12` meaning 12 GiB): an error that suggests it."""
+    from ggmlrun.core.frontend.backends_file import SIZE_RE, parse_size
+    from ggmlrun.core.util.errors import InputError
+
+    text = str(text).strip()
+    match = SIZE_RE.match(text)
+    if match and not match.group(2) and float(match.group(1)) < 2**20:
+        raise InputError(f"{option}{sep}{text}: {text} bytes is less than 1 MiB; give the unit, "
+                         f"e.g. {option}{sep}{text}GiB (units: B, KiB, MiB, GiB, TiB)")
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise InputError(f"{option}{sep}{text}: {err}") from None
+
+
+def _check_memory_specs(specs) -> None:
+    """--memory NAME=SIZE: a size without NAME= (the user means "my GPU has 12 GiB") gets the
+    plain way to say it; a bare size under 1 MiB is refused as memory_size refuses it."""
+    from ggmlrun.core.frontend.backends_file import SIZE_RE
+    from ggmlrun.core.util.errors import InputError
+
+    for spec in specs:
+        name, eq, size = spec.partition("=")
+        if not eq:
+            hint = (f"; for a model, --gpu {spec.strip()} says one GPU of that size (and --ram "
+                    f"SIZE the host's memory)" if SIZE_RE.match(spec) else "")
+            raise InputError(f"--memory {spec!r}: expected NAME=SIZE, e.g. SIM0=12GiB{hint}")
+        memory_size(size, f"--memory {name.strip()}", sep="=")
+
+
 def placement_options(func):
     """--memory, --remap, --no-op-offload, --offload-min-batch: "what if" without editing files,
     received by the command as one `overrides` argument; and --progress (phase times)."""
@@ -93,6 +133,7 @@ def placement_options(func):
     def wrapper(*args, memory_specs, remap_specs, no_op_offload, offload_min_batch, **kwargs):
         from ggmlrun.core.frontend.overrides import parse
 
+        _check_memory_specs(memory_specs)
         kwargs["overrides"] = parse(memory_specs, remap_specs, not no_op_offload,
                                     offload_min_batch, kwargs.pop("threads", None))
         return func(*args, **kwargs)
@@ -102,12 +143,14 @@ def placement_options(func):
                      help="Override a backend's memory (e.g. SIM0=4GiB); repeatable."),
         click.option("--remap", "remap_specs", multiple=True, metavar="NAME=NAME",
                      help="Move every tensor and pin of one backend to another, which drops the "
-                          "first from the list (e.g. SIM0=CPU); repeatable."),
+                          "first from the list (e.g. SIM0=CPU); repeatable. Graph files only "
+                          "(a model's weights move with --ngl or --override-tensor)."),
         click.option("--no-op-offload", is_flag=True,
                      help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
                           "--no-op-offload)."),
         click.option("--offload-min-batch", type=click.IntRange(min=1), metavar="N",
-                     help="Batch from which op offload moves an op to a device (every device)."),
+                     help="Batch from which op offload moves an op to a device (every device); "
+                          "default each device's own (32). Graph files only."),
         click.option("--progress", "show_progress", is_flag=True,
                      help="Phase times on stderr even when it is not a terminal."),
     ]

@@ -9,7 +9,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
-from ggmlrun.cli.model_options import model_options, _model_input
+from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
+                                       print_planned_for)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 from ggmlrun.models.options import U32_MAX
 
@@ -49,6 +50,8 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
               help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "
                    "one SIZE for devices, or DEVICES,CPU (e.g. 512MiB,2GiB).")
 @GGML
+@click.option("--ngl", hidden=True, expose_value=False, callback=lambda ctx, param, value:
+              _ngl_refused(value))
 @model_options(skip=("ctx_size", "ngl"))
 @placement_options
 @DEBUG
@@ -58,24 +61,44 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.models.fit import fit_model
 
+    from ggmlrun.core.util.inputs import open_regular
+
+    open_regular(model_path, "model", limit=None).close()   # "no such file", a directory, ...
     model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides)
     if model is None:
-        raise InputError("fit takes a model: a GGUF file or a model card", file=str(model_path))
+        raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
+                         "YAML file with `architecture:`); this is neither", file=str(model_path))
     margin_device, margin_cpu = _parse_margins(margin)
     model_file, backends, opts = model
+    planned = model
     if isinstance(fit_ctx, int):
         from dataclasses import replace
 
+        from ggmlrun.cli.model_options import warn_past_training
+
+        warn_past_training(model_file, fit_ctx)
         opts = replace(opts, ctx=fit_ctx)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx)
     if as_json:
-        emit_json(report.model_fit_dict(model_file, result))
+        emit_json({**report.model_fit_dict(model_file, result), **planned_for_dict(planned)})
     else:
+        print_planned_for(planned)
+        from ggmlrun import visual
+
         report.print_tables(stdout(), report.fit_table(model_file, result))
+        visual.print_memory_bars(stdout(), report.memory_bars(result.backends))
         click.echo(report.fit_line(result))
     if not result.fits:
         raise RunError(result.advice)
+
+
+def _ngl_refused(value) -> None:
+    """`fit --ngl N`: fit chooses -ngl itself; say so rather than suggest --ggml."""
+    if value is not None:
+        raise InputError(f"fit chooses -ngl itself (the most layers that fit), so it takes no "
+                         f"--ngl; for the figures at -ngl {value}: ggmlrun measure MODEL --ngl "
+                         f"{value}")
 
 
 def _parse_margins(text: str | None) -> tuple[int, int]:

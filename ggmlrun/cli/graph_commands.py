@@ -12,6 +12,7 @@ from ggmlrun.core import engine
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
 from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_options import model_options, _model_input, _validate_model, _model_schedule, _measure_model, _run_model
+from ggmlrun.cli.model_options import planned_for_dict, print_planned_for
 
 
 @cli.command()
@@ -44,6 +45,7 @@ def validate(graph, backends_file, as_json, overrides, show_progress):
 @JSON
 @click.option("--dump-splits", is_flag=True, help="Every node's backend, cause and sources.")
 @click.option("--format", "fmt", type=click.Choice(["table", "ggml"]), default="table",
+              show_default=True,
               help="The dump as rich tables, or as ggml's GGML_SCHED_DEBUG text (implies "
                    "--dump-splits).")
 @POLICY
@@ -65,6 +67,10 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
         _, memory = engine.plan_memory(sched, "ggml")
     dump_splits = dump_splits or fmt == "ggml"     # the ggml text is the dump itself
     payload = report.plan_dict(sched) if as_json else None
+    if model and as_json:
+        payload.update(planned_for_dict(model))
+    elif model and fmt != "ggml":
+        print_planned_for(model)
     if as_json:
         pass
     elif fmt == "ggml":
@@ -106,7 +112,7 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
 
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
     if model:
-        return _measure_model(*model, as_json)
+        return _measure_model(model, as_json)
     phases = phase_timer(show_progress)
     g, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
     with phases("plan"):
@@ -160,13 +166,13 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
 @click.option("--input", "input_specs", multiple=True, metavar="NAME=FILE.npy",
               help="Set a graph input from a .npy file (repeatable).")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write every output, by name, to this .npz (atomically).")
+              help="Write every output, by name, to this .npz (atomically); default: none.")
 @click.option("--repeat", type=click.IntRange(min=1, max=MAX_REPEAT), default=1,
-              help="Compute N times after one plan.")
+              show_default=True, help="Compute N times after one plan.")
 @click.option("--check", is_flag=True, help="Compare outputs with the plain NumPy reference evaluator.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False, path_type=Path),
               metavar="FILE.json", help="Write a Chrome/Perfetto trace of every run (atomically); "
-              "open it in ui.perfetto.dev or chrome://tracing.")
+              "open it in ui.perfetto.dev or chrome://tracing. Default: none.")
 @click.option("--profile", "show_profile", is_flag=True,
               help="Time per op and per copy route (with --json: a `profile` key).")
 @click.option("--profile-by", type=click.Choice(["op", "node", "shape"]), default="op",
@@ -174,17 +180,18 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
 @click.option("--sort", "profile_sort", type=click.Choice(["total", "mean", "calls", "name"]),
               default="total", show_default=True, help="With --profile: the order of its rows.")
 @click.option("--top", "profile_top", type=click.IntRange(min=1), metavar="N",
-              help="With --profile: only the first N rows.")
+              help="With --profile: only the first N rows; default all.")
 @click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True,
               help="Untimed runs before the timed ones (caches, BLAS start-up).")
 @click.option("--threads", type=click.IntRange(min=1), metavar="N",
               help="BLAS threads for the run (capped at the machine's cores); overrides the CPU "
-                   "backend's `threads`.")
+                   "backend's `threads`. Default: the backend's, else BLAS's own.")
 @POLICY
 @PLANNER
 @GGML
 @click.option("--tokens", metavar="1,2,3", help="[models] Token ids evaluated as one batch; the "
-              "output is the last token's logits, `result_output`.")
+              "output is the last token's logits, `result_output`. No default: run MODEL "
+              "needs it.")
 @model_options()
 @placement_options
 @DEBUG
@@ -199,7 +206,12 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy,
                          overrides)
     if model:
-        return _run_model(*model, tokens, as_json, out_file)
+        source = click.get_current_context().get_parameter_source
+        return _run_model(model, tokens, as_json, out_file, dict(
+            repeat=repeat, warmup=warmup, trace_file=trace_file, show_profile=show_profile,
+            profile_by=profile_by, profile_sort=profile_sort, profile_top=profile_top,
+            check=check, input_specs=input_specs,
+            planner=source("planner") == click.core.ParameterSource.COMMANDLINE))
     phases = phase_timer(show_progress)
     request = engine.RunRequest(graph_path=graph, backends_path=backends_file,
                                 input_specs=input_specs, repeat=repeat, check=check,
@@ -282,6 +294,13 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
             click.echo(f"wrote {out_file}", err=True)
             return
         dot_file = out_file.with_suffix(".dot")
+        if dot_file.exists():
+            from ggmlrun.core.util.errors import RunError
+
+            raise RunError(f"Graphviz `dot` is not on PATH, so no {fmt.upper()}; the DOT text "
+                           f"would go to {dot_file}, which exists and is left as it is: remove "
+                           f"it, or name the DOT file with -o FILE.dot (apt install graphviz "
+                           f"for {fmt.upper()})")
         click.echo(f"ggmlrun: warning: Graphviz `dot` is not on PATH, so no {fmt.upper()}; "
                    f"writing DOT to {dot_file} (render it with: dot -T{fmt} {dot_file} "
                    f"-o {out_file})", err=True)

@@ -30,9 +30,11 @@ def ops(backends_file, as_json):
 @cli.command()
 @click.argument("csv_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--capacity", metavar="BYTES", help="Fail (exit 1) when the peak exceeds this "
-              "(an integer or 1MiB-style size); the search stops at the first fit.")
+              "(an integer or 1MiB-style size); the search stops at the first fit. Default: "
+              "no limit.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the rows back with an `offset` column (atomically).")
+              help="Write the rows back with an `offset` column (atomically); default: "
+                   "none, the table only.")
 @click.option("--time-limit", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Seconds for the search after the greedy passes (0: greedy only).")
 @JSON
@@ -107,21 +109,28 @@ def _write_text(text: str, out: Path | None) -> None:
 
 
 @gen.command("llama")
-@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--dim", type=click.IntRange(min=2), default=256, show_default=True)
-@click.option("--heads", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--ffn", type=click.IntRange(min=1), default=688, show_default=True)
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Transformer blocks; their weights are named l<N>.* (measure --fit).")
+@click.option("--dim", type=click.IntRange(min=2), default=256, show_default=True,
+              help="Embedding width (n_embd): a multiple of --heads, with an even head size.")
+@click.option("--heads", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Attention heads.")
+@click.option("--ffn", type=click.IntRange(min=1), default=688, show_default=True,
+              help="Hidden width of the swiglu feed-forward block (n_ff).")
 @click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
               help="Tokens per compute (rows of every activation).")
 @click.option("--context", type=click.IntRange(min=0), default=0, show_default=True,
               help="KV-cache length: > batch keeps a cache per layer, written through cpy; "
                    "0 attends over the batch alone.")
-@click.option("--dtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True)
+@click.option("--dtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True,
+              help="Type of every weight matrix (norms stay f32).")
 @click.option("--offload", type=click.IntRange(min=0), default=0, show_default=True,
               help="How many of the last layers keep their weights on the device.")
-@click.option("--device", default="SIM0", show_default=True)
-@click.option("--name", default="llama", show_default=True)
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--device", default="SIM0", show_default=True,
+              help="The backend the offloaded layers' weights are pinned to.")
+@click.option("--name", default="llama", show_default=True, help="The graph's name.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the graph file here (atomically); default: stdout.")
 @DEBUG
 def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, name, out):
     """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN."""
@@ -140,15 +149,23 @@ def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, n
 
 
 @gen.command("mlp")
-@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--dim", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--hidden", type=click.IntRange(min=1), default=2048, show_default=True)
-@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--dtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True)
-@click.option("--offload", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--device", default="SIM0", show_default=True)
-@click.option("--name", default="mlp", show_default=True)
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="MLP blocks (each: matmul, gelu, matmul, residual add).")
+@click.option("--dim", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Width of the input and of each block's output.")
+@click.option("--hidden", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Width inside each block.")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Rows of the input (tokens per compute).")
+@click.option("--dtype", type=click.Choice(["f32", "f16"]), default="f32", show_default=True,
+              help="Type of every weight matrix.")
+@click.option("--offload", type=click.IntRange(min=0), default=0, show_default=True,
+              help="How many of the last blocks keep their weights on the device.")
+@click.option("--device", default="SIM0", show_default=True,
+              help="The backend the offloaded blocks' weights are pinned to.")
+@click.option("--name", default="mlp", show_default=True, help="The graph's name.")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the graph file here (atomically); default: stdout.")
 @DEBUG
 def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
     """A stack of gelu MLP blocks with residuals."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.models.command_line import llama_cpp_line
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import ModelOptions
 from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
@@ -64,6 +65,7 @@ class FitResult:
     probes: list[tuple[int, int]] = field(default_factory=list)   # (ngl, ctx) measured
     seconds: float = 0.0
     advice: str = ""
+    command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
 
     @property
     def fits(self) -> bool:
@@ -135,9 +137,10 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     shown = ngl if ngl is not None else device_ngl or 0
     advice = "" if ngl is not None else _advice(probe, ctx, device_ngl, n_max, costs)
     rows, m = probe.full(shown, ctx)
+    command = llama_cpp_line(opts, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""
     return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer, shown_ngl=shown, backends=rows,
                      measure=m, probes=list(probe.order), advice=advice,
-                     seconds=time.perf_counter() - start)
+                     seconds=time.perf_counter() - start, command=command)
 
 
 def _ctx_top(n_ctx_train: int) -> int:
@@ -271,14 +274,71 @@ def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs)
     short = [r for r in probe(ngl, ctx) if not r.fits]
     where = (f"with -ngl {ngl}, the most the devices hold," if device_ngl is not None
              else "even with -ngl 0,")
+    def has(r: FitBackend) -> str:
+        left = r.memory_bytes - r.margin_bytes
+        if left < 0:
+            return (f"its memory, {human_bytes(r.memory_bytes)}, is less than the margin of "
+                    f"{human_bytes(r.margin_bytes)}")
+        return f"has {human_bytes(left)} after the margin"
+
     parts = [f"{r.name} needs {human_bytes(r.total_bytes)} (weights {human_bytes(r.weights_bytes)}"
-             f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but has "
-             f"{human_bytes(r.memory_bytes - r.margin_bytes)} after the margin" for r in short]
+             f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but "
+             f"{has(r)}" for r in short]
     message = f"nothing fits: {where} " + "; ".join(parts)
-    if ctx > CTX_STEP:
-        small = _device_ngl(probe, CTX_STEP, n_max, costs)
-        if small is not None and _all_fit(probe(small, CTX_STEP)):
-            best = _largest_ctx(probe, small, CTX_STEP, (ctx - 1) // CTX_STEP * CTX_STEP)
-            return message + f"; a smaller context fits: --ctx {best} with -ngl {small}"
+    top = (ctx - 1) // CTX_STEP * CTX_STEP        # contexts below the one asked, 256 apart
+    top = min(top, _ctx_ceiling(probe.model, probe(ngl, ctx), ctx))
+    if top >= CTX_STEP:
+        best = _largest_fitting_ctx(probe, n_max, costs, top)
+        if best is not None:
+            best_ctx, best_ngl = best
+            return (message + f"; the largest context that fits is --ctx {best_ctx}, with "
+                    f"-ngl {best_ngl} (the most layers at that context)")
     need = ", ".join(f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short)
     return message + f"; it needs {need} (or a smaller --margin)"
+
+
+def _ctx_ceiling(model: ModelFile, rows: list[FitBackend], ctx: int) -> int:
+    """A context no -ngl can fit past: every weight is somewhere (the backends' weights add
+    up to at least the header's tensor bytes), the KV cache is the same bytes per cell
+    wherever it lives, and compute buffers are not negative; so the cells are at most the
+    memory left over all backends after the weights, over the KV bytes per cell."""
+    from ggmlrun.core.ir.types import TYPES
+
+    weights = sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
+    cells = (ctx + CTX_STEP - 1) // CTX_STEP * CTX_STEP
+    kv = sum(r.kv_bytes for r in rows)
+    room = sum(r.memory_bytes - r.margin_bytes for r in rows) - weights
+    if kv <= 0:
+        return 2**63
+    return max(0, room) * cells // kv // CTX_STEP * CTX_STEP
+
+
+def _ngl_that_fits(probe: _Prober, ctx: int, n_max: int, costs) -> int | None:
+    """The most layers with which everything fits at `ctx`, or None. The devices' largest
+    -ngl is the only candidate: below it the CPU only holds more (so if the CPU is short
+    there, it is short at every smaller -ngl)."""
+    ngl = _device_ngl(probe, ctx, n_max, costs)
+    return ngl if ngl is not None and _all_fit(probe(ngl, ctx)) else None
+
+
+def _largest_fitting_ctx(probe: _Prober, n_max: int, costs, top: int) -> tuple[int, int] | None:
+    """The largest context (a multiple of 256, at most `top`) at which some -ngl fits, and the
+    most layers there. Whether anything fits only gets harder as the context grows (every
+    total grows with it), so the edge is bisected over the multiples of 256."""
+    lo = CTX_STEP
+    lo_ngl = _ngl_that_fits(probe, lo, n_max, costs)
+    if lo_ngl is None:
+        return None
+    hi = top + CTX_STEP                     # known (or taken) not to fit
+    ngl_at_top = _ngl_that_fits(probe, top, n_max, costs) if top > lo else lo_ngl
+    if ngl_at_top is not None:
+        return top, ngl_at_top
+    hi = top
+    while hi - lo > CTX_STEP:
+        mid = (lo + hi) // 2 // CTX_STEP * CTX_STEP
+        ngl = _ngl_that_fits(probe, mid, n_max, costs)
+        if ngl is None:
+            hi = mid
+        else:
+            lo, lo_ngl = mid, ngl
+    return lo, lo_ngl

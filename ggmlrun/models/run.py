@@ -92,7 +92,11 @@ def hadamard(n: int) -> np.ndarray:
 
 
 def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
-              tokens: list[int]) -> tuple[np.ndarray, RunResult]:
+              tokens: list[int], *, repeat: int = 1, warmup: int = 0,
+              record_events: bool = False, progress=None) -> tuple[np.ndarray, RunResult]:
+    """The last token's logits and the run (`repeat` timed runs after `warmup` untimed ones;
+    `record_events` for a trace or a profile); the result carries `schedule` and
+    `memory_plan` for those."""
     check_options(model, backends, opts)
     hp = model.hparams
     if not tokens:
@@ -122,11 +126,13 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         values.update(input_values(mg, tokens, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa))
         values.update((leaf, fill(range(T))) for leaf, fill in mg.extra_inputs.items())
         with sigbus_guard(model.path):
-            result = execute(sched, plan, values)
+            result = execute(sched, plan, values, repeat=repeat, warmup=warmup,
+                             record_events=record_events, progress=progress)
         weights.check_unchanged()
     finally:
         values = None
         weights.close()
+    result.schedule, result.memory_plan = sched, plan
     logits = np.asarray(result.outputs["result_output"], dtype=np.float32).reshape(1, hp.n_vocab)
     return logits, result
 

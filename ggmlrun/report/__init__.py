@@ -12,17 +12,22 @@ from ggmlrun.report.graph import (assignment_table, fits_dict, ggml_dump, host_l
                                   offload_note, ops_dict, ops_table, pack_table, plan_dict,
                                   policy_table, split_table, summary_dict, summary_table)
 from ggmlrun.report.model import (fit_line, fit_table, model_fit_dict, model_measure_dict,
-                                  model_measure_table, model_run_dict, model_summary)
+                                  memory_bars, model_measure_table, model_run_dict, model_summary,
+                                  planned_for_dict, planned_for_lines, ran_with_lines,
+                                  top_tokens_table)
 from ggmlrun.report.run import (modeled_run_s, outputs_table, run_dict, timing_header,
                                 timing_table, timings_dict)
-from ggmlrun.report.table import Bytes, Column, Table, clean, plain, print_tables, seconds_text
+from ggmlrun.report.table import (Bytes, Column, Items, Table, clean, pack_line, plain, print_tables,
+                                  seconds_text)
 
 __all__ = [
     "assignment_table", "fits_dict", "ggml_dump", "host_line", "layer_fit_dict",
     "layer_fit_line", "measure_dict", "measure_table", "offload_note", "ops_dict", "ops_table",
     "pack_table", "plan_dict", "policy_table", "split_table", "summary_dict", "summary_table",
     "fit_line", "fit_table", "model_fit_dict", "model_measure_dict", "model_measure_table",
-    "model_run_dict", "model_summary", "modeled_run_s", "outputs_table", "run_dict",
-    "timing_header", "timing_table", "timings_dict", "Bytes", "Column", "Table", "clean", "plain",
+    "memory_bars", "model_run_dict", "model_summary", "planned_for_dict", "planned_for_lines",
+    "ran_with_lines", "top_tokens_table", "modeled_run_s", "outputs_table", "run_dict",
+    "timing_header", "timing_table", "timings_dict", "Bytes", "Column", "Items", "Table", "clean",
+    "pack_line", "plain",
     "print_tables", "seconds_text",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.report.table import Bytes, Table, seconds_text
+from ggmlrun.report.table import Bytes, Items, Table, seconds_text
 
 if TYPE_CHECKING:     # the engine loads when a report is made, not on every command
     from ggmlrun.core.engine import BackendMemory
@@ -69,8 +69,8 @@ def split_table(sched: Schedule) -> Table:
     for i, split in enumerate(sched.splits):
         names = [n.name for n in split.nodes]
         span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]} ({len(names)})"
-        inputs = ", ".join(f"{src.name} ({human_bytes(copy.nbytes)} from {sched.backend_name(src)})"
-                           for src, copy in zip(split.inputs, split.copies))
+        inputs = Items((src.name, f"({human_bytes(copy.nbytes)} from {sched.backend_name(src)})")
+                       for src, copy in zip(split.inputs, split.copies))
         table.add_row(str(i), sched.backends[split.backend].name, span, inputs or "-")
     return table
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.report.table import Table, seconds_text
+from ggmlrun.report.table import Bytes, Table, pack_line, plain, seconds_text
 
 if TYPE_CHECKING:
     from ggmlrun.core.engine import BackendMemory
@@ -26,6 +26,25 @@ def model_summary(model) -> dict:
             "tied_embeddings": "output.weight" not in model.tensors}
 
 
+def planned_for_dict(backends, sources: dict[str, str]) -> list[dict]:
+    return [{"name": b.name, "kind": b.kind, "memory_bytes": b.memory,
+             "source": sources.get(b.name, "default")} for b in backends]
+
+
+def planned_for_lines(backends, sources: dict[str, str], width: int = 80) -> list[str]:
+    """`planned for: GPU0 24.00 GiB (--gpu), ...; host CPU 32.00 GiB (--ram)`, folded between
+    items (never inside one) to the width."""
+    devices = [f"{plain(b.name)} {human_bytes(b.memory)} ({sources.get(b.name, 'default')})"
+               for b in backends if b.kind != "cpu"]
+    host = [f"host {plain(b.name)} {human_bytes(b.memory)} ({sources.get(b.name, 'default')})"
+            for b in backends if b.kind == "cpu"]
+    items = [d + ("," if i < len(devices) - 1 else ";" if host else "")
+             for i, d in enumerate(devices)] + host
+    if not devices:
+        items = ["no device;"] + host
+    return pack_line("planned for:", items, width)
+
+
 def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
     """SPEC section 5's keys; `lower_bound_bytes` is the allocator's lower bound of the last
     reserved graph (a pp graph), so it bounds that graph's arena, not the max over reserves."""
@@ -38,22 +57,34 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
                           "memory_bytes": b.memory_bytes} for b in figures.backends]}
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.2f} MiB"
+def _unit(values) -> tuple[str, int]:
+    """One unit for a whole table (in its title), so cells are bare numbers that never split
+    from a unit: GiB when the largest value is a GiB or more, else MiB, else KiB (the caller
+    passes the values that matter: a tiny model on a large device reads in MiB)."""
+    top = max((abs(v) for v in values), default=0)
+    for name, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if top >= size:
+            return name, size
+    return "KiB", 2**10
+
+
+def _in(n: int, size: int) -> str:
+    return f"{n / size:,.2f}"
 
 
 def model_measure_table(model, figures) -> Table:
     table = Table(title=f"{model.name}: ctx {figures.ctx}, ubatch {figures.ubatch}, "
                         f"ngl {figures.ngl}; graph nodes {figures.n_nodes}, graph splits "
                         f"{figures.n_splits}")
-    for col in ("backend", "kind", "model (weights)", "KV cache", "compute", "total", "memory"):
-        table.add_column(col, justify="left" if col in ("backend", "kind") else "right",
-                         number=col not in ("backend", "kind"))
+    table.add_column("backend")
+    table.add_column("kind", drop=2)
+    for col in ("model (weights)", "KV cache", "compute", "total"):
+        table.add_column(col, "right", number=True)
+    table.add_column("memory", "right", number=True, drop=1)
     for b in figures.backends:
         total = b.weights_bytes + b.kv_bytes + b.arena_bytes
-        table.add_row(b.name, b.kind, f"{b.weights_bytes:,}", f"{b.kv_bytes:,}",
-                      f"{b.arena_bytes:,}", f"{total:,} ({human_bytes(total)})",
-                      human_bytes(b.memory_bytes))
+        table.add_row(b.name, b.kind, Bytes(b.weights_bytes), Bytes(b.kv_bytes),
+                      Bytes(b.arena_bytes), Bytes(total), Bytes(b.memory_bytes))
     return table
 
 
@@ -74,26 +105,79 @@ def model_fit_dict(model, result) -> dict:
                           "margin_bytes": b.margin_bytes, "free_bytes": b.free_bytes,
                           "fits": b.fits} for b in result.backends],
             "probes": [{"ngl": n, "ctx": c} for n, c in result.probes],
-            "seconds": result.seconds,
+            "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
 
 
 def fit_table(model, result) -> Table:
     where = (f"-ngl {result.ngl} of {result.n_layer + 1}" if result.fits
              else f"nothing fits; shown: -ngl {result.shown_ngl}")
+    rows = result.backends
+    unit, size = _unit([b.total_bytes for b in rows])    # the figures read, not the memory
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "
-                        f"({len(result.probes)} reserves, {seconds_text(result.seconds)})")
-    for col in ("backend", "model", "KV", "compute", "total", "memory", "margin", "free", "fits"):
-        table.add_column(col, justify="left" if col in ("backend", "fits") else "right",
-                         number=col not in ("backend", "fits"))
-    for b in result.backends:
-        table.add_row(b.name, _mib(b.weights_bytes), _mib(b.kv_bytes), _mib(b.arena_bytes),
-                      _mib(b.total_bytes), _mib(b.memory_bytes), _mib(b.margin_bytes),
-                      _mib(b.free_bytes), "yes" if b.fits else "NO")
+                        f"({len(result.probes)} reserves, {seconds_text(result.seconds)}); "
+                        f"sizes in {unit}")
+    table.add_column("backend")
+    for col, drop in (("model", 0), ("KV", 0), ("compute", 0), ("total", 0), ("memory", 0),
+                      ("margin", 1), ("free", 0)):
+        table.add_column(col, "right", number=True, drop=drop)
+    table.add_column("fits")
+    for b in rows:
+        table.add_row(b.name, _in(b.weights_bytes, size), _in(b.kv_bytes, size),
+                      _in(b.arena_bytes, size), _in(b.total_bytes, size),
+                      _in(b.memory_bytes, size), _in(b.margin_bytes, size),
+                      _in(b.free_bytes, size), "yes" if b.fits else "NO")
     return table
 
 
 def fit_line(result) -> str:
     if not result.fits:
         return "llama.cpp: nothing fits (see the error below)"
-    return f"llama.cpp: -ngl {result.ngl} -c {result.ctx}"
+    return f"llama.cpp: {result.command}"
+
+
+def ran_with_lines(ran: dict, width: int = 80) -> list[str]:
+    """`ran 3 tokens: ctx 2048, -ngl 5 of 5; 2 splits: SIM0 148 nodes, CPU 2 nodes`."""
+    items = [f"ctx {ran['ctx']},", f"-ngl {ran['ngl']} of {ran['n_layer'] + 1};",
+             f"{ran['n_splits']} split{'s' if ran['n_splits'] != 1 else ''}:"]
+    splits = ran["splits"]
+    items += [f"{plain(s['backend'])} {s['nodes']} nodes" + ("," if i < len(splits) - 1 else "")
+              for i, s in enumerate(splits)]
+    return pack_line(f"ran {ran['tokens']} token{'s' if ran['tokens'] != 1 else ''}:", items,
+                     width)
+
+
+def top_tokens_table(top: list[dict]) -> Table:
+    """The largest logits of the last token, with each token's text from the vocabulary."""
+    from ggmlrun.models.vocab import shown_text
+
+    table = Table(title=f"top {len(top)} tokens (last position)")
+    table.add_column("rank", "right", number=True, drop=1)
+    table.add_column("id", "right", number=True)
+    table.add_column("logit", "right", number=True)
+    table.add_column("token")
+    for rank, t in enumerate(top, 1):
+        table.add_row(str(rank), str(t["id"]), f"{t['logit']:.4f}", shown_text(t["text"]))
+    return table
+
+
+# --- each device's memory as a stacked bar (fit, measure MODEL); visual.py draws it ----------
+SEGMENTS = ("weights", "KV", "compute", "margin", "free")
+
+
+def memory_bars(rows, margins: dict[str, int] | None = None) -> list[dict]:
+    """Per backend: its memory and the bytes of each segment (weights, KV, compute, margin,
+    free), and `over` (bytes past its memory, 0 when it fits). `rows` are fit rows or measure
+    figures (no margin: 0)."""
+    bars = []
+    for r in rows:
+        margin = getattr(r, "margin_bytes", 0) if margins is None else margins.get(r.name, 0)
+        used = r.weights_bytes + r.kv_bytes + r.arena_bytes
+        free = r.memory_bytes - used - margin
+        bars.append({"name": r.name, "memory_bytes": r.memory_bytes,
+                     "segments": {"weights": r.weights_bytes, "KV": r.kv_bytes,
+                                  "compute": r.arena_bytes,
+                                  "margin": min(margin, max(r.memory_bytes - used, 0)),
+                                  "free": max(free, 0)},
+                     "over": max(-free, 0)})
+    return bars

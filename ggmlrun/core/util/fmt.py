@@ -14,6 +14,8 @@ def align_up(size: int, alignment: int) -> int:
 
 
 def human_bytes(n: int) -> str:
+    if n < 0:                      # a shortfall: formatted like any size, never raw bytes
+        return "-" + human_bytes(-n)
     for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
             return f"{n / size:.2f} {unit}"

@@ -1,0 +1,190 @@
+"""The llama.cpp line `fit` and `measure` print reproduces the answer: printed for every model
+option, parsed back (llama.cpp's spelling) and measured again, it gives the same figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from clikit import invoke
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.models.command_line import (llama_cpp_args, llama_cpp_line, options_from_line,
+                                         parse_llama_args, split_text)
+from ggmlrun.models.load import load_model
+from ggmlrun.models.options import ModelOptions, split_proportions
+from ggmlrun.models.reserve import measure_model
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "examples/models/tiny-llama-f16.gguf"
+CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
+
+MiB = 2**20
+
+
+def two_devices():
+    return [dataclasses.replace(BackendSpec.of_kind("GPU0", "sim"), memory=3 * MiB),
+            dataclasses.replace(BackendSpec.of_kind("GPU1", "sim"), memory=1 * MiB),
+            BackendSpec.of_kind("CPU", "cpu")]
+
+
+def one_device():
+    return [BackendSpec.of_kind("SIM0", "sim"), BackendSpec.of_kind("CPU", "cpu")]
+
+
+# Every ModelOptions field, with a value that changes the figures; a field added to
+# ModelOptions without a case here fails test_every_option_has_a_case.
+CASES = {
+    "ctx": dict(ctx=512),
+    "ubatch": dict(ubatch=32),
+    "ubatch_past_batch": dict(ubatch=4096, ctx=4096),
+    "flash_attn": dict(flash_attn=True),
+    "ngl": dict(ngl=2),
+    "no_kv_offload": dict(no_kv_offload=True),
+    "kv_type": dict(kv_type="q8_0", flash_attn=True),
+    "kv_type_f32": dict(kv_type="f32"),
+    "overrides": dict(overrides=(("ffn_.*", "CPU"), (r"blk\.1\..*", "GPU1"))),
+    "tensor_split": dict(tensor_split=split_proportions((3, 1)), ngl=4),
+    "tensor_split_odd": dict(tensor_split=split_proportions((0.3, 0.7)), ngl=4),
+    "op_offload": dict(op_offload=False, ngl=2),
+    "ggml": dict(ggml="0.15"),       # ggml's own rules: not a llama.cpp option
+}
+
+
+def test_every_option_has_a_case():
+    fields = {f.name for f in dataclasses.fields(ModelOptions)}
+    covered = {key for case in CASES.values() for key in case}
+    assert fields <= covered, f"no command-line case for {sorted(fields - covered)}"
+
+
+def _figures(m):
+    return ([(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes) for b in m.backends],
+            m.n_nodes, m.n_splits, m.ctx, m.ubatch, m.ngl)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_line_reproduces_the_figures(name):
+    model = load_model(TINY)
+    backends = two_devices()
+    opts = ModelOptions(**CASES[name])
+    first = measure_model(model, backends, opts)
+    line = llama_cpp_line(opts, backends, ngl=first.ngl, ctx=first.ctx)
+    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml))
+    assert _figures(measure_model(model, backends, again)) == _figures(first), line
+
+
+def test_line_spelling():
+    backends = two_devices()
+    opts = ModelOptions(flash_attn=True, kv_type="q8_0", no_kv_offload=True, ubatch=2048,
+                        tensor_split=split_proportions((24, 12)), overrides=(("ffn_.*", "CPU"),),
+                        op_offload=False)
+    assert llama_cpp_args(opts, backends, ngl=45, ctx=8192) == [
+        "-ngl", "45", "-c", "8192", "-fa", "on", "-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0",
+        "-nkvo", "-ts", "2,1", "-ot", "ffn_.*=CPU", "--no-op-offload"]
+    # the default split is by device memory: written out, since llama.cpp splits by free memory
+    assert "-ts 3,1" in llama_cpp_line(ModelOptions(), backends, ngl=5, ctx=256)
+    assert "-ts" not in llama_cpp_line(ModelOptions(), one_device(), ngl=5, ctx=256)
+    # a regex with shell characters is quoted, and reads back the same
+    line = llama_cpp_line(ModelOptions(overrides=((r"blk\.(1|2)\..*", "CPU"),)), backends,
+                          ngl=1, ctx=256)
+    assert "'-ot' " not in line and r"'blk\.(1|2)\..*=CPU'" in line
+    assert parse_llama_args(line)["overrides"] == ((r"blk\.(1|2)\..*", "CPU"),)
+
+
+def test_split_text_is_exact():
+    """The written proportions give llama.cpp's float32 split points exactly."""
+    from ggmlrun.models.placement import split_points
+
+    for parts in ((3, 1), (24, 12), (0.3, 0.7), (1e-300, 1e-300), (5, 0), (1, 2, 3),
+                  (16777215, 1), (0.1, 0.2, 0.3)):
+        devices = [None] * len(parts)
+        scaled = split_proportions(parts)
+        again = split_proportions(tuple(float(x) for x in split_text(scaled).split(",")))
+        assert split_points(devices, again) == split_points(devices, scaled), parts
+    assert split_text(split_proportions((3, 1))) == "3,1"
+
+
+def test_parse_reads_what_other_options_write():
+    fields = parse_llama_args("-ngl 3 -c 256 -fa off --rpc 127.0.0.1:50052,h:1 --swa-full "
+                              "--n-cpu-moe 4 -np 2 --no-mmap -b 4096 -ub 4096")
+    assert fields["rpc"] == ("127.0.0.1:50052", "h:1") and fields["swa_full"] is True
+    assert (fields["n_cpu_moe"], fields["parallel"], fields["no_mmap"]) == (4, 2, True)
+    assert fields["ubatch"] == 4096
+    assert parse_llama_args("-ub 4096")["ubatch"] == 2048     # llama.cpp's -b caps -ub
+
+
+def test_parse_refuses_what_it_does_not_write():
+    with pytest.raises(ValueError, match="--temp"):
+        parse_llama_args("-ngl 1 --temp 0.5")
+    with pytest.raises(ValueError, match="differ"):
+        parse_llama_args("-ctk q8_0 -ctv f16")
+
+
+def _fit(*args):
+    code, out, err = invoke("fit", CARD_70B, "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_fit_line_pasted_back_gives_the_answer():
+    """The issue's case: -fa on and a q8_0 cache fit 45 layers, and the line says so (before,
+    `-ngl 45 -c 8192` alone overcommitted: with f16 and no flash attention only 42 fit)."""
+    data = _fit("--memory", "SIM0=24GiB", "--ctx", "8192", "--flash-attn", "on",
+                "--kv-type", "q8_0")
+    assert data["command"] == "-ngl 45 -c 8192 -fa on -ctk q8_0 -ctv q8_0"
+    fields = parse_llama_args(data["command"])
+    again = _fit("--memory", "SIM0=24GiB", "--ctx", str(fields["ctx"]), "--flash-attn", "on",
+                 "--kv-type", fields["kv_type"])
+    assert again["ngl"] == fields["ngl"]
+    plain = _fit("--memory", "SIM0=24GiB", "--ctx", "8192")
+    assert plain["ngl"] < data["ngl"]
+
+
+def test_measure_prints_the_line():
+    code, out, err = invoke("measure", TINY, "--ngl", "2", "--kv-type", "f32", "--ubatch", "64")
+    assert code == 0, err
+    assert "llama.cpp: -ngl 2 -c 2048 -fa off -ub 64 -ctk f32 -ctv f32" in out
+    code, out, _ = invoke("measure", TINY, "--ngl", "2", "--json")
+    assert json.loads(out)["command"] == "-ngl 2 -c 2048 -fa off"
+
+
+def test_every_cli_model_option_reaches_the_line():
+    """Each model option given on the command line shows in `measure`'s line."""
+    spelled = {"--ubatch 64": "-ub 64", "--flash-attn on": "-fa on",
+               "--no-kv-offload": "-nkvo", "--kv-type f32": "-ctk f32 -ctv f32",
+               "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
+               "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
+               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1"}
+    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has"}
+    from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
+
+    flags = {o.split()[0] for o in spelled}
+    for key in MODEL_OPTIONS:
+        flag = MODEL_FLAGS[key]
+        assert flag in flags or flag in not_llama, f"{flag} has no case"
+    for given, expect in spelled.items():
+        code, out, err = invoke("measure", TINY, *given.split(), "--json")
+        assert code == 0, (given, err)
+        assert expect in json.loads(out)["command"], given
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-kv-offload", "--ubatch", "2048"),
+                                   ("--override-tensor", r"blk\.(1|2)\.ffn_.*=CPU"),
+                                   ("--tensor-split", "1,3")])
+def test_two_gpu_fit_line_measures_the_same(extra):
+    """fit on two GPUs: its line, parsed and measured on the same devices, gives fit's figures
+    (the default split written as -ts 24,12 included)."""
+    from ggmlrun.core.backends.spec import default_cpu, default_sim
+
+    data = _fit("--gpu", "24GiB,12GiB", "--ram", "64GiB", "--ctx", "8192", *extra)
+    model = load_model(CARD_70B)
+    backends = [dataclasses.replace(default_sim("GPU0"), memory=24 * 2**30),
+                dataclasses.replace(default_sim("GPU1"), memory=12 * 2**30),
+                dataclasses.replace(default_cpu(), memory=64 * 2**30)]
+    fields = parse_llama_args(data["command"])
+    assert fields["ngl"] == data["ngl"] and "tensor_split" in fields
+    again = measure_model(model, backends, options_from_line(data["command"]))
+    assert [(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes) for b in again.backends] == \
+        [(b["name"], b["weights_bytes"], b["kv_bytes"], b["arena_bytes"]) for b in data["backends"]]
