@@ -216,6 +216,77 @@ class Decoder:
             cur = self.add_bias(cb(cur, "ffn_down", il), bias)
         return cur
 
+    def moe_ffn(self, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
+                norm_w: bool, w_scale: float = 0.0, gating: str = "softmax",
+                exp_probs_b: Tensor | None = None) -> Tensor:
+        """build_moe_ffn with separate gate/up/down experts and LLM_FFN_SILU: the router
+        (ffn_gate_inp), its soft_max (or sigmoid) probabilities, the top n_expert_used by
+        argsort (a view of its first columns), their weights (get_rows; with `norm_w` divided
+        by their sum, clamped at f16's smallest normal), the experts' products (mul_mat_id),
+        each weighted, then the experts' outputs added up in order (views of one tensor)."""
+        b, cb = self.b, self.b.cb
+        T_, n_embd = self.n_tokens_of(cur), cur.shape[-1]
+        logits = cb(self.ctx.mul_mat(self.weight(T.FFN_GATE_INP, il), cur), "ffn_moe_logits", il)
+        if gating == "softmax":
+            probs = b.op("soft_max", [logits], logits.shape)
+        elif gating == "sigmoid":
+            probs = b.op("sigmoid", [logits], logits.shape)
+        else:
+            raise InputError(f"expert gating '{gating}' is not built")
+        probs = cb(probs, "ffn_moe_probs", il)
+        selection = probs
+        if exp_probs_b is not None:
+            selection = cb(self.add(probs, exp_probs_b), "ffn_moe_probs_biased", il)
+        order = b.op("argsort", [selection], selection.shape, "i32", order="desc")
+        selected = b.view(order, (T_, n_expert_used), (order.strides[-2], order.strides[-1]))
+        cb(order, "ffn_moe_argsort", il)
+        cb(selected, "ffn_moe_topk", il)
+        probs3 = b.reshape(probs, (T_, n_expert, 1))
+        weights = cb(b.op("get_rows", [probs3, selected], (T_, n_expert_used, 1)),
+                     "ffn_moe_weights", il)
+        if norm_w:
+            weights = b.reshape(weights, (T_, n_expert_used))
+            total = cb(b.op("sum_rows", [weights], (T_, 1)), "ffn_moe_weights_sum", il)
+            total = cb(b.op("clamp", [total], total.shape, min=6.103515625e-5, max=math.inf),
+                       "ffn_moe_weights_sum_clamped", il)
+            weights = cb(b.op("div", [weights, total], weights.shape), "ffn_moe_weights_norm", il)
+            weights = b.reshape(weights, (T_, n_expert_used, 1))
+        if w_scale not in (0.0, 1.0):
+            weights = cb(b.op("scale", [weights], weights.shape, s=w_scale),
+                         "ffn_moe_weights_scaled", il)
+        b.expand(weights)
+        cur = b.reshape(cur, (T_, 1, n_embd))
+        up = cb(self.mul_mat_id(self.weight(T.FFN_UP_EXP, il), cur, selected), "ffn_moe_up", il)
+        gate = cb(self.mul_mat_id(self.weight(T.FFN_GATE_EXP, il), cur, selected),
+                  "ffn_moe_gate", il)
+        act = cb(b.op("glu", [gate, up], gate.shape, op="swiglu", swapped=False),
+                 "ffn_moe_swiglu", il)
+        experts = cb(self.mul_mat_id(self.weight(T.FFN_DOWN_EXP, il), act, selected),
+                     "ffn_moe_down", il)
+        experts = cb(b.op("mul", [experts, weights], experts.shape), "ffn_moe_weighted", il)
+        b.expand(experts)
+        views = []
+        for i in range(n_expert_used):
+            v = b.view(experts, (T_, n_embd), (experts.strides[-3], experts.strides[-1]),
+                       i * experts.strides[-2])
+            b.expand(v)
+            views.append(v)
+        out = views[0]
+        for v in views[1:]:
+            out = b.op("add", [out, v], out.shape)
+            b.expand(out)
+        if n_expert_used == 1:
+            out = b.cont(out)
+        return cb(out, "ffn_moe_out", il)
+
+    def mul_mat_id(self, w: Tensor, cur: Tensor, ids: Tensor) -> Tensor:
+        """ggml_mul_mat_id(w, cur, ids): w [E, M, K], cur [T, B, K], ids [T, U] -> [T, U, M]."""
+        return self.b.op("mul_mat_id", [w, cur, ids], (cur.shape[-3], ids.shape[-1], w.shape[-2]))
+
+    @staticmethod
+    def n_tokens_of(cur: Tensor) -> int:
+        return cur.shape[-2]
+
     def last_rows(self, il: int, cur: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         """In the last layer only the output rows go on (get_rows by out_ids)."""
         if il != self.hp.n_layer - 1:

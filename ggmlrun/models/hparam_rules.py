@@ -42,7 +42,7 @@ F32_MAX = 3.4028234663852886e38
 MAX_EPS = 1.0                     # an rms_norm eps past this is no longer "small"
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")    # LLAMA_ROPE_SCALING_TYPES
 # architectures whose graph rotates the whole head (llama.cpp: n_rot == n_embd_head)
-FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3")
+FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3", "qwen3moe")
 
 # Weight types a card may give a tensor: those ggmlrun has a kernel for (f32/f16/bf16 and the
 # block types core/ir/types.decode_blocks decodes) and llama.cpp loads as weights. Not the
@@ -93,6 +93,10 @@ RULES: dict[str, Rule] = {
     "rope.scaling.finetuned": Rule("bool"),
     "rope.scaling.original_context_length": Rule("u32", 1, U32_MAX),
     "expert_count": Rule("u32", 0, LLAMA_MAX_EXPERTS, why="llama.cpp's LLAMA_MAX_EXPERTS"),
+    # mixtures of experts (qwen3moe ...): experts used per token, an expert's FFN width
+    "expert_used_count": Rule("u32", 0, LLAMA_MAX_EXPERTS, per_layer=True,
+                              why="llama.cpp's LLAMA_MAX_EXPERTS"),
+    "expert_feed_forward_length": Rule("u32", 0, per_layer=True),
     # rope scaling as llama_context derives it (every architecture), and keys some
     # architectures' load_arch_hparams read (mistral3: YaRN's betas and log multiplier,
     # Llama 4's attention temperature)

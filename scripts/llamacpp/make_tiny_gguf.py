@@ -47,6 +47,9 @@ class TinyModel:
     fused: bool = False        # attn_qkv and a 2 n_ff ffn_up (gate and up), no ffn_gate (phi3)
     longrope: bool = False     # rope_factors_long / rope_factors_short (phi3)
     title: str = ""            # general.name; default the file's name
+    n_expert: int = 0          # a mixture of experts (qwen3moe): experts, used per token,
+    n_expert_used: int = 0     # and each expert's FFN width (expert_feed_forward_length)
+    n_ff_exp: int = 0
 
     @property
     def n_embd_head(self) -> int:
@@ -93,6 +96,13 @@ MODELS = [
               metadata=(("rope.scaling.type", "longrope"),
                         ("rope.scaling.original_context_length", 512),
                         ("rope.scaling.attn_factor", 1.1902380714238083))),
+    # qwen3moe: qwen3's attention and 8 experts of 32, 2 used per token
+    TinyModel("tiny-qwen3moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=64, seed=13,
+              arch="qwen3moe", head_dim=32, qk_norm=True, n_expert=8, n_expert_used=2,
+              n_ff_exp=32),
+    TinyModel("tiny-qwen3moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=64, seed=14,
+              arch="qwen3moe", head_dim=32, qk_norm=True, n_expert=8, n_expert_used=2,
+              n_ff_exp=32),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -137,6 +147,12 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
             shapes[f"blk.{i}.attn_k_norm.weight"] = (head_dim,)
         shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * head_dim)
         shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
+        if m.n_expert:
+            shapes[f"blk.{i}.ffn_gate_inp.weight"] = (m.n_expert, m.n_embd)
+            shapes[f"blk.{i}.ffn_gate_exps.weight"] = (m.n_expert, m.n_ff_exp, m.n_embd)
+            shapes[f"blk.{i}.ffn_down_exps.weight"] = (m.n_expert, m.n_embd, m.n_ff_exp)
+            shapes[f"blk.{i}.ffn_up_exps.weight"] = (m.n_expert, m.n_ff_exp, m.n_embd)
+            continue
         shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, m.n_ff)
@@ -194,6 +210,10 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
     writer.add_file_type(FILE_TYPES[m.weight_type])
+    if m.n_expert:
+        writer.add_expert_count(m.n_expert)
+        writer.add_expert_used_count(m.n_expert_used)
+        writer.add_expert_feed_forward_length(m.n_ff_exp)
     for key, value in m.metadata:
         key = f"{m.arch}.{key}"
         if isinstance(value, str):

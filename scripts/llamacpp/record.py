@@ -44,7 +44,8 @@ ORACLE_OUT = Path("/work/oracle-out")
 
 MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
           "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
-          "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0"]
+          "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
+          "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
@@ -59,7 +60,8 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  # one per architecture beyond llama: pinned norms (ub32) and the tied output
                  "tiny-qwen2-f16/c256/ub32/fa0/ngl2", "tiny-qwen3-f16/c256/ub32/fa1/nglall",
                  "tiny-qwen3-q8_0/c1024/ub512/fa0/ngl2", "tiny-mistral3-f16/c256/ub32/fa0/nglall",
-                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2"}
+                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2", "tiny-qwen3moe-f16/c256/ub32/fa0/ngl2",
+                 "tiny-qwen3moe-q8_0/c256/ub32/fa0/nglall/n-cpu-moe1"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -99,6 +101,21 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-phi3-f16", "", {"ngl": 3}),
     ("tiny-phi3-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_factors", "CPU"]]}),
     ("tiny-phi3-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+] + [
+    # mixtures of experts: every expert on the CPU with every layer offloaded (-ot exps=CPU, as
+    # users write it, and --cpu-moe), and the experts of the first layers (--n-cpu-moe N)
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "ubatch": 512}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe1", {"n_cpu_moe": 1}),
+                         ("n-cpu-moe1", {"n_cpu_moe": 1, "ubatch": 512, "ctx": 1024}),
+                         ("n-cpu-moe3", {"n_cpu_moe": 3, "flash_attn": True}))
+] + [
+    ("tiny-qwen3moe-f16", "n-cpu-moe2", {"ngl": 2, "n_cpu_moe": 2}),
+    ("tiny-qwen3moe-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
@@ -117,7 +134,7 @@ def all_configs() -> list[dict]:
     configs = []
     for cfg in grid + extras:
         cfg = {"no_kv_offload": False, "kv_type": "f16", "overrides": [], "suffix": "",
-               "tensor_split": []} | cfg
+               "tensor_split": [], "cpu_moe": False, "n_cpu_moe": 0} | cfg
         cfg["id"] = config_id(cfg["model"], cfg["ctx"], cfg["ubatch"], cfg["flash_attn"], cfg["ngl"],
                               cfg["suffix"])
         configs.append(cfg)
@@ -210,8 +227,9 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*cfg["tensor_split"])
     if cfg["tensor_split"]:
         mparams.tensor_split = split
-    overrides = buffer_overrides(ggml, cfg["overrides"])
-    if cfg["overrides"]:
+    rules = cfg["overrides"] + moe_overrides(cfg)
+    overrides = buffer_overrides(ggml, rules)
+    if rules:
         mparams.tensor_buft_overrides = ctypes.addressof(overrides)
     shim.shim_mark(b"load")
     model = llama_cpp.llama_model_load_from_file(cfg["path"].encode(), mparams)
@@ -240,6 +258,17 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(model)
     return {"log": "".join(log), "logits": logits}
+
+
+# common/common.h: LLM_FFN_EXPS_REGEX and llm_ffn_block_regex, as --cpu-moe / --n-cpu-moe add them
+LLM_FFN_EXPS_REGEX = "\\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def moe_overrides(cfg: dict) -> list[list[str]]:
+    """--cpu-moe and --n-cpu-moe N as common/arg.cpp turns them into -ot rules (after -ot's)."""
+    rules = [[LLM_FFN_EXPS_REGEX, "CPU"]] if cfg.get("cpu_moe") else []
+    rules += [[f"blk\\.{i}{LLM_FFN_EXPS_REGEX}", "CPU"] for i in range(cfg.get("n_cpu_moe", 0))]
+    return rules
 
 
 class BuftOverride(ctypes.Structure):
@@ -367,7 +396,9 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
         "options": {"ctx": cfg["ctx"], "ubatch": cfg["ubatch"], "flash_attn": cfg["flash_attn"],
                     "ngl": cfg["ngl"], "kv_type": cfg["kv_type"],
                     "no_kv_offload": cfg["no_kv_offload"], "overrides": cfg["overrides"]}
-                   | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {}),
+                   | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {})
+                   | ({"cpu_moe": True} if cfg.get("cpu_moe") else {})
+                   | ({"n_cpu_moe": cfg["n_cpu_moe"]} if cfg.get("n_cpu_moe") else {}),
         "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
         "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
         "backends": {k: backends[k] for k in sorted(backends, key=lambda k: (k == "CPU", k))},

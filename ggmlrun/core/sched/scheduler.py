@@ -43,7 +43,7 @@ def batch_size(node: Tensor) -> int:
         return 0
     if node.op == "mul_mat":
         return node.shape[-2] if len(node.shape) >= 2 else 1
-    if node.op == "rope":
+    if node.op in ("rope", "mul_mat_id"):        # ggml's ne[2]: tokens
         return node.shape[-3] if len(node.shape) >= 3 else 1
     return math.prod(node.shape[:-1])
 

@@ -61,11 +61,13 @@ T = MODEL_TENSOR
 def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool = False,
                     attn_out_bias: bool = False, ffn_bias: bool = False,
                     rope_freqs: bool = False, fused_qkv: bool = False,
-                    fused_gate_up: bool = False, longrope: bool = False) -> dict[str, TensorSpec]:
+                    fused_gate_up: bool = False, longrope: bool = False,
+                    ffn: Callable | None = None) -> dict[str, TensorSpec]:
     """The tensors of a dense pre-norm decoder (token_embd, output_norm, optional output, then per
     layer: attn_norm, Q/K/V (separate, each with an optional bias, or with `fused_qkv` an
     optional attn_qkv instead), attn_output, ffn_norm and the gated FFN), in llama.cpp's
-    create_tensor order."""
+    create_tensor order. `ffn(name, il)`: the layer's FFN tensors after ffn_norm instead of
+    the dense ones (a mixture of experts: moe_tensors)."""
     n_embd, n_q = hp.n_embd, hp.n_embd_head_k * hp.n_head
     n_k, n_v = hp.n_embd_k_gqa, hp.n_embd_v_gqa
     name = lambda t, s="weight", bid=None: tn(arch, t, s, bid)   # noqa: E731
@@ -97,6 +99,9 @@ def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool 
             out[name(T.ATTN_K_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,))
             out[name(T.ATTN_Q_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,))
         out[name(T.FFN_NORM, bid=i)] = TensorSpec((n_embd,))
+        if ffn is not None:
+            out.update(ffn(name, i))
+            continue
         if fused_gate_up:
             out[name(T.FFN_DOWN, bid=i)] = TensorSpec((n_embd, hp.n_ff))
             out[name(T.FFN_UP, bid=i)] = TensorSpec((2 * hp.n_ff, n_embd))
@@ -109,3 +114,14 @@ def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool 
             out[name(T.FFN_DOWN, "bias", i)] = TensorSpec((n_embd,), False)
             out[name(T.FFN_UP, "bias", i)] = TensorSpec((hp.n_ff,), False)
     return out
+
+
+def moe_tensors(hp, name, il: int) -> dict[str, TensorSpec]:
+    """A layer's mixture of experts as llama.cpp creates it (qwen3moe and its kin): the router
+    ffn_gate_inp [n_expert, n_embd], then the experts' gate, down and up, each [n_expert, ...]
+    (one matrix per expert; ggml's ne {n_embd, n_ff_exp, n_expert})."""
+    n_embd, n_exp, n_ff_exp = hp.n_embd, hp.n_expert, hp.n_ff_exp
+    return {name(T.FFN_GATE_INP, bid=il): TensorSpec((n_exp, n_embd)),
+            name(T.FFN_GATE_EXP, bid=il): TensorSpec((n_exp, n_ff_exp, n_embd)),
+            name(T.FFN_DOWN_EXP, bid=il): TensorSpec((n_exp, n_embd, n_ff_exp)),
+            name(T.FFN_UP_EXP, bid=il): TensorSpec((n_exp, n_ff_exp, n_embd))}

@@ -1,0 +1,84 @@
+"""llama.cpp's qwen3moe graph (src/models/qwen3moe.cpp; Qwen3-30B-A3B, Qwen3-235B-A22B):
+qwen3's attention (Q/K head norms, NeoX rope, a head size from attention.key_length), and in
+place of the dense FFN a mixture of experts: build_moe_ffn with soft_max routing, the top
+expert_used_count experts of expert_count, their weights normalised to sum to 1, SiLU-gated
+experts of expert_feed_forward_length (default feed_forward_length / expert_used_count)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, moe_tensors
+from ggmlrun.models.decoder import Decoder, default_kq_scale
+from ggmlrun.models.hparams import LlamaHParams
+
+
+@dataclass(frozen=True)
+class MoEHParams(LlamaHParams):
+    n_expert: int = 0             # expert_count
+    n_expert_used: int = 0        # expert_used_count
+    n_ff_exp: int = 0             # expert_feed_forward_length; 0: n_ff / n_expert_used
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.n_expert <= 0:
+            raise InputError(f"expert_count must be > 0 for {self.arch_name()}")
+        if self.n_expert_used <= 0:
+            raise InputError(f"expert_used_count must be > 0 for {self.arch_name()}")
+        if self.n_expert_used > self.n_expert:
+            raise InputError(f"expert_used_count {self.n_expert_used} is more than "
+                             f"expert_count {self.n_expert}")
+        if not self.n_ff_exp:
+            object.__setattr__(self, "n_ff_exp", self.n_ff // self.n_expert_used)
+        if self.n_ff_exp <= 0:
+            raise InputError("the experts' feed-forward length must be positive")
+
+    @staticmethod
+    def arch_name() -> str:
+        return "qwen3moe"
+
+
+def read_hparams(get, common: dict) -> MoEHParams:
+    return MoEHParams(**common, n_expert=int(get("expert_count", 0) or 0),
+                      n_expert_used=int(get("expert_used_count", 0) or 0),
+                      n_ff_exp=int(get("expert_feed_forward_length", 0) or 0))
+
+
+def tensors(hp):
+    return decoder_tensors("qwen3moe", hp, q_k_norm=True,
+                           ffn=lambda name, il: moe_tensors(hp, name, il))
+
+
+def build(d: Decoder):
+    hp, b = d.hp, d.b
+    kq_scale = default_kq_scale(hp)
+    inpL = d.inpL
+    for il in range(hp.n_layer):
+        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+        inpSA = inpL
+        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
+        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q = b.cb(d.norm(q, d.weight(T.ATTN_Q_NORM, il), il), "Qcur_normed", il)
+        q = d.rope_ext(q, None)
+        k = b.cb(d.norm(k, d.weight(T.ATTN_K_NORM, il), il), "Kcur_normed", il)
+        k = d.rope_ext(k, None)
+        b.cb(q, "Qcur", il)
+        b.cb(k, "Kcur", il)
+        b.cb(v, "Vcur", il)
+        cur = d.attn(il, q, k, v, kq_scale)
+        cur, inpSA = d.last_rows(il, cur, inpSA)
+        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
+        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
+        cur = d.moe_ffn(il, cur, n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
+                        norm_w=True)
+        inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
+    return inpL
+
+
+ARCH = Arch(name="qwen3moe", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
+            read_hparams=read_hparams,
+            card_hparams={"n_expert": ("expert_count", True, None),
+                          "n_expert_used": ("expert_used_count", True, None),
+                          "n_ff_exp": ("expert_feed_forward_length", False, None)})
