@@ -30,7 +30,8 @@ QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K")
 # q8_0 file per further architecture
 GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
                "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
-               "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0")
+               "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
+               "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0")
 
 
 def model_options(cfg: dict) -> list[str]:
@@ -46,6 +47,10 @@ def model_options(cfg: dict) -> list[str]:
         args.append("--no-kv-offload")
     for pattern, backend in opts["overrides"]:
         args += ["--override-tensor", f"{pattern}={backend}"]
+    if opts.get("cpu_moe"):
+        args.append("--cpu-moe")
+    if opts.get("n_cpu_moe"):
+        args += ["--n-cpu-moe", str(opts["n_cpu_moe"])]
     return args
 
 
@@ -104,7 +109,8 @@ def test_the_recording_covers_the_whole_grid():
             for c in (256, 1024) for u in (32, 512) for fa in (False, True) for n in (0, 2, "all")}
     plain = [cfg["options"] | {"model": cfg["model"]} for cfg in CONFIGS
              if not cfg["options"]["no_kv_offload"] and cfg["options"]["kv_type"] == "f16"
-             and not cfg["options"]["overrides"]]
+             and not cfg["options"]["overrides"] and not cfg["options"].get("n_cpu_moe")
+             and not cfg["options"].get("cpu_moe")]
     seen = {(o["model"].removesuffix(".gguf"), o["ctx"], o["ubatch"], o["flash_attn"], str(o["ngl"]))
             for o in plain}
     assert grid <= seen

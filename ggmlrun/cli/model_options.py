@@ -94,6 +94,13 @@ MODEL_OPTIONS = {
                                      type=_OverrideType(), multiple=True,
                                      help="[models] Weights matching REGEX go to BACKEND (-ot), "
                                           "repeatable; the first match wins."),
+    "cpu_moe": click.option("--cpu-moe", is_flag=True, default=False,
+                            help="[models] Keep every expert tensor of a mixture of experts on "
+                                 "the CPU (--cpu-moe)."),
+    "n_cpu_moe": click.option("--n-cpu-moe", "n_cpu_moe", type=click.IntRange(min=0, max=2**31 - 1),
+                              default=None, metavar="N",
+                              help="[models] Keep the expert tensors of the first N layers on "
+                                   "the CPU (--n-cpu-moe)."),
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
@@ -108,6 +115,7 @@ MODEL_OPTIONS = {
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
                "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
+               "cpu_moe": "--cpu-moe", "n_cpu_moe": "--n-cpu-moe",
                "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens"}
 
 
@@ -254,7 +262,8 @@ def _model_setup(model, backends, kw: dict):
                         kv_type=kw.get("kv_type") or "f16",
                         overrides=tuple(kw.get("tensor_overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
-                        ggml=kw.get("ggml") or "0.25")
+                        ggml=kw.get("ggml") or "0.25",
+                        cpu_moe=bool(kw.get("cpu_moe")), n_cpu_moe=kw.get("n_cpu_moe") or 0)
     return backends, opts
 
 

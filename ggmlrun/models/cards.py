@@ -53,7 +53,9 @@ HPARAMS = {
 
 TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", "attn_k",
                   "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
-                  "attn_q_norm", "attn_k_norm")
+                  "attn_q_norm", "attn_k_norm",
+                  # mixtures of experts: the router and the experts (one tensor per layer each)
+                  "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _LAYER_RE = re.compile(r"\Ablk\.\d+\.")
 _CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)\Z")
 
@@ -85,16 +87,23 @@ def _more_bits(i_layer: int, n_layer: int) -> bool:
             or (i_layer - n_layer // 8) % 3 == 2)
 
 
-def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool) -> str:
+def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool,
+                 n_expert: int = 0) -> str:
     """The type llama.cpp's quantizer gives tensor class `cls` of `layer` (llama_tensor_get_type).
 
     Norms stay f32 (1-D tensors are never quantized); a plain float file type is uniform. For
     llama there is one attn_v and one ffn_down per layer, so the quantizer's running counters
-    equal the layer index.
+    equal the layer index; with experts the layer is read from the name (layer_info), the same.
+    A mixture of experts: the router (ffn_gate_inp) is never quantized (f32, as converted);
+    ffn_down_exps is an ffn_down ("ffn_down" in its name), the gate and up experts take the
+    default; with exactly 8 experts (Mixtral) attn_k and attn_v become q8_0 and, for q4_K_S and
+    q4_K_M, attn_output q5_K.
     """
     mix = MIXTURES[ftype]
-    if cls.endswith("norm"):
+    if cls.endswith("norm") or cls == "ffn_gate_inp":
         return "f32"
+    if cls == "ffn_down_exps":
+        cls = "ffn_down"
     if not mix.quantized:
         return mix.default
     new = mix.default
@@ -107,6 +116,12 @@ def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool
             new = "q5_K"
         if is_70b and new in ("q3_K", "q4_K"):
             new = "q5_K"          # 8 heads share attn_v in the 70B: more bits cost little
+        if n_expert == 8:
+            new = "q8_0"
+    elif cls == "attn_k" and n_expert == 8:
+        new = "q8_0"
+    elif cls == "attn_output" and n_expert == 8 and ftype in ("q4_K_S", "q4_K_M"):
+        new = "q5_K"
     elif cls == "ffn_down":
         if ftype in ("q4_K_M", "q5_K_M") and _more_bits(layer, n_layer):
             new = "q6_K"
@@ -178,7 +193,8 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
             dtype = "f32"
         else:
             dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, values["n_layer"],
-                                                       is_70b=is_70b)
+                                                       is_70b=is_70b,
+                                                       n_expert=getattr(hparams, "n_expert", 0))
         if tied and cls == "token_embd" and "token_embd" not in overrides:
             dtype = mixture_type(ftype, "output", 0, values["n_layer"], is_70b=is_70b)
         tensors[tname] = TensorInfo(name=tname, shape=tuple(shape), dtype=fit_row(dtype, shape[-1]),

@@ -13,6 +13,12 @@ every -ngl. So the search guesses first and measures only to confirm:
   guess that misses narrows a bracket that bisection finishes, so the answer is exact whatever
   the guess was worth.
 
+For a mixture of experts (a model with expert tensors) the devices first keep every layer and
+give experts to the CPU: the smallest `--n-cpu-moe N` (the experts of layers 0..N-1 on the CPU,
+llama.cpp's own rule) with which the devices fit at `-ngl all`, searched the same way (a guess
+from the expert bytes per layer, confirmed by measuring N and N-1); only when even every expert
+on the CPU is too much do layers leave the devices (-ngl, with every expert on the CPU).
+
 With `--ctx auto` the context is searched the same way (KV and compute grow with it; a context
 whose KV growth alone is too much is ruled out unmeasured), after -ngl: like llama.cpp's own `--fit`, layers come first down to a minimum context (4096), then
 the context grows as far as it fits with those layers.
@@ -63,9 +69,11 @@ class FitResult:
     backends: list[FitBackend]
     measure: ModelMeasure | None
     probes: list[tuple[int, int]] = field(default_factory=list)   # (ngl, ctx) measured
+    probe_moe: list[int] = field(default_factory=list)   # each probe's --n-cpu-moe
     seconds: float = 0.0
     advice: str = ""
     command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
+    n_cpu_moe: int | None = None  # a mixture of experts: the answer's --n-cpu-moe (else None)
 
     @property
     def fits(self) -> bool:
@@ -77,20 +85,25 @@ class _Prober:
 
     def __init__(self, model, backends, opts, margins):
         self.model, self.backends, self.opts, self.margins = model, backends, opts, margins
-        self.seen: dict[tuple[int, int], tuple[list[FitBackend], ModelMeasure]] = {}
+        self.seen: dict[tuple[int, int, int], tuple[list[FitBackend], ModelMeasure]] = {}
         self.order: list[tuple[int, int]] = []
+        self.order_moe: list[int] = []
+        self.n_cpu_moe = opts.n_cpu_moe          # what (ngl, ctx) probes are measured with
 
     def __call__(self, ngl: int, ctx: int) -> list[FitBackend]:
         return self.full(ngl, ctx)[0]
 
-    def full(self, ngl: int, ctx: int):
-        key = (ngl, ctx)
+    def full(self, ngl: int, ctx: int, n_cpu_moe: int | None = None):
+        ncm = self.n_cpu_moe if n_cpu_moe is None else n_cpu_moe
+        key = (ngl, ctx, ncm)
         if key not in self.seen:
-            m = measure_model(self.model, self.backends, replace(self.opts, ngl=ngl, ctx=ctx))
+            m = measure_model(self.model, self.backends,
+                              replace(self.opts, ngl=ngl, ctx=ctx, n_cpu_moe=ncm))
             rows = [FitBackend(**vars(f), margin_bytes=margin)
                     for f, margin in zip(m.backends, self.margins)]
             self.seen[key] = (rows, m)
-            self.order.append(key)
+            self.order.append((ngl, ctx))
+            self.order_moe.append(ncm)
         return self.seen[key]
 
 
@@ -130,17 +143,87 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         ctx = min(ctx_top, max(CTX_STEP, min_ctx // CTX_STEP * CTX_STEP))
     else:
         ctx = opts.ctx if opts.ctx is not None else min(hp.n_ctx_train, 4096)
-    device_ngl = _device_ngl(probe, ctx, n_max, costs)
+    experts = _expert_costs(model) if not opts.cpu_moe else {}
+    if experts:
+        device_ngl = _moe_device_fit(probe, ctx, n_max, costs, experts)
+    else:
+        device_ngl = _device_ngl(probe, ctx, n_max, costs)
     ngl = device_ngl if device_ngl is not None and _all_fit(probe(device_ngl, ctx)) else None
     if ngl is not None and ctx_auto:
         ctx = _largest_ctx(probe, ngl, ctx, ctx_top)
     shown = ngl if ngl is not None else device_ngl or 0
     advice = "" if ngl is not None else _advice(probe, ctx, device_ngl, n_max, costs)
     rows, m = probe.full(shown, ctx)
-    command = llama_cpp_line(opts, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""
+    answer = replace(opts, n_cpu_moe=probe.n_cpu_moe)
+    command = llama_cpp_line(answer, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""
     return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer, shown_ngl=shown, backends=rows,
                      measure=m, probes=list(probe.order), advice=advice,
-                     seconds=time.perf_counter() - start, command=command)
+                     seconds=time.perf_counter() - start, command=command,
+                     probe_moe=list(probe.order_moe),
+                     n_cpu_moe=probe.n_cpu_moe if experts or opts.n_cpu_moe else None)
+
+
+def _expert_costs(model: ModelFile) -> dict[int, int]:
+    """Bytes per layer of the tensors --n-cpu-moe moves (LLM_FFN_EXPS_REGEX); empty for a
+    model without experts."""
+    from ggmlrun.core.ir.types import TYPES
+    from ggmlrun.models.options import LLM_FFN_EXPS_REGEX, compile_override
+
+    rx = compile_override(LLM_FFN_EXPS_REGEX)
+    sizes: dict[int, int] = {}
+    for info in model.tensors.values():
+        if info.name.startswith("blk.") and rx.search(info.name):
+            layer = int(info.name.split(".")[1])
+            sizes[layer] = sizes.get(layer, 0) + TYPES[info.dtype].row_bytes(math.prod(info.shape))
+    return sizes
+
+
+def _moe_device_fit(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int],
+                    experts: dict[int, int]) -> int | None:
+    """Every layer on the devices and the fewest expert layers on the CPU (probe.n_cpu_moe
+    set to it): the smallest N in [given, n_layer] whose devices fit at -ngl all. The devices
+    only lose bytes as N grows (from N = 1 on: the first expert layer on the CPU may bring the
+    op-offload copies of its experts into a device's compute buffer, which then stays), so a
+    guess from the expert bytes per layer is confirmed by measuring N and N - 1, and a miss
+    narrows a bracket. When every expert on the CPU is still too much, -ngl is searched with
+    every expert on the CPU."""
+    n_layer = n_max - 1
+    lo = probe.n_cpu_moe
+    rows = probe.full(n_max, ctx, lo)[0]
+    if _devices_fit(rows):
+        return n_max
+    miss_lo, fit_hi = lo, None            # devices miss at miss_lo; fit at fit_hi (None: unknown)
+    last = (lo, rows)
+    while not (fit_hi is not None and fit_hi - miss_lo <= 1) and miss_lo < n_layer:
+        top = fit_hi if fit_hi is not None else n_layer + 1     # no N at or past it to try
+        guess = _moe_guess(*last, experts, n_layer)
+        if not miss_lo < guess < top:
+            guess = (miss_lo + top) // 2
+        for n in (guess, guess - 1):
+            if not miss_lo < n < (fit_hi if fit_hi is not None else n_layer + 1):
+                continue
+            rows = probe.full(n_max, ctx, n)[0]
+            last = (n, rows)
+            if _devices_fit(rows):
+                fit_hi = n       # and confirm the edge below right away: usually the guess is it
+            else:
+                miss_lo = n
+                break
+    if fit_hi is not None:
+        probe.n_cpu_moe = fit_hi
+        return n_max
+    probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
+    return _device_ngl(probe, ctx, n_max, costs)
+
+
+def _moe_guess(n: int, rows: list[FitBackend], experts: dict[int, int], n_layer: int) -> int:
+    """The N whose expert layers n, n+1, ... moved to the CPU cover what the devices lack at N
+    = n (at least n + 1)."""
+    room = _device_room(rows)
+    while room < 0 and n < n_layer:
+        room += experts.get(n, 0)
+        n += 1
+    return max(n, 1)
 
 
 def _ctx_top(n_ctx_train: int) -> int:

@@ -21,6 +21,22 @@ class ModelOptions:
     tensor_split: tuple[float, ...] | None = None # over non-CPU backends in order
     op_offload: bool = True
     ggml: str = "0.25"
+    cpu_moe: bool = False         # --cpu-moe: every expert tensor on the CPU
+    n_cpu_moe: int = 0            # --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
+
+
+# common/common.h: the expert tensors --cpu-moe and --n-cpu-moe keep on the CPU
+LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+def moe_overrides(opts: ModelOptions, cpu: str = "CPU") -> tuple[tuple[str, str], ...]:
+    """--cpu-moe and --n-cpu-moe N as common/arg.cpp turns them into -ot rules: --cpu-moe is
+    LLM_FFN_EXPS_REGEX, --n-cpu-moe N is llm_ffn_block_regex(i) = "blk\\.<i>" + that for
+    i < N, each to the CPU's buffer type. They come after the --override-tensor rules (the
+    first match wins), --cpu-moe's before --n-cpu-moe's."""
+    rules = [(LLM_FFN_EXPS_REGEX, cpu)] if opts.cpu_moe else []
+    rules += [(rf"blk\.{i}{LLM_FFN_EXPS_REGEX}", cpu) for i in range(opts.n_cpu_moe)]
+    return tuple(rules)
 
 
 def context_size(opts: ModelOptions, n_ctx_train: int) -> int:

@@ -9,6 +9,10 @@ load_tensors, llama_model_loader::create_tensor, llama_kv_cache, llama_context's
   every weight's name first, first match wins (std::regex_search).
 - A tied output (no output.weight) is token_embd duplicated into the output layer's buffer; on
   the CPU it is the same tensor.
+- `--cpu-moe` / `--n-cpu-moe N` are common/arg.cpp's -ot rules after the user's: the expert
+  tensors (LLM_FFN_EXPS_REGEX) of every layer / of layers 0..N-1 to the CPU. The per-layer rules
+  "blk\\.<i>" + LLM_FFN_EXPS_REGEX match a tensor of layer il exactly when i == il, so they are
+  applied as one regex and a layer test (94 rules need not be searched per tensor).
 - The KV cache of layer il lives on layer il's device unless `--no-kv-offload`.
 - Pins: the rms_norm named "norm-<il>" goes to layer il's device when the ubatch has fewer than
   32 tokens or every layer is offloaded (ngl > n_layer); under --no-kv-offload the attention
@@ -25,7 +29,7 @@ import numpy as np
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.models.hparams import LlamaHParams
-from ggmlrun.models.options import ModelOptions, compile_override, gpu_layers
+from ggmlrun.models.options import LLM_FFN_EXPS_REGEX, ModelOptions, compile_override, gpu_layers
 
 
 # Tensors llama.cpp creates in layer 0's context and TENSOR_DUPLICATED into every other layer's
@@ -112,10 +116,16 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
         except ValueError as err:
             raise InputError(f"--override-tensor {pattern}={backend}: bad regex: {err}") from None
 
+    moe_rx = compile_override(LLM_FFN_EXPS_REGEX) if (opts.cpu_moe or opts.n_cpu_moe) else None
+
     def where(name: str, default: int) -> int:
         for rx, b in rules:
             if rx.search(name):
                 return b
+        if moe_rx is not None and moe_rx.search(name):
+            il = _layer_name(name)
+            if opts.cpu_moe or (il is not None and il < opts.n_cpu_moe):
+                return cpu
         return default
 
     weights = {}

@@ -97,14 +97,17 @@ def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
 
 
 def model_fit_dict(model, result) -> dict:
-    return {"model": model.name, "ngl": result.ngl, "ctx": result.ctx,
-            "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
+    return {"model": model.name, "ngl": result.ngl, "n_cpu_moe": result.n_cpu_moe,
+            "ctx": result.ctx, "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
             "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
                           "kv_bytes": b.kv_bytes, "arena_bytes": b.arena_bytes,
                           "total_bytes": b.total_bytes, "memory_bytes": b.memory_bytes,
                           "margin_bytes": b.margin_bytes, "free_bytes": b.free_bytes,
                           "fits": b.fits} for b in result.backends],
-            "probes": [{"ngl": n, "ctx": c} for n, c in result.probes],
+            "probes": [{"ngl": n, "ctx": c, **({"n_cpu_moe": m} if result.n_cpu_moe is not None
+                                                else {})}
+                       for (n, c), m in zip(result.probes, result.probe_moe or
+                                            [0] * len(result.probes))],
             "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
 
@@ -112,6 +115,8 @@ def model_fit_dict(model, result) -> dict:
 def fit_table(model, result) -> Table:
     where = (f"-ngl {result.ngl} of {result.n_layer + 1}" if result.fits
              else f"nothing fits; shown: -ngl {result.shown_ngl}")
+    if result.n_cpu_moe:
+        where += f", --n-cpu-moe {result.n_cpu_moe}"
     rows = result.backends
     unit, size = _unit([b.total_bytes for b in rows])    # the figures read, not the memory
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "
