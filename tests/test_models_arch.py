@@ -36,7 +36,7 @@ TINY = sorted(MODELS.glob("tiny-*.gguf"))
 
 def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
-    assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3"}
+    assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "qwen3moe"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -66,7 +66,8 @@ def test_tensor_tables_use_gguf_names(arch):
     architecture); asking for one it does not list is an error, not a retyped string."""
     hp = from_metadata({f"{arch}.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, **{"attention.head_count": 4}, feed_forward_length=96,
-        vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5}).items()},
+        vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5},
+        **({"expert_count": 8, "expert_used_count": 2} if arch == "qwen3moe" else {})).items()},
         arch)
     table = get_arch(arch).tensors(hp)
     assert "token_embd.weight" in table and table["output.weight"].required is False
@@ -218,6 +219,11 @@ weights: f16
 hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_ff: 96, n_vocab: 320,
           n_ctx_train: 2048, rope_scaling: longrope, n_ctx_orig: 512,
           rope_attn_factor: 1.1902380714238083}
+weights: f16
+""",
+    "tiny-qwen3moe-f16": """architecture: qwen3moe
+hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32, n_ff: 64,
+          n_expert: 8, n_expert_used: 2, n_ff_exp: 32, n_vocab: 320, n_ctx_train: 2048}
 weights: f16
 """,
 }

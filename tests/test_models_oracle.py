@@ -29,7 +29,8 @@ def options(o: dict) -> ModelOptions:
                         ngl=None if o["ngl"] in ("all", None, -1) else o["ngl"],
                         kv_type=o.get("kv_type", "f16"),
                         no_kv_offload=o.get("no_kv_offload", False),
-                        overrides=tuple(tuple(x) for x in o.get("overrides", [])))
+                        overrides=tuple(tuple(x) for x in o.get("overrides", [])),
+                        cpu_moe=o.get("cpu_moe", False), n_cpu_moe=o.get("n_cpu_moe", 0))
 
 
 def _load(path: Path) -> dict:

@@ -180,8 +180,9 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
 
 
 def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str) -> None:
-    """Stores 1-D tensors as f32 always, as llama.cpp's converters do."""
-    if data.ndim == 1 or weight_type == "f32":
+    """Stores 1-D tensors and an expert router (ffn_gate_inp) as f32 always, as llama.cpp's
+    converters do (and its quantizer never quantizes the router)."""
+    if data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name:
         writer.add_tensor(name, data)
     elif weight_type == "f16":
         writer.add_tensor(name, data.astype(np.float16))
