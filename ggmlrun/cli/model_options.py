@@ -100,7 +100,8 @@ MODEL_OPTIONS = {
     "n_cpu_moe": click.option("--n-cpu-moe", "n_cpu_moe", type=click.IntRange(min=0, max=2**31 - 1),
                               default=None, metavar="N",
                               help="[models] Keep the expert tensors of the first N layers on "
-                                   "the CPU (--n-cpu-moe)."),
+                                   "the CPU (--n-cpu-moe); default 0 (fit: the fewest it "
+                                   "tries)."),
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
