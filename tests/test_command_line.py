@@ -19,6 +19,7 @@ from ggmlrun.models.reserve import measure_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples/models/tiny-llama-f16.gguf"
+TINY_MOE = ROOT / "examples/models/tiny-qwen3moe-f16.gguf"    # for the expert options
 CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
 
 MiB = 2**20
@@ -50,7 +51,11 @@ CASES = {
     "tensor_split_odd": dict(tensor_split=split_proportions((0.3, 0.7)), ngl=4),
     "op_offload": dict(op_offload=False, ngl=2),
     "ggml": dict(ggml="0.15"),       # ggml's own rules: not a llama.cpp option
+    "cpu_moe": dict(cpu_moe=True),                   # measured on the qwen3moe model
+    "n_cpu_moe": dict(n_cpu_moe=2, ngl=4),
+    "n_cpu_moe_and_ot": dict(n_cpu_moe=3, overrides=((r"blk\.1\.ffn_up", "GPU0"),)),
 }
+MOE_CASES = ("cpu_moe", "n_cpu_moe", "n_cpu_moe_and_ot")
 
 
 def test_every_option_has_a_case():
@@ -66,7 +71,7 @@ def _figures(m):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_line_reproduces_the_figures(name):
-    model = load_model(TINY)
+    model = load_model(TINY_MOE if name in MOE_CASES else TINY)
     backends = two_devices()
     opts = ModelOptions(**CASES[name])
     first = measure_model(model, backends, opts)
@@ -156,7 +161,8 @@ def test_every_cli_model_option_reaches_the_line():
                "--no-kv-offload": "-nkvo", "--kv-type f32": "-ctk f32 -ctv f32",
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
-               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1"}
+               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
+               "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
 
@@ -165,7 +171,8 @@ def test_every_cli_model_option_reaches_the_line():
         flag = MODEL_FLAGS[key]
         assert flag in flags or flag in not_llama, f"{flag} has no case"
     for given, expect in spelled.items():
-        code, out, err = invoke("measure", TINY, *given.split(), "--json")
+        model = TINY_MOE if "moe" in given else TINY
+        code, out, err = invoke("measure", model, *given.split(), "--json")
         assert code == 0, (given, err)
         assert expect in json.loads(out)["command"], given
 
