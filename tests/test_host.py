@@ -130,3 +130,11 @@ def test_only_host_py_reads_the_host(folder):
              if path not in allowed
              for n, line in enumerate(path.read_text().splitlines(), 1) if READS.search(line)]
     assert found == []
+
+
+def test_fits_meminfo_can_still_be_pointed_at_a_file(tmp_path, monkeypatch):
+    """The older way to play a smaller machine keeps working beside GGMLRUN_HOST_RAM."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:        4096 kB\n")
+    monkeypatch.setattr(fits, "MEMINFO", meminfo)
+    assert fits.machine_memory() == 4096 * 1024

@@ -15,9 +15,14 @@ from typing import Callable
 from ggmlrun.core.util import host
 from ggmlrun.core.util.fmt import human_bytes
 
+MEMINFO = Path(host.MEMINFO)     # kept for callers that point it elsewhere (prefer the env)
+
+
 def machine_memory(meminfo: Path | None = None) -> int:
     """The host's RAM (core/util/host.py: GGMLRUN_HOST_RAM plays another machine); `meminfo`
-    reads the MemTotal of a given meminfo file instead."""
+    (or MEMINFO pointed at another file) reads that file's MemTotal instead."""
+    if meminfo is None and str(MEMINFO) != host.MEMINFO:
+        meminfo = MEMINFO
     if meminfo is not None:
         total = host.read_meminfo(str(meminfo)).get("MemTotal")
         if total:
