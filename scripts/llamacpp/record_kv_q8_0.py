@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                             "logits": {kv: logits(path, kv) for kv in ("q8_0", "f16")}})
     args.out.write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__, "tokens": TOKENS,
                                     "ctx": CTX, "ubatch": UBATCH, "flash_attn": True,
-                                    "records": records}, indent=1) + "\n")
+                                    "records": records}) + "\n")
     print(f"wrote {args.out}")
     return 0
 
