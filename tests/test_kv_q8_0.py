@@ -51,6 +51,29 @@ def test_flash_attention_over_a_q8_0_cache_gives_llama_cpp_logits(tmp_path, reco
     assert error <= TOLERANCE[record["model"]["weight_type"]], error
 
 
+@pytest.mark.parametrize("record", [r for r in RECORDED["records"]
+                                    if "q8_0_unrotated" in r["logits"]],
+                         ids=lambda r: r["model"]["name"])
+def test_without_the_rotation_a_64_wide_q8_0_cache_is_llama_cpp_to_the_rounding(
+        tmp_path, monkeypatch, record):
+    """With llama.cpp's Hadamard rotation off on both sides (LLAMA_ATTN_ROT_DISABLE=1 there,
+    no rotation inputs here), flash attention over a q8_0 cache with 64-wide heads gives
+    llama.cpp's logits to f32 rounding: what is left with the rotation on (9.3e-3 of the
+    largest logit, inside SPEC's 2e-2) is the rotation's, not the kernel's."""
+    from ggmlrun.models import llama
+
+    monkeypatch.setattr(llama, "rotation_inputs", lambda b, hp, kv_type: {})
+    path = write_model(TinyModel(**record["model"]), tmp_path)
+    out = tmp_path / "logits.npz"
+    code, _, err = invoke("run", path, "--tokens", ",".join(map(str, RECORDED["tokens"])),
+                          "--ctx", RECORDED["ctx"], "--ubatch", RECORDED["ubatch"],
+                          "--flash-attn", "on", "--kv-type", "q8_0", "--out", out)
+    assert code == 0, err
+    ours = np.load(out)["result_output"][0]
+    want = np.asarray(record["logits"]["q8_0_unrotated"], dtype=np.float32)
+    assert np.abs(ours - want).max() <= 1e-5 * np.abs(want).max()
+
+
 def test_flash_attn_ext_refuses_heads_its_blocks_do_not_divide():
     """The op's own rule, for graphs built without a model: ggml_row_size asserts it."""
     from ggmlrun.core.ir.graph import Tensor

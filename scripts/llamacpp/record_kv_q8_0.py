@@ -5,7 +5,8 @@ The bundled tiny models have 16-wide heads, which a q8_0 cache (32-value blocks)
 llama.cpp refuses them ("K cache type q8_0 with block size 32 does not divide
 n_embd_head_k=16"). So these models, written by make_tiny_gguf.py's writer (byte-identical on
 every run; the sha256 is recorded), have 32- and 64-wide heads; 64 also takes llama.cpp's
-Hadamard rotation of the cache. Needs llama-cpp-python 0.3.36.
+Hadamard rotation of the cache (recorded
+also without it, LLAMA_ATTN_ROT_DISABLE=1, to tell flash attention from the rotation). Needs llama-cpp-python 0.3.36.
 
     python3 scripts/llamacpp/record_kv_q8_0.py [--out tests/data/llamacpp/kv_q8_0.json]
 """
@@ -31,8 +32,13 @@ MODELS = [
 ]
 
 
-def logits(path: Path, kv_type: str) -> list[float]:
+def logits(path: Path, kv_type: str, rotate: bool = True) -> list[float]:
+    """`rotate` False: LLAMA_ATTN_ROT_DISABLE=1, read as each cache is made."""
+    import os
+
     import llama_cpp
+
+    os.environ["LLAMA_ATTN_ROT_DISABLE"] = "0" if rotate else "1"
 
     kv = {"q8_0": llama_cpp.GGML_TYPE_Q8_0, "f16": llama_cpp.GGML_TYPE_F16}[kv_type]
     model = llama_cpp.Llama(str(path), n_ctx=CTX, n_batch=512, n_ubatch=UBATCH, n_threads=2,
@@ -52,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for m in MODELS:
             path = write_model(m, Path(tmp))
-            records.append({"model": vars(m), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                            "logits": {kv: logits(path, kv) for kv in ("q8_0", "f16")}})
+            record = {"model": vars(m), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                      "logits": {kv: logits(path, kv) for kv in ("q8_0", "f16")}}
+            if m.n_embd // m.n_head % 64 == 0:     # the cache is rotated: also without it
+                record["logits"]["q8_0_unrotated"] = logits(path, "q8_0", rotate=False)
+            records.append(record)
     args.out.write_text(json.dumps({"llama_cpp_python": llama_cpp.__version__, "tokens": TOKENS,
                                     "ctx": CTX, "ubatch": UBATCH, "flash_attn": True,
                                     "records": records}) + "\n")
