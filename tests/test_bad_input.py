@@ -1,8 +1,11 @@
 """Bad input end to end: every malformed file through the command line.
 
 Each must exit 2 (1 for failures while running) with exactly one line on stderr naming the
-culprit, nothing on stdout, no traceback, and no output file left behind, whole or half.
+culprit, no traceback, and no output file left behind, whole or half; stdout holds nothing, or
+with --json exactly the error object (SPEC section 4).
 """
+
+import json
 
 import shutil
 from pathlib import Path
@@ -28,7 +31,9 @@ BAD_PLANS = sorted((HERE / "bad_plans").glob("*.yaml"))
 
 def assert_one_line_failure(code, out, err, expected_code, tmp_path, must_contain=()):
     assert code == expected_code, err
-    assert out == ""
+    if out:     # --json: exactly one object, the error, with the message stderr shows
+        error = json.loads(out)["error"]
+        assert error["exit"] == expected_code and f"ggmlrun: error: {error['message']}" in err
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     for text in must_contain:

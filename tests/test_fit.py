@@ -8,6 +8,7 @@ layer moves), including budgets where the guess is wrong, and on the real tiny G
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -253,3 +254,58 @@ def test_two_devices_exact_against_every_ngl(tmp_path):
         answers.append(got.ngl)
     print("two-device answers:", answers)
     assert len(set(answers)) >= 4          # the budgets reach different answers
+
+
+# --- the KV bound is solved, not walked (issue 19) ----------------------------------------------
+def _kv_bound_walk(rows, ctx, below):
+    """The walk _kv_bound replaced: 256 cells at a time until a backend's KV growth is too much."""
+    best = ctx
+    for c in range(ctx + fitmod.CTX_STEP, below, fitmod.CTX_STEP):
+        if any(r.total_bytes + r.kv_bytes * (c - ctx) // ctx > r.memory_bytes - r.margin_bytes
+               for r in rows):
+            break
+        best = c
+    return best
+
+
+def test_kv_bound_is_the_walks_edge():
+    rng = random.Random(19)
+    for _ in range(3000):
+        ctx = rng.choice([1, 7, 256, 512, 1024, 4096, rng.randint(1, 5000)])
+        rows = []
+        for name in ("DEV", "CPU"):
+            kv = rng.choice([0, 1, 3, 64, rng.randint(0, 10**6)])
+            w, a = rng.randint(0, 10**6), rng.randint(0, 10**5)
+            memory = w + kv + a + rng.randint(-1000, 50 * max(kv, 1))
+            rows.append(fitmod.FitBackend(name, "sim" if name == "DEV" else "cpu", w, kv, a,
+                                          memory, margin_bytes=rng.choice([0, 0, 100])))
+        below = ctx + rng.randint(0, 200) * fitmod.CTX_STEP + rng.randint(0, 300)
+        assert fitmod._kv_bound(rows, ctx, below) == _kv_bound_walk(rows, ctx, below), \
+            (rows, ctx, below)
+
+
+def test_kv_bound_up_to_a_uint32_context_takes_no_walk():
+    rows = [fitmod.FitBackend("CPU", "cpu", 1000, 4096, 100, 2**60)]
+    t0 = time.perf_counter()
+    got = fitmod._kv_bound(rows, 4096, 2**32)
+    assert time.perf_counter() - t0 < 0.1
+    assert got == 2**32 - fitmod.CTX_STEP
+
+
+def test_ctx_auto_to_a_uint32_training_context_is_exact_and_quick(tmp_path):
+    """A card trained on 2**32-1 tokens and memory for 400M of them: the answer is the exact
+    edge (it fits, 256 more do not) after a handful of reserves."""
+    from ggmlrun.core.backends.spec import GiB
+
+    path = tmp_path / "long.yaml"
+    path.write_text("architecture: llama\nhparams: {n_layer: 2, n_embd: 64, n_head: 4, "
+                    "n_ff: 128, n_vocab: 320, n_ctx_train: 4294967295}\nweights: f16\n")
+    model = read_card(path)
+    backends = backends_with(4096 * GiB, 4096 * GiB)
+    t0 = time.perf_counter()
+    got = fitmod.fit_model(model, backends, ModelOptions(), 0, 0, ctx_auto=True)
+    assert time.perf_counter() - t0 < 10 and len(got.probes) < 30
+    assert got.fits and got.ngl == 3
+    probe = fitmod._Prober(model, backends, ModelOptions(), [0, 0])
+    assert fitmod._all_fit(probe(got.ngl, got.ctx))
+    assert not fitmod._all_fit(probe(got.ngl, got.ctx + fitmod.CTX_STEP))

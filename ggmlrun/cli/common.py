@@ -60,10 +60,25 @@ GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), defau
                          "0.15.3.")
 
 
+_JSON_EMITTED = []
+
+
 def emit_json(data: dict) -> None:
+    """The command's one JSON object; remembered, so a failure after it (a run that does not
+    fit prints its figures, then exits 1) adds no second object (SPEC section 4)."""
     from ggmlrun.core.run.results import strict_json
 
     click.echo(strict_json(data, indent=2))
+    _JSON_EMITTED.append(True)
+
+
+def json_emitted() -> bool:
+    return bool(_JSON_EMITTED)
+
+
+def forget_json() -> None:
+    """A new command in the same process (tests, programs calling main) starts afresh."""
+    _JSON_EMITTED.clear()
 
 
 def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",

@@ -10,6 +10,7 @@ from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
 from ggmlrun.cli.model_options import model_options, _model_input
+from ggmlrun.models.options import U32_MAX
 
 
 class _CtxType(click.ParamType):
@@ -22,8 +23,9 @@ class _CtxType(click.ParamType):
             n = int(value)
         except ValueError:
             n = 0
-        if n < 1:
-            self.fail(f"{value!r} is neither a context length (1 or more) nor 'auto'", param, ctx)
+        if not 1 <= n <= U32_MAX:
+            self.fail(f"{value!r} is neither a context length (1 to {U32_MAX}, llama.cpp's "
+                      f"uint32) nor 'auto'", param, ctx)
         return n
 
 
@@ -34,7 +36,8 @@ class _CtxType(click.ParamType):
 @click.option("--ctx", "fit_ctx", type=_CtxType(), default=None,
               help="Context length, or 'auto': the largest (a multiple of 256, up to the "
                    "model's) that fits with the most layers; default the model's, at most 4096.")
-@click.option("--min-ctx", type=click.IntRange(min=1), default=4096, show_default=True,
+@click.option("--min-ctx", type=click.IntRange(min=1, max=U32_MAX), default=4096,
+              show_default=True,
               help="With --ctx auto: the context kept while layers are fitted (llama.cpp -fitc).")
 @click.option("--margin", metavar="SIZE", default=None,
               help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "

@@ -10,7 +10,7 @@ import sys
 import click
 
 from ggmlrun.core.util.errors import GgmlrunError, InputError
-from ggmlrun.cli.common import stderr, MAX_MESSAGE, cli
+from ggmlrun.cli.common import forget_json, json_emitted, stderr, MAX_MESSAGE, cli
 
 
 # signals that end a process by default: each leaves no temporary file behind (a closed
@@ -104,6 +104,8 @@ def _stdout_broken(err: OSError) -> bool:
 
 def _main(argv: list[str]) -> None:
     debug = "--debug" in argv
+    forget_json()
+    as_json = "--json" in argv
     import warnings
 
     try:
@@ -117,8 +119,8 @@ def _main(argv: list[str]) -> None:
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.ClickException as err:
-        err.show()
-        sys.exit(2 if isinstance(err, click.UsageError) else err.exit_code)
+        fail(_option_error(err), 2 if isinstance(err, click.UsageError) else err.exit_code,
+             as_json)
     except click.exceptions.Abort as err:
         if isinstance(err.__context__, KeyboardInterrupt):
             _interrupted()
@@ -127,29 +129,43 @@ def _main(argv: list[str]) -> None:
     except GgmlrunError as err:
         if debug:
             raise
-        fail(str(err), err.exit_code)
+        fail(str(err), err.exit_code, as_json)
     except OSError as err:
         if debug:
             raise
         if not _stdout_broken(err):
             fail(f"internal error: {type(err).__name__}: {err} (run with --debug for a "
-                 "traceback)", 1)
+                 "traceback)", 1, as_json)
         if err.errno == errno.EPIPE:   # the reader went away (`| head`): nothing to tell it
             sys.exit(1)
+        # no JSON object: stdout is what failed
         fail(f"cannot write to standard output: {err.strerror or err}", 1)
     except MemoryError:       # the checks before each allocation missed one: still one line
         if debug:
             raise
         fail("out of memory: the machine could not give what this run needs; use a smaller "
-             "graph or free memory", 1)
+             "graph or free memory", 1, as_json)
     except Exception as err:  # noqa: BLE001 - one line for anything unexpected
         if debug:
             raise
-        fail(f"internal error: {type(err).__name__}: {err} (run with --debug for a traceback)", 1)
+        fail(f"internal error: {type(err).__name__}: {err} (run with --debug for a traceback)", 1,
+             as_json)
     sys.exit(0)
 
 
-def fail(message: str, code: int) -> None:
+def _option_error(err: click.ClickException) -> str:
+    """click's message as one line, with where to read more in place of its usage block."""
+    message = " ".join(err.format_message().split()).removesuffix(".")
+    ctx = getattr(err, "ctx", None)
+    if isinstance(err, click.UsageError) and ctx is not None:
+        message += f" (see '{ctx.command_path} --help')"
+    return message
+
+
+def fail(message: str, code: int, as_json: bool = False) -> None:
+    """The one way out of a failed command: one `ggmlrun: error:` line on stderr, and with
+    --json the same message as the command's one JSON object on stdout (SPEC section 4), unless
+    the command already printed its object (a result that does not fit, then exit 1)."""
     from ggmlrun.core.util.fmt import clip
 
     # a huge value or name in a message is shown cut, so an error stays a readable line
@@ -157,6 +173,13 @@ def fail(message: str, code: int) -> None:
     message = " ".join(word if len(word) <= 256 else clip(word) for word in message.split(" "))
     if len(message) > MAX_MESSAGE:  # a huge value printed in full: keep where, and the advice
         message = f"{message[:MAX_MESSAGE - 300]} … {message[-250:]}"
+    if as_json and not json_emitted():
+        import json
+
+        try:
+            click.echo(json.dumps({"error": {"message": message, "exit": code}}))
+        except OSError as err:       # stdout itself fails (a full disk): stderr still says why
+            _stdout_broken(err)
     click.echo(f"ggmlrun: error: {message}", err=True)
     sys.exit(code)
 

@@ -19,6 +19,8 @@ class _NglType(click.ParamType):
     name = "N|all"
 
     def convert(self, value, param, ctx):
+        from ggmlrun.models.options import I32_MAX
+
         if isinstance(value, int) or value is None:
             return value
         if str(value).lower() == "all":
@@ -27,8 +29,9 @@ class _NglType(click.ParamType):
             n = int(value)
         except ValueError:
             n = -1
-        if n < 0:
-            self.fail(f"{value!r} is neither a layer count (0 or more) nor 'all'", param, ctx)
+        if not 0 <= n <= I32_MAX:
+            self.fail(f"{value!r} is neither a layer count (0 to {I32_MAX}, llama.cpp's int32) "
+                      f"nor 'all'", param, ctx)
         return n
 
 
@@ -36,23 +39,25 @@ class _SplitType(click.ParamType):
     name = "A,B,..."
 
     def convert(self, value, param, ctx):
+        from ggmlrun.models.options import split_proportions
+
         if isinstance(value, tuple):
             return value
         try:
             parts = tuple(float(v) for v in str(value).replace("/", ",").split(","))
         except ValueError:
             self.fail(f"{value!r}: give one non-negative number per device, e.g. 3,1", param, ctx)
-        if any(not (p >= 0 and p < float("inf")) for p in parts) or not sum(parts) > 0:
-            self.fail(f"{value!r}: the proportions must be non-negative, finite and not all 0",
-                      param, ctx)
-        return parts
+        try:
+            return split_proportions(parts)
+        except ValueError as err:
+            self.fail(f"{value!r}: {err}", param, ctx)
 
 
 class _OverrideType(click.ParamType):
     name = "REGEX=BACKEND"
 
     def convert(self, value, param, ctx):
-        import re
+        from ggmlrun.models.options import compile_override
 
         if isinstance(value, tuple):
             return value
@@ -60,17 +65,20 @@ class _OverrideType(click.ParamType):
         if not eq or not pattern or not backend:
             self.fail(f"{value!r}: write REGEX=BACKEND, e.g. 'ffn_.*=CPU'", param, ctx)
         try:
-            re.compile(pattern)
-        except re.error as err:
-            self.fail(f"{value!r}: bad regular expression: {err}", param, ctx)
+            compile_override(pattern)
+        except ValueError as err:
+            self.fail(f"the pattern '{pattern}' (in {value!r}) is not a regular expression RE2 "
+                      f"takes: {err}", param, ctx)
         return (pattern, backend)
 
 
+_U32 = click.IntRange(min=1, max=2**32 - 1)     # llama.cpp's uint32_t n_ctx, n_ubatch
+
 MODEL_OPTIONS = {
-    "ctx_size": click.option("--ctx", "ctx_size", type=click.IntRange(min=1), default=None,
+    "ctx_size": click.option("--ctx", "ctx_size", type=_U32, default=None,
                              help="[models] Context length (llama.cpp -c); default the model's, "
                                   "at most 4096."),
-    "ubatch": click.option("--ubatch", type=click.IntRange(min=1), default=None,
+    "ubatch": click.option("--ubatch", type=_U32, default=None,
                            help="[models] Tokens the graph is reserved for (-ub); default 512, "
                                 "at most --ctx."),
     "flash_attn": click.option("--flash-attn", type=click.Choice(["on", "off"]), default=None,
@@ -194,10 +202,23 @@ def _measure_model(model, backends, opts, as_json):
 
     figures = measure_model(model, backends, opts)
     _, memory = engine.plan_memory(figures.schedule, "ggml")
+    fit = model_fit(figures)
     if as_json:
-        emit_json(report.model_measure_dict(model, figures, memory))
+        emit_json({**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit)})
     else:
         report.print_tables(stdout(), report.model_measure_table(model, figures))
+    # as plan does: the figures first, then exit 1 naming what does not fit (README)
+    engine.check_capacity(figures.schedule, memory, fit=fit)
+
+
+def model_fit(figures):
+    """Does it fit, on llama.cpp's own figures: each backend's model + KV + compute buffers
+    against its `memory`, and all of them against the machine's RAM, as plan checks a graph
+    (core/memory/fits.py; the KV cache counts with the weights, as plan counts its tensors)."""
+    from ggmlrun.core.memory.fits import BackendFit, Fit, machine_memory
+
+    return Fit([BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes, b.arena_bytes,
+                           b.memory_bytes) for b in figures.backends], machine_memory())
 
 
 def _parse_tokens(text: str | None, n_vocab: int) -> list[int]:

@@ -17,15 +17,14 @@ Card tensors carry no data (`offset` None): a card can be measured and fitted, n
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggmlrun.core.frontend.yamlfile import (describe_value, is_int, is_number, read_yaml, shown,
-                                            unknown_keys)
+from ggmlrun.core.frontend.yamlfile import describe_value, read_yaml, shown, unknown_keys
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import did_you_mean
+from ggmlrun.models.hparam_rules import WEIGHT_TYPES
 from ggmlrun.models.hparams import llama_tensor_shapes
 from ggmlrun.models.modelfile import ModelFile, TensorInfo
 
@@ -46,8 +45,6 @@ HPARAMS = {
     "rope_freq_base": ("rope.freq_base", False, 10000.0),
     "norm_rms_eps": ("attention.layer_norm_rms_epsilon", False, 1e-5),
 }
-FLOAT_HPARAMS = ("rope_freq_base", "norm_rms_eps")
-MAX_DIM = 2**24                   # far past any real model; guards typos like 40960000
 
 TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", "attn_k",
                   "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
@@ -173,42 +170,37 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
 
 
 def _hparams(doc, raw) -> dict:
+    """The card's hyperparameters, checked by the same rules as a GGUF file's metadata
+    (hparam_rules), each error at the line of the key it blames."""
+    from ggmlrun.models import hparam_rules as rules
+
     path = ("hparams",)
     if not isinstance(raw, dict):
         raise doc.error(f"hparams must be a mapping, got {describe_value(raw)}", path)
     unknown_keys(doc, raw, tuple(HPARAMS), path, None, "hyperparameter")
-    values = {}
-    for key, (_, required, default) in HPARAMS.items():
-        if key not in raw:
-            if required:
-                raise doc.error(f"missing hyperparameter '{key}'", path)
-            values[key] = default
-            continue
-        value = raw[key]
-        if key in FLOAT_HPARAMS:
-            if not is_number(value) or not math.isfinite(value) or value <= 0:
-                raise doc.error(f"{key} must be a positive number, got {describe_value(value)}",
-                                path + (key,))
-            values[key] = float(value)
-        else:
-            if not is_int(value) or not 1 <= value <= MAX_DIM:
-                raise doc.error(f"{key} must be an integer from 1 to {MAX_DIM}, got "
-                                f"{describe_value(value)}", path + (key,))
-            values[key] = value
+    for key, (_, required, _) in HPARAMS.items():
+        if required and key not in raw:
+            raise doc.error(f"missing hyperparameter '{key}'", path)
+    card_key = {gguf: key for key, (gguf, _, _) in HPARAMS.items()}
+    try:
+        checked = rules.check({HPARAMS[k][0]: v for k, v in raw.items()}, names=card_key)
+    except rules.HParamError as err:
+        raise doc.error(err.message, path + (card_key[err.key],)) from None
+    values = {key: checked.get(gguf, default) for key, (gguf, _, default) in HPARAMS.items()}
     if values["n_head_kv"] is None:
         values["n_head_kv"] = values["n_head"]
     if values["n_embd"] % values["n_head"]:
         raise doc.error(f"n_embd {values['n_embd']} is not a multiple of n_head {values['n_head']}",
                         path + ("n_embd",))
-    if values["n_head"] % values["n_head_kv"]:
-        raise doc.error(f"n_head {values['n_head']} is not a multiple of n_head_kv "
-                        f"{values['n_head_kv']}", path + ("n_head_kv",))
     head = values["n_embd"] // values["n_head"]
     if values["n_rot"] is None:
         values["n_rot"] = head
-    if values["n_rot"] > head or values["n_rot"] % 2:
-        raise doc.error(f"n_rot {values['n_rot']} must be even and at most the head size {head}",
-                        path + ("n_rot",))
+    try:
+        rules.check_heads("llama", n_embd=values["n_embd"], n_head=values["n_head"],
+                          n_head_kv=values["n_head_kv"], head_k=head, head_v=head,
+                          n_rot=values["n_rot"], names=card_key)
+    except rules.HParamError as err:
+        raise doc.error(err.message, path + (card_key.get(err.key, "n_head"),)) from None
     return values
 
 
@@ -243,7 +235,11 @@ def _type_overrides(doc, raw) -> dict[str, str]:
                         f"{describe_value(raw)}", path)
     unknown_keys(doc, raw, TENSOR_CLASSES, path, None, "tensor class")
     for cls, dtype in raw.items():
-        if dtype not in TYPES:
+        if not isinstance(dtype, str) or dtype not in TYPES:
             raise doc.error(f"unknown type {shown(dtype)} for {cls}; "
                             f"{did_you_mean(str(dtype), TYPES)}", path + (cls,))
+        if dtype not in WEIGHT_TYPES:
+            raise doc.error(f"type {shown(dtype)} for {cls} is not a weight type (llama.cpp "
+                            f"loads no weights of it, and ggmlrun has no kernel for it); "
+                            f"{did_you_mean(str(dtype), WEIGHT_TYPES)}", path + (cls,))
     return dict(raw)

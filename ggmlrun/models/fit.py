@@ -235,14 +235,19 @@ def _largest_ctx(probe: _Prober, ngl: int, lo: int, top: int) -> int:
 
 
 def _kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
-    """The largest context under `below` that the KV growth alone from `ctx` leaves possible."""
-    best = ctx
-    for c in range(ctx + CTX_STEP, below, CTX_STEP):
-        if any(r.total_bytes + r.kv_bytes * (c - ctx) // ctx > r.memory_bytes - r.margin_bytes
-               for r in rows):
-            break
-        best = c
-    return best
+    """The largest context ctx + k * CTX_STEP (k >= 0) under `below` that the KV growth alone
+    from `ctx` leaves possible: for every backend, total + kv * (c - ctx) // ctx must stay
+    within its memory less the margin. KV bytes are linear in the cells, so the edge is
+    solved, not walked (a walk in steps of 256 up to a context of 2**32 is 16 million steps):
+    floor(kv * d / ctx) <= room  <=>  kv * d <= (room + 1) * ctx - 1, for d = c - ctx."""
+    steps = (below - 1 - ctx) // CTX_STEP          # the most steps that stay under `below`
+    for r in rows:
+        room = r.memory_bytes - r.margin_bytes - r.total_bytes
+        if room < 0:
+            return ctx
+        if r.kv_bytes > 0:
+            steps = min(steps, ((room + 1) * ctx - 1) // r.kv_bytes // CTX_STEP)
+    return ctx + max(steps, 0) * CTX_STEP
 
 
 def _ctx_guess(points: list[tuple[int, list[FitBackend]]]) -> int:

@@ -48,42 +48,67 @@ class LlamaHParams:
         return self.n_embd_head_v * self.n_head_kv
 
 
-def from_metadata(fields: dict, arch: str = "llama") -> LlamaHParams:
-    """`fields`: GGUF key -> plain value (ints, floats, strings, lists)."""
+def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) -> LlamaHParams:
+    """`fields`: GGUF key -> plain value (ints, floats, strings, lists); `types`: GGUF key ->
+    its stored GGUF type where known (`gguf_types`). Every value is checked against
+    hparam_rules (types, ranges, the rules between keys) before it is used."""
+    from ggmlrun.models import hparam_rules as rules
+
+    prefix = f"{arch}."
+    values = rules.check(fields, prefix=prefix, types=types)
 
     def get(key: str, default=None, required: bool = True):
-        full = f"{arch}.{key}"
-        if full in fields:
-            return fields[full]
+        if key in values:
+            return values[key]
         if required and default is None:
-            raise InputError(f"GGUF metadata lacks '{full}', which a {arch} model needs")
+            raise InputError(f"GGUF metadata lacks '{prefix}{key}', which a {arch} model needs")
         return default
 
-    n_embd = int(get("embedding_length"))
-    n_head = int(get("attention.head_count"))
+    n_layer = get("block_count")
+    n_embd = get("embedding_length")
+    n_head = get("attention.head_count")
     n_vocab = get("vocab_size", required=False)
     if n_vocab is None:
-        tokens = fields.get("tokenizer.ggml.tokens")
+        tokens = fields.get(rules.VOCAB_LIST)
         if tokens is None:
             raise InputError(f"GGUF metadata has neither '{arch}.vocab_size' nor "
-                             f"'tokenizer.ggml.tokens'; the vocabulary size is unknown")
-        n_vocab = len(tokens)
-    head_k = int(get("attention.key_length", 0) or 0) or n_embd // max(n_head, 1)
+                             f"'{rules.VOCAB_LIST}'; the vocabulary size is unknown")
+        n_vocab = rules.check_vocab_list(len(tokens))
+    n_head_kv = get("attention.head_count_kv", n_head)
+    head_k = get("attention.key_length", 0) or n_embd // n_head
+    head_v = get("attention.value_length", 0) or n_embd // n_head
+    n_rot = get("rope.dimension_count", head_k)
+    rules.check_heads(arch, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_k=head_k,
+                      head_v=head_v, n_rot=n_rot, prefix=prefix)
     scale = 1.0
-    factor = get("rope.scaling.factor", 0.0) or 0.0
-    if factor and get("rope.scaling.type", "linear") == "linear":
-        scale = 1.0 / float(factor)
+    factor = get("rope.scaling.factor", 0.0)
+    scaling = get("rope.scaling.type", "linear")
+    if scaling == "longrope" or (scaling == "yarn" and factor not in (0.0, 1.0)):
+        # llama.cpp then rotates with YaRN's ramp or longrope's factors, which this builder
+        # does not make: refused rather than computed differently
+        raise InputError(f"{prefix}rope.scaling.type {scaling!r} (factor {factor:g}) is not "
+                         f"built by ggmlrun's {arch} graph; supported: none, linear, and yarn "
+                         f"with factor 1")
+    if factor and scaling == "linear":
+        scale = 1.0 / factor
     return LlamaHParams(
-        n_layer=int(get("block_count")), n_embd=n_embd, n_head=n_head,
-        n_head_kv=int(get("attention.head_count_kv", n_head)),
-        n_ff=int(get("feed_forward_length")), n_vocab=int(n_vocab),
-        n_ctx_train=int(get("context_length")),
-        n_rot=int(get("rope.dimension_count", head_k)),
-        rope_freq_base=float(get("rope.freq_base", 10000.0)),
-        rope_freq_scale=scale,
-        norm_rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        n_embd_head_k=head_k,
-        n_embd_head_v=int(get("attention.value_length", 0) or 0) or head_k)
+        n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+        n_ff=get("feed_forward_length"), n_vocab=n_vocab,
+        n_ctx_train=get("context_length"), n_rot=n_rot,
+        rope_freq_base=get("rope.freq_base", 10000.0), rope_freq_scale=scale,
+        norm_rms_eps=get("attention.layer_norm_rms_epsilon", 1e-5),
+        n_embd_head_k=head_k, n_embd_head_v=head_v)
+
+
+def gguf_types(reader, prefix: str) -> dict[str, str]:
+    """Each `prefix` key's stored GGUF type, by name ("UINT32", "ARRAY[INT32]"), from a
+    gguf.GGUFReader: what hparam_rules checks a value's type against."""
+    types = {}
+    for key, field in reader.fields.items():
+        if key.startswith(prefix) and field.types:
+            names = [getattr(t, "name", str(t)) for t in field.types]
+            types[key] = names[0] if len(names) == 1 else f"{names[0]}[{names[1]}]"
+    return types
 
 
 def llama_tensor_shapes(hp: LlamaHParams) -> dict[str, tuple[int, ...]]:

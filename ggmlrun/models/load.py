@@ -41,4 +41,6 @@ def _looks_like_card(path: Path) -> bool:
             head = handle.read(1 << 16)
     except OSError:
         return False
+    if head.startswith(b"\xef\xbb\xbf"):        # a UTF-8 byte order mark (Windows editors)
+        head = head[3:]
     return any(line.startswith(b"architecture:") for line in head.splitlines())

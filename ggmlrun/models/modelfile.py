@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.hparams import LlamaHParams, from_metadata, llama_tensor_shapes
+from ggmlrun.models.hparams import LlamaHParams, from_metadata, gguf_types, llama_tensor_shapes
 
 GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = ("llama",)
@@ -76,7 +76,7 @@ def read_gguf(path: Path) -> ModelFile:
         raise InputError(f"architecture '{arch}' is not supported; ggmlrun builds llama.cpp's "
                          f"graph for: {', '.join(ARCHITECTURES)}", file=str(path))
     try:
-        hparams = from_metadata(fields, arch)
+        hparams = from_metadata(fields, arch, gguf_types(reader, f"{arch}."))
     except InputError as err:
         raise err.located(file=str(path))
     except (ValueError, TypeError, OverflowError) as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 KV_TYPES = ("f16", "f32", "q8_0")
@@ -41,3 +42,82 @@ def ubatch_size(opts: ModelOptions, n_ctx_train: int) -> int:
 
 def gpu_layers(opts: ModelOptions, n_layer: int) -> int:
     return n_layer + 1 if opts.ngl is None else opts.ngl
+
+
+# --- option bounds, as llama.cpp's types bound them ---------------------------------------------
+U32_MAX = 2**32 - 1               # n_ctx, n_ubatch, n_batch are uint32_t in llama_context_params
+I32_MAX = 2**31 - 1               # n_gpu_layers is an int32_t in llama_model_params
+MAX_REPEAT = 1000                 # RE2's (and ECMAScript engines') largest counted repetition
+
+
+def split_proportions(parts) -> tuple[float, ...]:
+    """--tensor-split's proportions, checked in float64 and scaled by a power of two so that
+    the largest lies in [0.5, 1): llama.cpp's float32 split points (placement.split_points)
+    are then the same as for the values as given (a power of two scales every float32 sum and
+    the final division exactly) and can neither overflow (1e300,1e300) nor vanish
+    (1e-300,1e-300). ValueError when a part is negative or not a number, or the sum is 0 or
+    not finite."""
+    parts = tuple(float(p) for p in parts)
+    if any(not p >= 0 for p in parts):
+        raise ValueError("every proportion must be a number >= 0")
+    try:
+        total = math.fsum(parts)
+    except OverflowError:        # fsum: finite parts whose sum is past float64
+        total = math.inf
+    if not math.isfinite(total):
+        raise ValueError("the proportions must be finite and their sum too")
+    if not total > 0:
+        raise ValueError("the proportions must not all be 0")
+    _, exponent = math.frexp(max(parts))
+    return tuple(math.ldexp(p, -exponent) for p in parts)
+
+
+def _repeat_too_large(pattern: str) -> str | None:
+    """A counted repetition ({n}, {n,}, {n,m}) past MAX_REPEAT, outside a character class and
+    not escaped: RE2 reads one whose count overflows as literal text, so it is refused here."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        elif c == "{" and not in_class:
+            j = i + 1
+            while j < len(pattern) and (pattern[j].isdigit() or pattern[j] == ","):
+                j += 1
+            if j < len(pattern) and pattern[j] == "}" and j > i + 1:
+                counts = [int(n) for n in pattern[i + 1:j].split(",") if n.isdigit()]
+                if any(n > MAX_REPEAT for n in counts):
+                    return pattern[i:j + 1]
+            i = j
+            continue
+        i += 1
+    return None
+
+
+def compile_override(pattern: str):
+    """An --override-tensor pattern compiled by RE2 (google-re2): matching takes time linear in
+    the name whatever the pattern ('(a+)+$' included), and compiling is bounded by RE2's
+    memory budget. Its syntax is RE2's: no backreferences or look-around, which it refuses.
+    A pattern RE2 refuses is a ValueError with RE2's reason."""
+    try:
+        import re2
+    except ImportError:          # a dependency (pyproject); never fall back to backtracking
+        raise ValueError("--override-tensor needs the google-re2 package "
+                         "(python3 -m pip install google-re2)") from None
+    big = _repeat_too_large(pattern)
+    if big:
+        raise ValueError(f"repetition {big} is larger than {MAX_REPEAT}")
+    options = re2.Options()
+    options.log_errors = False   # RE2 would print its own line on stderr
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as err:
+        reason = err.args[0] if err.args else err
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise ValueError(str(reason)) from None

@@ -17,7 +17,6 @@ load_tensors, llama_model_loader::create_tensor, llama_kv_cache, llama_context's
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ import numpy as np
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.models.hparams import LlamaHParams
-from ggmlrun.models.options import ModelOptions, gpu_layers
+from ggmlrun.models.options import ModelOptions, compile_override, gpu_layers
 
 
 @dataclass
@@ -92,8 +91,8 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
             raise InputError(f"--override-tensor {pattern}={backend}: unknown backend "
                              f"'{backend}'; {did_you_mean(backend, index)}")
         try:
-            rules.append((re.compile(pattern), index[backend]))
-        except re.error as err:
+            rules.append((compile_override(pattern), index[backend]))
+        except ValueError as err:
             raise InputError(f"--override-tensor {pattern}={backend}: bad regex: {err}") from None
 
     def where(name: str, default: int) -> int:

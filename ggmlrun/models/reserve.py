@@ -28,8 +28,8 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.llama import ModelGraph, build_llama
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import (KV_TYPES, ModelOptions, context_size, gpu_layers, kv_size,
-                                     ubatch_size)
+from ggmlrun.models.options import (KV_TYPES, U32_MAX, ModelOptions, context_size, gpu_layers,
+                                     kv_size, ubatch_size)
 from ggmlrun.models.placement import Placement, place
 
 GGUF_ALIGNMENT = 32
@@ -109,10 +109,11 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
                                  f"the model's head size {head} (llama.cpp: {kind.upper()} cache "
                                  f"type {opts.kv_type} with block size {block} does not divide "
                                  f"n_embd_head_{kind}={head}); use --kv-type f16")
-    if opts.ctx is not None and opts.ctx < 1:
-        raise InputError(f"--ctx must be >= 1, got {opts.ctx}")
-    if opts.ubatch < 1:
-        raise InputError(f"--ubatch must be >= 1, got {opts.ubatch}")
+    if opts.ctx is not None and not 1 <= opts.ctx <= U32_MAX:
+        raise InputError(f"--ctx must be 1..{U32_MAX} (llama.cpp's uint32), got {opts.ctx}")
+    if not 1 <= opts.ubatch <= U32_MAX:
+        raise InputError(f"--ubatch must be 1..{U32_MAX} (llama.cpp's uint32), got "
+                         f"{opts.ubatch}")
     if not backends or backends[-1].kind != "cpu":
         raise InputError("the last backend must be a CPU")
 
