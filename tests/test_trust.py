@@ -126,6 +126,17 @@ def test_a_full_stdout_is_one_line_exit_1(args):
     one_line(proc.returncode, proc.stderr, 1, "cannot write to standard output")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_json_error_into_a_full_stdout_is_still_one_line(tmp_path):
+    """--json puts the error object on stdout too; when stdout is full, stderr still has the
+    one line and the exit code is the error's."""
+    path = tmp_path / "g.yaml"
+    path.write_text("name: !!int 3#no\n" + GRAPH)
+    with open("/dev/full", "w") as full:
+        proc = ggmlrun("plan", path, "--json", stdout=full, stderr=subprocess.PIPE)
+    one_line(proc.returncode, proc.stderr, 2, "cannot read '3#no' as !!int")
+
+
 def test_a_closed_stdout_is_no_internal_error():
     proc = subprocess.Popen([sys.executable, "-m", "ggmlrun", "run", str(MLP)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
