@@ -17,7 +17,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_dispatch.py", "bench_compute.py", "bench_scale.py", "bench_memory.py",
-           "bench_quant.py", "bench_models.py", "bench_fit.py", "bench_load.py"]
+           "bench_quant.py", "bench_models.py", "bench_fit.py", "bench_load.py",
+           "bench_gguf_header.py"]
 
 
 def main() -> int:

@@ -14,14 +14,15 @@ from ggmlrun.models.modelfile import is_gguf, read_gguf
 
 def write_tiny_llama(path: Path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=96,
                      n_vocab=300, n_ctx=512, dtype="f32", tied=False, seed=0,
-                     arch="llama", rope_freqs=False) -> Path:
+                     arch="llama", rope_freqs=False, big_endian=False) -> Path:
     """A random llama GGUF written with gguf's own writer (weights f32, f16 or q8_0); with
     `rope_freqs`, Llama 3's per-frequency rope divisors as well."""
     import gguf
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, endianess=gguf.GGUFEndian.BIG if big_endian
+                        else gguf.GGUFEndian.LITTLE)
     w.add_name("tiny")
     w.add_block_count(n_layer)
     w.add_context_length(n_ctx)

@@ -100,14 +100,23 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
         n_embd_head_k=head_k, n_embd_head_v=head_v)
 
 
-def gguf_types(reader, prefix: str) -> dict[str, str]:
-    """Each `prefix` key's stored GGUF type, by name ("UINT32", "ARRAY[INT32]"), from a
-    gguf.GGUFReader: what hparam_rules checks a value's type against."""
+_GGUF_TYPE_NAMES = {"u8": "UINT8", "i8": "INT8", "u16": "UINT16", "i16": "INT16",
+                    "u32": "UINT32", "i32": "INT32", "u64": "UINT64", "i64": "INT64",
+                    "f32": "FLOAT32", "f64": "FLOAT64", "bool": "BOOL", "str": "STRING"}
+
+
+def gguf_types(kv_types: dict[str, str], prefix: str) -> dict[str, str]:
+    """Each `prefix` key's stored GGUF type by gguf.GGUFValueType's name ("UINT32",
+    "ARRAY[INT32]"), from the header reader's short names ("u32", "arr[i32]"): what hparam_rules
+    checks a value's type against."""
     types = {}
-    for key, field in reader.fields.items():
-        if key.startswith(prefix) and field.types:
-            names = [getattr(t, "name", str(t)) for t in field.types]
-            types[key] = names[0] if len(names) == 1 else f"{names[0]}[{names[1]}]"
+    for key, short in kv_types.items():
+        if not key.startswith(prefix):
+            continue
+        if short.startswith("arr[") and short.endswith("]"):
+            types[key] = f"ARRAY[{_GGUF_TYPE_NAMES.get(short[4:-1], short[4:-1].upper())}]"
+        else:
+            types[key] = _GGUF_TYPE_NAMES.get(short, short.upper())
     return types
 
 

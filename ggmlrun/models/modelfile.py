@@ -1,8 +1,9 @@
 """A GGUF model file's header: architecture, hyperparameters and the tensor table.
 
-Read with the `gguf` package llama.cpp publishes (GGUFReader memory-maps the file, so no weight
-byte is read here). Only the llama architecture is accepted: anything else is an input error
-naming the architecture, as is a file `gguf` cannot parse.
+Read by `gguf_header` (gguf.cpp's and the model loader's checks, sizes against the file before
+anything is allocated; no weight byte is read here). Only the llama architecture is accepted:
+anything else is an input error naming the architecture. Every tensor must be one the
+architecture loads, in a type ggmlrun has a kernel for.
 """
 
 from __future__ import annotations
@@ -10,12 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ggmlrun.core.ir.types import BY_ID
+from ggmlrun.core.ir.types import BY_ID, TYPES
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.gguf_header import FileStamp, read_header, shown
 from ggmlrun.models.hparams import LlamaHParams, from_metadata, gguf_types, llama_tensor_shapes
 
 GGUF_MAGIC = b"GGUF"
 ARCHITECTURES = ("llama",)
+# Weight types ggmlrun's kernels read (plain, or block types it decodes); q8_1 and q8_K (the
+# activation formats of ggml's dot products) and anything newer are refused at load.
+WEIGHT_TYPES = tuple(t for t in (
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K", "q5_K",
+    "q6_K", "iq2_xxs", "iq2_xs", "iq3_xxs", "iq1_s", "iq4_nl", "iq3_s", "iq2_s", "iq4_xs",
+    "iq1_m", "tq1_0", "tq2_0", "mxfp4", "nvfp4") if t in TYPES)
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class ModelFile:
     name: str
     hparams: LlamaHParams
     tensors: dict[str, TensorInfo]          # in file order
+    stamp: FileStamp | None = None          # the file as its header was read (None: a card)
+    data_end: int = 0                       # the file's bytes its tensors need
 
 
 def is_gguf(path: Path) -> bool:
@@ -44,69 +54,73 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def _scalar_fields(reader, prefix: str) -> dict:
-    """The architecture's own keys as plain values; big arrays (the vocabulary) are not decoded."""
-    fields = {}
-    for key, field in reader.fields.items():
-        if key.startswith(prefix) or key == "general.name":
-            fields[key] = field.contents()
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        fields["tokenizer.ggml.tokens"] = range(len(tokens.data))   # only its length is used
-    return fields
-
-
 def read_gguf(path: Path) -> ModelFile:
-    from gguf import GGUFReader
-
     path = Path(path)
-    try:
-        reader = GGUFReader(path, "r")
-    except (ValueError, OSError, IndexError, KeyError, TypeError, UnicodeDecodeError) as err:
-        raise InputError(f"not a readable GGUF file: {err}", file=str(path)) from None
-    arch_field = reader.fields.get("general.architecture")
-    if arch_field is None:
-        raise InputError("GGUF metadata lacks 'general.architecture'", file=str(path))
-    try:
-        arch = arch_field.contents()
-        fields = _scalar_fields(reader, f"{arch}.")
-    except (ValueError, IndexError, TypeError, UnicodeDecodeError) as err:
-        raise InputError(f"unreadable GGUF metadata: {err}", file=str(path)) from None
+    where = str(path)
+    header = read_header(path)
+    fields = header.kv
+    if "general.architecture" not in fields:
+        raise InputError("GGUF metadata lacks 'general.architecture'", file=where)
+    arch = fields["general.architecture"]
+    if header.kv_types["general.architecture"] != "str":
+        raise InputError(f"key 'general.architecture' must be a string, not "
+                         f"{header.kv_types['general.architecture']}", file=where)
     if arch not in ARCHITECTURES:
-        raise InputError(f"architecture '{arch}' is not supported; ggmlrun builds llama.cpp's "
-                         f"graph for: {', '.join(ARCHITECTURES)}", file=str(path))
+        raise InputError(f"architecture '{shown(arch)}' is not supported; ggmlrun builds "
+                         f"llama.cpp's graph for: {', '.join(ARCHITECTURES)}", file=where)
+    splits = fields.get("split.count", 1)
+    if type(splits) is int and splits > 1:
+        raise InputError(f"the first of {splits} split GGUF files (split.count); ggmlrun reads "
+                         f"one file: merge them first (llama-gguf-split --merge)", file=where)
     try:
-        hparams = from_metadata(fields, arch, gguf_types(reader, f"{arch}."))
+        hparams = from_metadata(fields, arch, gguf_types(header.kv_types, f"{arch}."))
     except InputError as err:
-        raise err.located(file=str(path))
+        raise err.located(file=where)
     except (ValueError, TypeError, OverflowError) as err:
-        raise InputError(f"unreadable {arch} hyperparameters: {err}", file=str(path)) from None
+        raise InputError(f"unreadable {arch} hyperparameters: {err}", file=where) from None
     tensors = {}
-    for t in reader.tensors:
-        gtype = BY_ID.get(int(t.tensor_type))
-        if gtype is None:
-            raise InputError(f"tensor '{t.name}' has GGUF type {int(t.tensor_type)}, which "
-                             f"ggmlrun's type table lacks", file=str(path))
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        tensors[t.name] = TensorInfo(t.name, shape, gtype.name, int(t.data_offset))
-    check_tensors(hparams, tensors, str(path))
-    name = fields.get("general.name") or path.stem
-    return ModelFile(path=path, arch=arch, name=str(name), hparams=hparams, tensors=tensors)
+    for t in header.tensors:
+        gtype = BY_ID[t.type_id]        # the header reader refused ids outside the table
+        if gtype.name not in WEIGHT_TYPES:
+            raise InputError(f"type {gtype.name}, which ggmlrun has no kernel for as a weight "
+                             f"(weights: {', '.join(WEIGHT_TYPES)})", file=where,
+                             culprit=f"tensor '{shown(t.name)}'")
+        tensors[t.name] = TensorInfo(t.name, tuple(reversed(t.ne)), gtype.name, t.offset)
+    check_tensors(hparams, tensors, where)
+    name = fields.get("general.name")
+    name = shown(name) if isinstance(name, str) and name.strip() else path.stem
+    return ModelFile(path=path, arch=arch, name=name, hparams=hparams, tensors=tensors,
+                     stamp=header.stamp, data_end=header.data_end)
+
+
+def expected_tensors(hp: LlamaHParams) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
+    """Every tensor the architecture loads, with its shape, and which of them may be absent
+    (llama: the output, then tied to token_embd; Llama 3's rope_freqs)."""
+    shapes = dict(llama_tensor_shapes(hp))
+    shapes["rope_freqs.weight"] = (hp.n_rot // 2,)
+    return shapes, frozenset(("output.weight", "rope_freqs.weight"))
 
 
 def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None) -> None:
-    """Every tensor llama.cpp requires, in the shape the hyperparameters give it
-    (output.weight may be absent: the output is then tied to token_embd.weight)."""
+    """Every tensor llama.cpp requires, in the shape the hyperparameters give it, and no other:
+    llama.cpp's loader counts the tensors it made against the file's ("wrong number of
+    tensors"), so a tensor the architecture does not load is refused too."""
     if hparams.n_layer * 9 > len(tensors):       # before listing a corrupt block_count's names
         raise InputError(f"block_count {hparams.n_layer} needs {hparams.n_layer * 9 + 3} "
                          f"tensors but the model has {len(tensors)}", file=where)
-    for name, shape in llama_tensor_shapes(hparams).items():
+    shapes, optional = expected_tensors(hparams)
+    for name, shape in shapes.items():
         info = tensors.get(name)
         if info is None:
-            if name == "output.weight":
+            if name in optional:
                 continue
             raise InputError(f"model lacks tensor '{name}', which a llama model needs",
                              file=where)
         if info.shape != shape:
             raise InputError(f"tensor '{name}' has shape {list(info.shape)}; the model's "
                              f"hyperparameters make it {list(shape)}", file=where)
+    extra = next((name for name in tensors if name not in shapes), None)
+    if extra is not None:
+        raise InputError(f"tensor '{shown(extra)}' is not one a llama model with "
+                         f"{hparams.n_layer} layers loads (llama.cpp: \"wrong number of "
+                         f"tensors\"); ggmlrun builds only the tensors it knows", file=where)

@@ -1,10 +1,10 @@
 """Evaluate a real model file: the prompt as one ubatch, llama.cpp's graph, real weights.
 
-Weights come memory-mapped from the GGUF (a NumPy memmap of the file; block types stay raw
-bytes, as the quantized kernels take them), the KV cache starts empty (zeros), and the inputs
-are the ones llama.cpp's set_input fills for a first batch in sequence 0: positions 0..T-1,
-cache cells 0..T-1, a causal mask over the n_kv cells attended to, and the last token's row as
-the only output.
+Weights come memory-mapped from the GGUF (mapped.py: one map of one descriptor, checked
+against the header; block types stay raw bytes, as the quantized kernels take them), the KV
+cache starts empty (zeros), and the inputs are the ones llama.cpp's set_input fills for a first
+batch in sequence 0: positions 0..T-1, cache cells 0..T-1, a causal mask over the n_kv cells
+attended to, and the last token's row as the only output.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.run.exec import RunResult
 from ggmlrun.core.sched.scheduler import Scheduler
-from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.errors import InputError, RunError
+from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.models.llama import ModelGraph, build_llama
+from ggmlrun.models.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import ModelOptions, context_size, kv_size
 from ggmlrun.models.placement import place
@@ -38,10 +40,8 @@ def storage_shape(shape: tuple[int, ...], dtype: str) -> tuple[tuple[int, ...], 
     return shape, np.dtype(np.uint16)
 
 
-def weight_values(model: ModelFile, mg: ModelGraph) -> dict[Tensor, np.ndarray]:
-    if model.path is None:
-        raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
-    data = np.memmap(model.path, dtype=np.uint8, mode="r")
+def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Tensor, np.ndarray]:
+    """Views of the mapped file's bytes (`data`) for the weights, zeros for the KV cache."""
     values = {}
     leaves = list(mg.weights.items())
     if "output.weight" not in mg.weights:       # tied: the duplicate reads token_embd's bytes
@@ -112,8 +112,58 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
     plan, memory = plan_memory(sched, "ggml")
     check_capacity(sched, memory)
-    values = weight_values(model, mg)
-    values.update(input_values(mg, tokens, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa))
-    result = execute(sched, plan, values)
+    if model.path is None or model.stamp is None:
+        raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
+    check_run_memory(model, mg, memory)
+    weights = MappedFile(model.path, model.stamp, model.data_end)
+    try:
+        values = weight_values(model, mg, weights.bytes)
+        values.update(input_values(mg, tokens, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa))
+        with sigbus_guard(model.path):
+            result = execute(sched, plan, values)
+        weights.check_unchanged()
+    finally:
+        values = None
+        weights.close()
     logits = np.asarray(result.outputs["result_output"], dtype=np.float32).reshape(1, hp.n_vocab)
     return logits, result
+
+
+def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
+    """Before anything is allocated: every backend's buffers (the executor copies the weights
+    in) and the KV cache's starting values against the machine's available memory, and with
+    the mapped file against the address-space limit (RLIMIT_AS) where one is set."""
+    from ggmlrun.core.util import ram
+
+    buffers = sum(m.arena_bytes + m.weights_bytes for m in memory)
+    caches = sum(leaf.nbytes for cache in (mg.cache.k, mg.cache.v) for leaf in cache.values())
+    inputs = 2 * sum(t.nbytes for t in mg.inputs.values())      # made, then converted
+    need = buffers + caches + inputs
+    what = (f"running this model ({human_bytes(buffers)} of backend buffers, "
+            f"{human_bytes(caches + inputs)} of cache and input values)")
+    ram.ensure_memory(need, what)
+    space = address_space()
+    if space is not None:
+        limit, used = space
+        mapped = model.stamp.size
+        if used + mapped + need > limit:
+            raise RunError(f"{what} needs {human_bytes(need)} and the mapped file "
+                           f"{human_bytes(mapped)} more address space, but RLIMIT_AS "
+                           f"({human_bytes(limit)}) leaves {human_bytes(max(0, limit - used))}; "
+                           f"raise the limit (ulimit -v) or use a smaller --ctx or fewer tokens")
+
+
+def address_space() -> tuple[int, int] | None:
+    """(RLIMIT_AS's soft limit, the address space this process uses now); None without a limit."""
+    import os
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY or limit < 0:
+        return None
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            used = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        used = 0
+    return limit, used

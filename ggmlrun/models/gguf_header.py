@@ -1,0 +1,367 @@
+"""A GGUF file's header, read and checked as ggml's gguf.cpp (`gguf_init_from_reader`) and
+llama.cpp's model loader check it, with plain `struct` reads.
+
+Every count and length is checked against the bytes left in the file before anything is
+allocated or looped over; arrays are skipped by their size (string arrays by a walk of their
+lengths) unless they are small and outside `tokenizer.` (the vocabulary's length is all a model
+needs of it); nested arrays, duplicate keys and tensor names, names of 64 bytes or more,
+unknown types, more than 4 dimensions, element counts past int64 and data offsets other than
+gguf.cpp's running aligned sum are refused, as is a tensor whose data runs past the end of the
+file (the loader's "not within the file bounds"). A big-endian file is named as such. Every
+failure is an `InputError` (exit 2): one line naming the file and the key or tensor.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+
+from ggmlrun.core.ir.types import BY_ID
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.fmt import clip
+
+MAGIC = b"GGUF"
+VERSIONS = (2, 3)                 # gguf.cpp: v1 "no longer supported", above 3 unknown
+MAX_STRING = 1 << 30              # GGUF_MAX_STRING_LENGTH
+MAX_ARRAY = 1 << 30               # GGUF_MAX_ARRAY_ELEMENTS
+MAX_NAME = 64                     # GGML_MAX_NAME, the NUL included
+MAX_DIMS = 4                      # GGML_MAX_DIMS
+INT64_MAX = (1 << 63) - 1
+SIZE_MAX = (1 << 64) - 1
+DEFAULT_ALIGNMENT = 32            # GGUF_DEFAULT_ALIGNMENT
+DECODED_ARRAY_MAX = 4096          # longer arrays, and tokenizer.* ones, keep their length only
+_CHUNK = 1 << 20
+
+STRING, ARRAY = 8, 9
+# gguf_type -> (name, struct code); strings and arrays are read by hand
+SCALARS = {0: ("u8", "B"), 1: ("i8", "b"), 2: ("u16", "H"), 3: ("i16", "h"), 4: ("u32", "I"),
+           5: ("i32", "i"), 6: ("f32", "f"), 7: ("bool", "?"), 10: ("u64", "Q"),
+           11: ("i64", "q"), 12: ("f64", "d")}
+_ONE = {code: struct.Struct("<" + fmt) for code, (_, fmt) in SCALARS.items()}
+_U32, _I32, _U64, _I64 = (struct.Struct("<" + c) for c in "IiQq")
+
+
+@dataclass(frozen=True)
+class UnreadArray:
+    """An array the header reader skipped: its element type and length, not its items."""
+    type: str
+    count: int
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class Metadata(dict):
+    """Key -> value, as stored; `types` gives each key's GGUF type ("u32", "str", "arr[i32]"),
+    for checks as strict as llama.cpp's get_key (a u32 key stored as i32 is refused there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.types: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class HeaderTensor:
+    name: str
+    ne: tuple[int, ...]           # ggml order, n_dims entries
+    type_id: int
+    offset: int                   # absolute byte offset of the data in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What `run` compares before it maps the file and after it has read it."""
+    size: int
+    mtime_ns: int
+    ino: int
+    dev: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> "FileStamp":
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+@dataclass
+class GGUFHeader:
+    path: str
+    version: int
+    stamp: FileStamp
+    alignment: int
+    data_offset: int                              # where the data section starts
+    data_end: int                                 # the last tensor byte + 1 (data_offset if none)
+    kv: Metadata = field(default_factory=Metadata)   # key -> int/float/bool/str/list/UnreadArray
+    tensors: list[HeaderTensor] = field(default_factory=list)
+
+    @property
+    def kv_types(self) -> dict[str, str]:                # key -> "u32", "str", "arr[f32]", ...
+        return self.kv.types
+
+
+def shown(name: str) -> str:
+    """A key or tensor name as a message shows it: clipped, control characters escaped."""
+    text = clip(name)
+    return text if text.isprintable() else "".join(
+        c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class _Reader:
+    """Sequential little-endian reads over a file, in chunks; every read checked against the
+    file's size first (the size fstat gave when the file was opened)."""
+
+    def __init__(self, handle, size: int, path: str):
+        self.f, self.size, self.path = handle, size, path
+        self.buf, self.base, self.pos = b"", 0, 0
+
+    def fail(self, message: str, culprit: str | None = None):
+        return InputError(message, file=self.path, culprit=culprit)
+
+    def truncated(self, end: int, what: str, culprit: str | None = None):
+        return self.fail(f"{what} runs past the end of the file: truncated at byte {self.size} "
+                         f"of {end}", culprit)
+
+    def need(self, n: int, what: str, culprit: str | None = None) -> int:
+        """The buffer offset of the next n bytes, which are then consumed."""
+        end = self.pos + n
+        if end > self.size:
+            raise self.truncated(end, what, culprit)
+        if end > self.base + len(self.buf):
+            self._load(n, what, culprit)
+        at = self.pos - self.base
+        self.pos = end
+        return at
+
+    def _load(self, n: int, what: str, culprit: str | None) -> None:
+        self.f.seek(self.pos)
+        data = self.f.read(min(max(n, _CHUNK), self.size - self.pos))
+        if len(data) < n:           # the file shrank since it was opened
+            raise self.fail(f"{what}: the file ended at byte {self.pos + len(data)} while it "
+                            f"was read (truncated at byte {self.pos + len(data)} of "
+                            f"{self.pos + n})", culprit)
+        self.buf, self.base = data, self.pos
+
+    def scalar(self, code: int, what: str, culprit: str | None = None):
+        return self.unpack(_ONE[code], what, culprit)
+
+    def unpack(self, unpacker: struct.Struct, what: str, culprit: str | None = None):
+        at = self.need(unpacker.size, what, culprit)      # (it may load a new buffer)
+        return unpacker.unpack_from(self.buf, at)[0]
+
+    def u32(self, what, culprit=None) -> int:
+        return self.unpack(_U32, what, culprit)
+
+    def i32(self, what, culprit=None) -> int:
+        return self.unpack(_I32, what, culprit)
+
+    def u64(self, what, culprit=None) -> int:
+        return self.unpack(_U64, what, culprit)
+
+    def i64(self, what, culprit=None) -> int:
+        return self.unpack(_I64, what, culprit)
+
+    def raw_string(self, what: str, culprit: str | None = None) -> bytes:
+        n = self.u64(f"{what}'s length", culprit)
+        if n > MAX_STRING:
+            raise self.fail(f"{what} is {n} bytes long; gguf.cpp's limit is {MAX_STRING}", culprit)
+        at = self.need(n, f"{what} ({n} bytes)", culprit)
+        return self.buf[at:at + n]
+
+    def skip(self, nbytes: int, what: str, culprit: str) -> None:
+        if self.pos + nbytes > self.size:
+            raise self.truncated(self.pos + nbytes, what, culprit)
+        self.pos += nbytes
+
+    def skip_strings(self, count: int, culprit: str) -> None:
+        """A bounded walk over `count` length-prefixed strings, reading only the lengths. The
+        loop only adds: a length over the limit or past the end moves `pos` out of the chunk
+        (1 MiB, less than the limit), and the checks run where the chunk ends and after it."""
+        pos, unpack = self.pos, _U64.unpack_from
+        buf, base = self.buf, self.base
+        top, n = base + len(buf), 0
+        for i in range(count):
+            if pos + 8 > top:
+                self._string_checks(i - 1, n, pos, culprit)
+                if pos + 8 > self.size:
+                    raise self.truncated(pos + 8, f"string {i}'s length", culprit)
+                self.pos = pos
+                self._load(8, f"string {i}'s length", culprit)
+                buf, base = self.buf, self.base
+                top = base + len(buf)
+            n = unpack(buf, pos - base)[0]
+            pos += 8 + n
+        self._string_checks(count - 1, n, pos, culprit)
+        self.pos = pos
+
+    def _string_checks(self, i: int, n: int, end: int, culprit: str) -> None:
+        """String i, `n` bytes long, ends at byte `end`: within gguf.cpp's limit and the file."""
+        if n > MAX_STRING:
+            raise self.fail(f"string {i} is {n} bytes long; gguf.cpp's limit is {MAX_STRING}",
+                            culprit)
+        if end > self.size:
+            raise self.truncated(end, f"string {i} ({n} bytes)", culprit)
+
+
+def _text(raw: bytes, what: str, r: _Reader, culprit: str | None = None) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise r.fail(f"{what} is not UTF-8 text", culprit) from None
+
+
+def _value(r: _Reader, key: str, gtype: int):
+    """One key's value (type already read): (value, type name)."""
+    culprit = f"key '{shown(key)}'"
+    if gtype in SCALARS:
+        return r.scalar(gtype, "its value", culprit), SCALARS[gtype][0]
+    if gtype == STRING:
+        return r.raw_string("its string", culprit).decode("utf-8", "replace"), "str"
+    if gtype != ARRAY:
+        raise r.fail(f"invalid GGUF value type {gtype}", culprit)
+    etype = r.i32("its array's element type", culprit)
+    count = r.u64("its array's length", culprit)
+    if etype == ARRAY:
+        raise r.fail("an array of arrays; gguf.cpp refuses nested arrays", culprit)
+    if etype != STRING and etype not in SCALARS:
+        raise r.fail(f"array of invalid GGUF type {etype}", culprit)
+    name = "str" if etype == STRING else SCALARS[etype][0]
+    if count > MAX_ARRAY:
+        raise r.fail(f"array of {count} items; gguf.cpp's limit is {MAX_ARRAY}", culprit)
+    item = 8 if etype == STRING else _ONE[etype].size     # a string's least: its length
+    if r.pos + count * item > r.size:
+        raise r.truncated(r.pos + count * item, f"its array of {count} {name}", culprit)
+    if count > DECODED_ARRAY_MAX or key.startswith("tokenizer."):
+        if etype == STRING:
+            r.skip_strings(count, culprit)
+        else:
+            r.skip(count * item, f"its array of {count} {name}", culprit)
+        return UnreadArray(name, count), f"arr[{name}]"
+    if etype == STRING:
+        items = [r.raw_string(f"string {i}", culprit).decode("utf-8", "replace")
+                 for i in range(count)]
+    else:
+        at = r.need(count * item, f"its array of {count} {name}", culprit)
+        items = list(struct.unpack_from(f"<{count}{SCALARS[etype][1]}", r.buf, at))
+    return items, f"arr[{name}]"
+
+
+def read_header(path) -> GGUFHeader:
+    path = str(path)
+    try:
+        handle = open(path, "rb")
+    except OSError as err:
+        raise InputError(f"cannot open: {err.strerror or err}", file=path) from None
+    with handle:
+        st = os.fstat(handle.fileno())
+        r = _Reader(handle, st.st_size, path)
+        return _read(r, FileStamp.of(st))
+
+
+def _read(r: _Reader, stamp: FileStamp) -> GGUFHeader:
+    at = r.need(4, "the magic")
+    if r.buf[at:at + 4] != MAGIC:
+        raise r.fail(f"not a GGUF file: it starts with {bytes(r.buf[at:at + 4])!r}, not b'GGUF'")
+    version = r.u32("the version")
+    if version and not version & 0xFFFF:
+        raise r.fail(f"a big-endian GGUF file (its version reads {version:#010x}); ggmlrun, like "
+                     f"llama.cpp on a little-endian machine, reads little-endian files only")
+    if version not in VERSIONS:
+        raise r.fail(f"GGUF version {version} is not supported (versions "
+                     f"{', '.join(map(str, VERSIONS))}; gguf.cpp no longer reads version 1)")
+    n_tensors = r.i64("the tensor count")
+    n_kv = r.i64("the key count")
+    for count, what in ((n_tensors, "tensors"), (n_kv, "keys")):
+        if count < 0:
+            raise r.fail(f"the header declares {count} {what}")
+    least = r.pos + n_kv * 13 + n_tensors * 24     # the fewest bytes a key and a tensor take
+    if least > r.size:
+        raise r.truncated(least, f"{n_kv} keys and {n_tensors} tensors")
+    header = GGUFHeader(path=r.path, version=version, stamp=stamp, alignment=DEFAULT_ALIGNMENT,
+                        data_offset=0, data_end=0)
+    kv, kv_types = header.kv, header.kv.types
+    for i in range(n_kv):
+        key = _text(r.raw_string(f"key {i}"), f"key {i}", r)
+        if not key:
+            raise r.fail(f"key {i} is empty")
+        if key in kv:
+            raise r.fail(f"duplicate key '{shown(key)}' (key {i})")
+        gtype = r.i32("its value type", f"key '{shown(key)}'")
+        kv[key], kv_types[key] = _value(r, key, gtype)
+    if "general.alignment" in kv:
+        if kv_types["general.alignment"] != "u32":
+            raise r.fail(f"must be of type u32 but is {kv_types['general.alignment']}",
+                         "key 'general.alignment'")
+        header.alignment = kv["general.alignment"]
+        if header.alignment == 0 or header.alignment & (header.alignment - 1):
+            raise r.fail(f"alignment {header.alignment} is not a power of 2",
+                         "key 'general.alignment'")
+    names = set()
+    for i in range(n_tensors):
+        header.tensors.append(_tensor_info(r, i, names))
+    return _place_data(r, header)
+
+
+def _tensor_info(r: _Reader, i: int, names: set) -> HeaderTensor:
+    raw = r.raw_string(f"tensor {i}'s name")
+    if len(raw) >= MAX_NAME:
+        raise r.fail(f"tensor {i}'s name is {len(raw)} bytes long; ggml's limit is "
+                     f"{MAX_NAME - 1} (GGML_MAX_NAME {MAX_NAME} with its NUL)",
+                     f"tensor '{shown(raw.decode('utf-8', 'replace'))}'")
+    name = _text(raw, f"tensor {i}'s name", r)
+    culprit = f"tensor '{shown(name)}'"
+    if name in names:
+        raise r.fail(f"duplicate tensor name (tensor {i})", culprit)
+    names.add(name)
+    n_dims = r.u32("its dimension count", culprit)
+    if n_dims > MAX_DIMS:
+        raise r.fail(f"{n_dims} dimensions; ggml has at most {MAX_DIMS}", culprit)
+    ne = tuple(r.i64(f"dimension {j}", culprit) for j in range(n_dims))
+    if any(n < 0 for n in ne):
+        raise r.fail(f"a negative dimension in {list(ne)}", culprit)
+    count = 1
+    for n in ne:
+        count *= n
+    if count > INT64_MAX:
+        raise r.fail(f"shape {list(ne)} has more than INT64_MAX elements", culprit)
+    type_id = r.i32("its type", culprit)
+    gtype = BY_ID.get(type_id)
+    if gtype is None:
+        raise r.fail(f"invalid ggml type {type_id}", culprit)
+    row = ne[0] if ne else 1
+    if row % gtype.block_size:
+        raise r.fail(f"type {gtype.name} has {row} elements per row, not a multiple of its "
+                     f"block size {gtype.block_size}", culprit)
+    nbytes = count // gtype.block_size * gtype.type_size
+    if nbytes > SIZE_MAX:
+        raise r.fail(f"shape {list(ne)} of {gtype.name} is more than SIZE_MAX bytes", culprit)
+    offset = r.u64("its data offset", culprit)
+    return HeaderTensor(name, ne, type_id, offset, nbytes)
+
+
+def _place_data(r: _Reader, header: GGUFHeader) -> GGUFHeader:
+    """gguf.cpp: the data section starts at the next aligned byte, and tensor i's offset is
+    exactly the aligned sum of the sizes before it (so in order, aligned, never overlapping);
+    the loader: each tensor's data lies within the file."""
+    align = header.alignment
+    start = r.pos if not header.tensors else -(-r.pos // align) * align
+    if start > r.size:
+        raise r.truncated(start, "the data section's start")
+    header.data_offset = header.data_end = start
+    expected = 0
+    for i, t in enumerate(header.tensors):
+        culprit = f"tensor '{shown(t.name)}'"
+        if t.offset != expected:
+            raise r.fail(f"data offset {t.offset}, expected {expected}: gguf.cpp requires each "
+                         f"tensor at the aligned end of the one before (alignment {align}; no "
+                         f"gap, overlap or other order)", culprit)
+        padded = -(-t.nbytes // align) * align
+        if expected + padded > SIZE_MAX:
+            raise r.fail(f"the data section's size overflows at tensor {i}", culprit)
+        end = start + expected + t.nbytes
+        if end > r.size:
+            raise r.truncated(end, f"its data ({t.nbytes} bytes from byte {start + expected})",
+                              culprit)
+        header.tensors[i] = HeaderTensor(t.name, t.ne, t.type_id, start + expected, t.nbytes)
+        header.data_end = end
+        expected += padded
+    return header

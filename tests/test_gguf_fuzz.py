@@ -1,0 +1,176 @@
+"""Fuzzing GGUF input: the bundled models mutated (bytes flipped, the file cut, length and count
+fields set to huge values, keys duplicated or removed, offsets, shapes and types changed) with a
+seeded RNG, then `validate`, `plan`, `measure`, `fit` and now and then `run`, in-process.
+
+Whatever the file, ggmlrun answers with exit 0, 1 or 2, one message, never a traceback, an
+"internal error" or a Python warning, and quickly. The default profile runs 300 cases (well
+under 30 s); GGMLRUN_FUZZ_CASES=20000 runs a long profile by hand (GGMLRUN_FUZZ_SEED picks
+another sequence; GGMLRUN_FUZZ_REPORT=FILE writes the counts as JSON).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import struct
+import time
+import warnings
+
+from ggmlrun.core.util import ram
+from ggmlrun.models import run as model_run
+from tests.clikit import invoke
+from tests.ggufkit import MODELS, kv_bytes, layout, rebuild
+
+CASES = int(os.environ.get("GGMLRUN_FUZZ_CASES", "300"))
+SEED = int(os.environ.get("GGMLRUN_FUZZ_SEED", "19"))
+REPORT = os.environ.get("GGMLRUN_FUZZ_REPORT")
+# per case; a case over it runs again (twice at most) and its fastest run counts, so that a
+# busy machine's pause is not taken for a hang
+SECONDS = float(os.environ.get("GGMLRUN_FUZZ_SECONDS", "1"))
+HUGE = [0, 1, 2**8 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 10**9, 2**62,
+        2**63 - 1, 2**63, 2**64 - 1]
+COMMANDS = ([["validate"]] * 6 + [["plan"]] * 2 + [["measure"]] * 2 + [["fit"]] * 2
+            + [["run", "--tokens", "1,2,3"]])
+
+
+def _u64_fields(lay) -> list[tuple[int, str]]:
+    """Positions of the header's u64 fields: string lengths, array counts, offsets, dims."""
+    spots = [(8, "tensor count"), (16, "key count")]
+    for key, (start, at_type, _) in lay.keys.items():
+        spots.append((start, f"key '{key}' length"))
+        spots.append((at_type + 8, f"key '{key}' array count / string length"))
+    for name, (start, at_offset, _) in lay.infos.items():
+        spots += [(start, f"tensor '{name}' name length"), (at_offset, f"tensor '{name}' offset"),
+                  (at_offset - 12, f"tensor '{name}' last dim")]
+    return spots
+
+
+def mutate(raw: bytes, rng: random.Random) -> tuple[bytes, str]:
+    lay = layout(raw)
+    kind = rng.choice(["flip", "flip", "cut", "huge", "huge", "dupkey", "dropkey", "offset",
+                       "type", "dims", "valuetype", "version", "many"])
+    if kind == "flip":
+        data = bytearray(raw)
+        top = min(lay.data_offset, len(raw)) if rng.random() < 0.9 else len(raw)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(4, top)] = rng.randrange(256)
+        return bytes(data), "flip"
+    if kind == "cut":
+        at = rng.choice([rng.randrange(4, lay.data_offset + 64), rng.randrange(4, len(raw))])
+        return raw[:at], f"cut at {at}"
+    if kind == "huge":
+        at, what = rng.choice(_u64_fields(lay))
+        value = rng.choice(HUGE + [struct.unpack_from("<Q", raw, at)[0] + rng.choice([-1, 1, 32])])
+        return _patch(raw, at, value % 2**64), f"{what} = {value}"
+    if kind == "dupkey":
+        key = rng.choice(list(lay.keys))
+        start, _, end = lay.keys[key]
+        return rebuild(raw, extra_kv=raw[start:end]), f"key '{key}' twice"
+    if kind == "dropkey":
+        key = rng.choice([k for k in lay.keys if k != "general.alignment"])
+        return rebuild(raw, drop_key=key), f"key '{key}' removed"
+    if kind == "offset":
+        name = rng.choice(list(lay.infos))
+        at = lay.infos[name][1]
+        now = struct.unpack_from("<Q", raw, at)[0]
+        value = rng.choice([now + rng.choice([-32, -1, 1, 16, 32, 4096]), 0, 2**64 - 1,
+                            len(raw), 2**63])
+        return _patch(raw, at, value % 2**64), f"tensor '{name}' offset {value}"
+    if kind == "type":
+        name = rng.choice(list(lay.infos))
+        at = lay.infos[name][1] - 4
+        value = rng.choice([rng.randrange(0, 45), -1, 2**31 - 1, 9, 15])
+        return _patch(raw, at, value, "<i"), f"tensor '{name}' type {value}"
+    if kind == "dims":
+        name = rng.choice(list(lay.infos))
+        start = lay.infos[name][0]
+        at = start + 8 + len(name.encode())
+        value = rng.choice([0, 1, 2, 3, 4, 5, 2**32 - 1])
+        return _patch(raw, at, value, "<I"), f"tensor '{name}' n_dims {value}"
+    if kind == "valuetype":
+        key = rng.choice(list(lay.keys))
+        at = lay.keys[key][1]
+        value = rng.choice(list(range(-1, 14)))
+        return _patch(raw, at, value, "<i"), f"key '{key}' type {value}"
+    if kind == "version":
+        value = rng.choice([0, 1, 2, 4, 0x03000000, 2**32 - 1])
+        return _patch(raw, 4, value, "<I"), f"version {value}"
+    data = raw                                   # several of the above at once
+    for _ in range(rng.randint(2, 4)):
+        if len(data) > 64 and _parses(data):
+            try:                 # a field the last mutation moved past the end: skip it
+                data, _ = mutate(data, rng)
+            except (struct.error, IndexError, ValueError):
+                pass
+    nested = struct.pack("<iQ", 9, 1) * rng.randint(1, 50) + struct.pack("<iQ", 4, 0)
+    if rng.random() < 0.3 and _parses(data):
+        data = rebuild(data, extra_kv=kv_bytes("x.nested", 9, nested))
+    return data, "several"
+
+
+def _parses(raw: bytes) -> bool:
+    try:
+        return raw[:4] == b"GGUF" and layout(raw).data_offset <= len(raw)
+    except (struct.error, UnicodeDecodeError, KeyError, IndexError, MemoryError, OverflowError):
+        return False
+
+
+def _patch(raw: bytes, at: int, value: int, fmt: str = "<Q") -> bytes:
+    data = bytearray(raw)
+    struct.pack_into(fmt, data, at, value)
+    return bytes(data)
+
+
+def check_case(path, command) -> tuple[int, float, int]:
+    """(exit code, the fastest run's seconds, runs) of one case, its invariants asserted."""
+    runs, seconds = 0, float("inf")
+    while runs < 3 and seconds >= SECONDS:
+        t0 = time.monotonic()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            code, out, err = invoke(*command[:1], path, *command[1:])
+        seconds = min(seconds, time.monotonic() - t0)
+        runs += 1
+        assert code in (0, 1, 2), (command, code, err[-2000:])
+        assert "Traceback" not in err and "internal error" not in err, err[-2000:]
+        assert "Warning" not in err and not caught, (err[-2000:], [str(w.message) for w in caught])
+        assert code == 0 or err.startswith("ggmlrun: error: "), err[-2000:]
+    assert seconds < SECONDS, (command, seconds)
+    return code, seconds, runs
+
+
+def test_fuzz_gguf(tmp_path, monkeypatch):
+    monkeypatch.setattr(ram, "available_bytes", lambda: 8 << 30)       # the host is not read
+    monkeypatch.setattr(model_run, "address_space", lambda: None)
+    rng = random.Random(SEED)
+    bases = [m.read_bytes() for m in MODELS]
+    codes = collections.Counter()
+    by_command = collections.Counter()
+    slowest, rerun = (0.0, ""), 0
+    path = tmp_path / "fuzz.gguf"
+    for case in range(CASES):
+        data, what = mutate(rng.choice(bases), rng)
+        command = rng.choice(COMMANDS)
+        path.write_bytes(data)
+        try:
+            code, seconds, runs = check_case(path, command)
+        except AssertionError as failure:
+            keep = tmp_path / f"case{case}.gguf"
+            keep.write_bytes(data)
+            raise AssertionError(f"case {case} (seed {SEED}): {what}; {command[0]} {keep}: "
+                                 f"{failure}") from None
+        codes[code] += 1
+        rerun += runs > 1
+        by_command[f"{command[0]} {code}"] += 1
+        slowest = max(slowest, (seconds, f"case {case}: {command[0]}, {what}"))
+    summary = {"cases": CASES, "seed": SEED, "exit_codes": dict(sorted(codes.items())),
+               "by_command": dict(sorted(by_command.items())), "hangs": 0,
+               "internal_errors": 0, "warnings": 0, "slowest_s": round(slowest[0], 3),
+               "slowest": slowest[1], "over_1s_then_rerun": rerun}
+    print(json.dumps(summary))
+    if REPORT:
+        with open(REPORT, "w") as handle:
+            json.dump(summary, handle, indent=1)
+    assert codes[2] > CASES // 2          # most mutations are caught as bad input
