@@ -36,7 +36,8 @@ TINY = sorted(MODELS.glob("tiny-*.gguf"))
 
 def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
-    assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "qwen3moe"}
+    assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "qwen3moe",
+                                  "glm4moe"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -67,7 +68,9 @@ def test_tensor_tables_use_gguf_names(arch):
     hp = from_metadata({f"{arch}.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, **{"attention.head_count": 4}, feed_forward_length=96,
         vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5},
-        **({"expert_count": 8, "expert_used_count": 2} if arch == "qwen3moe" else {})).items()},
+        **({"expert_count": 8, "expert_used_count": 2} if arch in ("qwen3moe", "glm4moe") else {}),
+        **({"expert_feed_forward_length": 32, "expert_shared_count": 1}
+           if arch == "glm4moe" else {})).items()},
         arch)
     table = get_arch(arch).tensors(hp)
     assert "token_embd.weight" in table and table["output.weight"].required is False

@@ -295,3 +295,39 @@ def test_moe_cards_bytes_and_mix():
     big = read_card(CARDS / "qwen3-235b-a22b-q4_k_m.yaml")
     assert big.hparams.n_layer == 94 and big.hparams.n_expert == 128
     assert compile_override(LLM_FFN_EXPS_REGEX).search("blk.93.ffn_down_exps.weight")
+
+
+# --- glm4moe -------------------------------------------------------------------------------
+
+def test_glm4moe_graph_sigmoid_routing_shared_expert_and_partial_rope():
+    model = read_gguf(MODELS / "tiny-glm4moe-f16.gguf")
+    hp = model.hparams
+    assert (hp.n_layer, hp.n_layer_nextn, hp.n_layer_all, hp.n_layer_dense_lead) == (3, 1, 4, 1)
+    assert (hp.gating, hp.expert_weights_scale, hp.expert_weights_norm) == ("sigmoid", 2.5, True)
+    mg = build_graph(model, 32, 32, 256, 256, False, "f16")
+    by_name = {n.name: n for n in mg.graph.nodes}
+    assert by_name["ffn_moe_probs-1"].op == "sigmoid"
+    biased = by_name["ffn_moe_probs_biased-1"]
+    assert biased.op == "add" and biased.src[1].name == "blk.1.exp_probs_b.bias"
+    assert by_name["ffn_moe_argsort-1"].src[0] is biased          # selection: biased
+    assert by_name["ffn_moe_weights-1"].src[0].src[0].name == "ffn_moe_probs-1"   # weights: not
+    assert by_name["ffn_moe_weights_scaled-1"].params["s"] == 2.5
+    assert by_name["ffn_shexp_out-1"].src[0].name == "blk.1.ffn_down_shexp.weight"
+    assert "ffn_moe_out-0" not in by_name and by_name["ffn_out-0"].op == "mul_mat"  # dense lead
+    ropes = [n for n in mg.graph.nodes if n.op == "rope"]
+    assert all(n.params["n_dims"] == 16 and n.shape[-1] == 32 for n in ropes)   # half the head
+    assert sorted(mg.cache.k) == [0, 1, 2]                   # no KV cache for the NextN block
+    assert not any(n.name.endswith("-3") for n in mg.graph.nodes)      # the NextN block never runs
+
+
+def test_glm4moe_nextn_block_counts_for_ngl_but_is_never_loaded():
+    """-ngl 2 is the NextN block and the output layer: the same device bytes as -ngl 1 (the
+    block holds nothing loaded), as llama.cpp's recorded figures say."""
+    path = MODELS / "tiny-glm4moe-f16.gguf"
+    common = ["--json", "--backends", ROOT / "graphs/backends/llamacpp_rpc.yaml", "--ctx", "256"]
+    got = {}
+    for ngl in ("1", "2", "3"):
+        code, out, err = invoke("measure", path, *common, "--ngl", ngl)
+        assert code == 0, err
+        got[ngl] = {b["name"]: b["weights_bytes"] for b in json.loads(out)["backends"]}
+    assert got["1"] == got["2"] and got["3"]["RPC0"] > got["2"]["RPC0"]

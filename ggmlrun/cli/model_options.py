@@ -479,5 +479,6 @@ def ran_with(model, opts, sched, n_tokens: int) -> dict:
     splits = [{"backend": sched.backends[s.backend].name, "nodes": len(s.nodes)}
               for s in sched.splits]
     return {"tokens": n_tokens, "ctx": context_size(opts, hp.n_ctx_train),
-            "ngl": min(gpu_layers(opts, hp.n_layer), hp.n_layer + 1), "n_layer": hp.n_layer,
+            "ngl": min(gpu_layers(opts, hp.n_layer_all), hp.n_layer_all + 1),
+            "n_layer": hp.n_layer_all,
             "n_splits": len(sched.splits), "splits": splits}

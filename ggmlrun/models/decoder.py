@@ -197,21 +197,24 @@ class Decoder:
         bias = self.optional(T.ATTN_OUT, il, "bias")
         return self.add_bias(cur, bias)
 
-    def ffn_swiglu(self, il: int, cur: Tensor) -> Tensor:
-        """build_ffn(up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR), each with its optional bias."""
+    def ffn_swiglu(self, il: int, cur: Tensor, up=T.FFN_UP, gate=T.FFN_GATE,
+                   down=T.FFN_DOWN) -> Tensor:
+        """build_ffn(up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR), each with its optional bias
+        (a shared expert: the *_shexp tensors, named as build_ffn names any)."""
         b, cb, ctx = self.b, self.b.cb, self.ctx
-        tmp = cb(ctx.mul_mat(self.weight(T.FFN_UP, il), cur), "ffn_up", il)
-        bias = self.optional(T.FFN_UP, il, "bias")
+        w_up, w_gate, w_down = up, gate, down
+        tmp = cb(ctx.mul_mat(self.weight(w_up, il), cur), "ffn_up", il)
+        bias = self.optional(w_up, il, "bias")
         if bias is not None:
             tmp = cb(self.add_bias(tmp, bias), "ffn_up_b", il)
-        gate = cb(ctx.mul_mat(self.weight(T.FFN_GATE, il), cur), "ffn_gate", il)
-        bias = self.optional(T.FFN_GATE, il, "bias")
+        gate = cb(ctx.mul_mat(self.weight(w_gate, il), cur), "ffn_gate", il)
+        bias = self.optional(w_gate, il, "bias")
         if bias is not None:
             gate = cb(self.add_bias(gate, bias), "ffn_gate_b", il)
         act = cb(b.op("glu", [gate, tmp], gate.shape, op="swiglu", swapped=False),
                  "ffn_swiglu", il)
-        cur = ctx.mul_mat(self.weight(T.FFN_DOWN, il), act)
-        bias = self.optional(T.FFN_DOWN, il, "bias")
+        cur = ctx.mul_mat(self.weight(w_down, il), act)
+        bias = self.optional(w_down, il, "bias")
         if bias is not None:
             cur = self.add_bias(cb(cur, "ffn_down", il), bias)
         return cur

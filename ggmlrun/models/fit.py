@@ -134,7 +134,7 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
               min_ctx: int = MIN_CTX) -> FitResult:
     start = time.perf_counter()
     hp = model.hparams
-    n_max = hp.n_layer + 1
+    n_max = hp.n_layer_all + 1         # NextN layers count for -ngl
     margins = [margin_cpu if b.kind == "cpu" else margin_device for b in backends]
     probe = _Prober(model, backends, opts, margins)
     costs = _layer_costs(model)
@@ -156,7 +156,7 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     rows, m = probe.full(shown, ctx)
     answer = replace(opts, n_cpu_moe=probe.n_cpu_moe)
     command = llama_cpp_line(answer, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""
-    return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer, shown_ngl=shown, backends=rows,
+    return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer_all, shown_ngl=shown, backends=rows,
                      measure=m, probes=list(probe.order), advice=advice,
                      seconds=time.perf_counter() - start, command=command,
                      probe_moe=list(probe.order_moe),
@@ -236,11 +236,13 @@ def _layer_costs(model: ModelFile) -> dict[int, int]:
     guess moves between the CPU and the devices."""
     from ggmlrun.core.ir.types import TYPES
 
-    n_layer = model.hparams.n_layer
+    n_layer = model.hparams.n_layer_all
     sizes: dict[int, int] = {}
     for info in model.tensors.values():
         if info.name.startswith("blk."):
             layer = int(info.name.split(".")[1])
+            if layer >= model.hparams.n_layer:
+                continue                   # a NextN layer: never loaded
         elif info.name.startswith("output"):
             layer = n_layer
         else:

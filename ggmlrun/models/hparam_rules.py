@@ -97,6 +97,13 @@ RULES: dict[str, Rule] = {
     "expert_used_count": Rule("u32", 0, LLAMA_MAX_EXPERTS, per_layer=True,
                               why="llama.cpp's LLAMA_MAX_EXPERTS"),
     "expert_feed_forward_length": Rule("u32", 0, per_layer=True),
+    # glm4moe: shared experts, leading dense layers, routing weights, gating, NextN layers
+    "expert_shared_count": Rule("u32", 0, LLAMA_MAX_EXPERTS),
+    "leading_dense_block_count": Rule("u32", 0, LLAMA_MAX_LAYERS),
+    "expert_weights_scale": Rule("f32", 0.0, F32_MAX),
+    "expert_weights_norm": Rule("bool"),
+    "expert_gating_func": Rule("u32", 0, 3, why="none, softmax, sigmoid, softmax_weight"),
+    "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS),
     # rope scaling as llama_context derives it (every architecture), and keys some
     # architectures' load_arch_hparams read (mistral3: YaRN's betas and log multiplier,
     # Llama 4's attention temperature)

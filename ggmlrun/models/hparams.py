@@ -39,6 +39,10 @@ class LlamaHParams:
     yarn_beta_fast: float = 32.0    # read by the architectures that read it (mistral3)
     yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0
+    # NextN (multi-token prediction) layers at the end of block_count (glm4moe): counted by
+    # -ngl and in the layer split, never loaded nor run; n_layer is the trunk (llama.cpp's
+    # n_layer(), n_layer_all being block_count)
+    n_layer_nextn: int = 0
 
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
@@ -56,6 +60,10 @@ class LlamaHParams:
                              f"knows ({', '.join(ROPE_SCALING)})")
         if not self.n_ctx_orig_yarn:
             object.__setattr__(self, "n_ctx_orig_yarn", self.n_ctx_train)
+
+    @property
+    def n_layer_all(self) -> int:
+        return self.n_layer + self.n_layer_nextn
 
     @property
     def n_embd_k_gqa(self) -> int:

@@ -89,7 +89,7 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
           opts: ModelOptions) -> Placement:
     cpu = len(backends) - 1
     devices = list(range(cpu))
-    n_layer = hp.n_layer
+    n_layer = hp.n_layer_all           # NextN layers count for -ngl and the split
     ngl = gpu_layers(opts, n_layer)
     if ngl < 0:
         raise InputError(f"--ngl must be >= 0, got {ngl}")
@@ -131,6 +131,8 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
     weights = {}
     for name in tensor_names:
         il = _layer_name(name)
+        if il is not None and hp.n_layer <= il < n_layer:
+            continue          # a NextN layer's tensors: TENSOR_SKIP, never loaded
         if il is not None:
             default = layer[il] if il < n_layer else cpu
         elif name.startswith("output"):
@@ -143,7 +145,7 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
     output_weight = weights.get("output.weight")
     if output_weight is None:
         output_weight = where("token_embd.weight", output)
-    kv = [cpu if opts.no_kv_offload else layer[il] for il in range(n_layer)]
+    kv = [cpu if opts.no_kv_offload else layer[il] for il in range(hp.n_layer)]
     layer_copies = {name: [b if il == 0 else where(name, layer[il]) for il in range(n_layer)]
                     for name, b in weights.items() if name.startswith(LAYER_DUPLICATED)}
     first = weights.get("rope_freqs.weight")

@@ -82,7 +82,9 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
     """Weights and caches into their buffers, llama.cpp's pins onto their nodes."""
     names = [b.name for b in backends]
     for name, leaf in mg.weights.items():
-        leaf.backend = names[placement.weights[name]]
+        b = placement.weights.get(name)
+        if b is not None:             # None: a NextN layer's tensor, never loaded nor used
+            leaf.backend = names[b]
     mg.output_weight.backend = names[placement.output_weight]
     copies = placement.layer_copies.get(mg.rope_freqs_name, placement.rope_freqs)
     for il, leaf in mg.rope_freqs.items():
@@ -197,4 +199,4 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
-                        ngl=gpu_layers(opts, hp.n_layer), backends=figures, schedule=sched)
+                        ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched)

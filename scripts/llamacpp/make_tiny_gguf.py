@@ -50,6 +50,10 @@ class TinyModel:
     n_expert: int = 0          # a mixture of experts (qwen3moe): experts, used per token,
     n_expert_used: int = 0     # and each expert's FFN width (expert_feed_forward_length)
     n_ff_exp: int = 0
+    n_expert_shared: int = 0   # glm4moe: shared experts, leading dense layers, NextN layers
+    dense_lead: int = 0        # (block_count counts the NextN ones), partial rope (n_rot)
+    nextn: int = 0
+    n_rot: int = 0
 
     @property
     def n_embd_head(self) -> int:
@@ -103,6 +107,20 @@ MODELS = [
     TinyModel("tiny-qwen3moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=64, seed=14,
               arch="qwen3moe", head_dim=32, qk_norm=True, n_expert=8, n_expert_used=2,
               n_ff_exp=32),
+    # glm4moe (GLM-4.5-Air's shape, small): Q/K/V biases, half the head rotated (NeoX), layer 0
+    # dense, then 8 routed experts of 32 (2 used, sigmoid gates with a selection bias, weights
+    # normalised and scaled by 2.5) beside one shared expert, and a NextN block (layer 3) that
+    # -ngl counts but llama.cpp never loads; Q/K head norms in the q8_0 file (GLM-4.5's)
+    TinyModel("tiny-glm4moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=15,
+              arch="glm4moe", head_dim=32, qkv_bias=True, n_expert=8, n_expert_used=2,
+              n_ff_exp=32, n_expert_shared=1, dense_lead=1, nextn=1, n_rot=16,
+              metadata=(("expert_weights_scale", 2.5), ("expert_weights_norm", True),
+                        ("expert_gating_func", 2))),
+    TinyModel("tiny-glm4moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=16,
+              arch="glm4moe", head_dim=32, qkv_bias=True, qk_norm=True, n_expert=8,
+              n_expert_used=2, n_ff_exp=32, n_expert_shared=1, dense_lead=1, nextn=1, n_rot=16,
+              metadata=(("expert_weights_scale", 2.5), ("expert_weights_norm", True),
+                        ("expert_gating_func", 2))),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -146,6 +164,9 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
             shapes[f"blk.{i}.attn_q_norm.weight"] = (head_dim,)
             shapes[f"blk.{i}.attn_k_norm.weight"] = (head_dim,)
         shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * head_dim)
+        if m.arch == "glm4moe":
+            glm_ffn(m, i, shapes)
+            continue
         shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
         if m.n_expert:
             shapes[f"blk.{i}.ffn_gate_inp.weight"] = (m.n_expert, m.n_embd)
@@ -163,6 +184,32 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     if not m.tied:
         shapes["output.weight"] = (N_VOCAB, m.n_embd)
     return shapes
+
+
+def glm_ffn(m: TinyModel, i: int, shapes: dict) -> None:
+    """glm4moe after attn_output (its load order): the post-attention norm, a dense FFN in the
+    leading layers, else the router, its selection bias, the experts and the shared expert; the
+    NextN layers (past block_count - nextn) add their own projection and norms."""
+    shapes[f"blk.{i}.post_attention_norm.weight"] = (m.n_embd,)
+    if i < m.dense_lead:
+        shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, m.n_embd)
+        shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, m.n_ff)
+        shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, m.n_embd)
+    else:
+        shapes[f"blk.{i}.ffn_gate_inp.weight"] = (m.n_expert, m.n_embd)
+        shapes[f"blk.{i}.exp_probs_b.bias"] = (m.n_expert,)
+        shapes[f"blk.{i}.ffn_gate_exps.weight"] = (m.n_expert, m.n_ff_exp, m.n_embd)
+        shapes[f"blk.{i}.ffn_down_exps.weight"] = (m.n_expert, m.n_embd, m.n_ff_exp)
+        shapes[f"blk.{i}.ffn_up_exps.weight"] = (m.n_expert, m.n_ff_exp, m.n_embd)
+        n_sh = m.n_ff_exp * m.n_expert_shared
+        shapes[f"blk.{i}.ffn_gate_shexp.weight"] = (n_sh, m.n_embd)
+        shapes[f"blk.{i}.ffn_down_shexp.weight"] = (m.n_embd, n_sh)
+        shapes[f"blk.{i}.ffn_up_shexp.weight"] = (n_sh, m.n_embd)
+    if i >= m.n_layer - m.nextn:
+        shapes[f"blk.{i}.nextn.eh_proj.weight"] = (m.n_embd, 2 * m.n_embd)
+        shapes[f"blk.{i}.nextn.enorm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.nextn.hnorm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.nextn.shared_head_norm.weight"] = (m.n_embd,)
 
 
 def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -206,7 +253,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     if m.head_dim:
         writer.add_key_length(m.head_dim)
         writer.add_value_length(m.head_dim)
-    writer.add_rope_dimension_count(m.n_embd_head)
+    writer.add_rope_dimension_count(m.n_rot or m.n_embd_head)
     writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
@@ -215,10 +262,16 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_expert_count(m.n_expert)
         writer.add_expert_used_count(m.n_expert_used)
         writer.add_expert_feed_forward_length(m.n_ff_exp)
+    if m.arch == "glm4moe":
+        writer.add_expert_shared_count(m.n_expert_shared)
+        writer.add_leading_dense_block_count(m.dense_lead)
+        writer.add_nextn_predict_layers(m.nextn)
     for key, value in m.metadata:
         key = f"{m.arch}.{key}"
         if isinstance(value, str):
             writer.add_string(key, value)
+        elif isinstance(value, bool):
+            writer.add_bool(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
         else:

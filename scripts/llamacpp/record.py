@@ -45,7 +45,7 @@ ORACLE_OUT = Path("/work/oracle-out")
 MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
           "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
-          "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0"]
+          "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
@@ -61,7 +61,8 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-qwen2-f16/c256/ub32/fa0/ngl2", "tiny-qwen3-f16/c256/ub32/fa1/nglall",
                  "tiny-qwen3-q8_0/c1024/ub512/fa0/ngl2", "tiny-mistral3-f16/c256/ub32/fa0/nglall",
                  "tiny-phi3-f16/c1024/ub32/fa0/ngl2", "tiny-qwen3moe-f16/c256/ub32/fa0/ngl2",
-                 "tiny-qwen3moe-q8_0/c256/ub32/fa0/nglall/n-cpu-moe1"}
+                 "tiny-qwen3moe-q8_0/c256/ub32/fa0/nglall/n-cpu-moe1",
+                 "tiny-glm4moe-f16/c256/ub32/fa1/ngl0", "tiny-glm4moe-q8_0/c256/ub32/fa0/ngl2"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -116,6 +117,16 @@ EXTRAS: list[tuple[str, str, dict]] = [
 ] + [
     ("tiny-qwen3moe-f16", "n-cpu-moe2", {"ngl": 2, "n_cpu_moe": 2}),
     ("tiny-qwen3moe-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+] + [
+    # glm4moe: the NextN block counts for -ngl (ngl 1 and 3 besides the grid's 0, 2, all)
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-glm4moe-f16", "tiny-glm4moe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "ubatch": 512}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}),
+                         ("", {"ngl": 1}),
+                         ("", {"ngl": 3}))
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 

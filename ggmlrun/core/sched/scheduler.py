@@ -213,7 +213,25 @@ class Scheduler:
                 b, cause = self._from_current(node)
                 if b != -1:
                     choices.append((i, b, cause))
-        leaf_order = first_use + [t for t in graph.leafs if not seen[t.index]]
+        unused = [t for t in graph.leafs if not seen[t.index]]
+        if unused and graph.ggml_leaf_order:
+            # a graph in ggml's own leaf order (a model's): a leaf no node reads (inp_embd)
+            # keeps its place among the others, where ggml_build_forward_expand put it, and
+            # the allocator meets it there (ggml_gallocr_alloc_graph_impl allocates the graph
+            # copy's leafs in that order)
+            after: dict = {}
+            prev = None
+            for t in graph.leafs:
+                if seen[t.index]:
+                    prev = t
+                else:
+                    after.setdefault(prev, []).append(t)
+            leaf_order = list(after.get(None, ()))
+            for t in first_use:
+                leaf_order.append(t)
+                leaf_order += after.get(t, ())
+        else:
+            leaf_order = first_use + unused
         return compute, leaf_order, choices
 
     def _pass1_leafs(self, leaf_order: list[Tensor]) -> None:

@@ -26,6 +26,7 @@ _MODULES = {
     "mistral3": "ggmlrun.models.arch.mistral3",
     "phi3": "ggmlrun.models.arch.phi3",
     "qwen3moe": "ggmlrun.models.arch.qwen3moe",
+    "glm4moe": "ggmlrun.models.arch.glm4moe",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

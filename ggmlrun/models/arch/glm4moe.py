@@ -1,0 +1,150 @@
+"""llama.cpp's glm4moe graph (src/models/glm4-moe.cpp; GLM-4.5, GLM-4.5-Air): Q/K/V with biases,
+optional Q/K head norms (GLM-4.5), NeoX rope over part of each head (rope.dimension_count, half
+the head in the real files), a post-attention norm before the FFN; the first
+leading_dense_block_count layers have a dense FFN, the others a mixture of experts with sigmoid
+gates (expert_gating_func; none means sigmoid), the selection biased by exp_probs_b (the weights
+are not), weights normalised (expert_weights_norm) and scaled (expert_weights_scale), beside a
+shared expert (build_ffn on the *_shexp tensors). The last nextn_predict_layers blocks are the
+NextN (multi-token prediction) head: counted in block_count, so by -ngl and the layer split, but
+never loaded (TENSOR_SKIP) nor run, and without a KV cache (hparams.n_layer is the trunk)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, tn
+from ggmlrun.models.decoder import Decoder, default_kq_scale
+from ggmlrun.models.hparams import LlamaHParams
+
+GATING = {1: "softmax", 2: "sigmoid"}     # LLAMA_EXPERT_GATING_FUNC_TYPE_*
+
+
+@dataclass(frozen=True)
+class Glm4MoeHParams(LlamaHParams):
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_expert_shared: int = 0
+    n_layer_dense_lead: int = 0
+    expert_weights_scale: float = 0.0
+    expert_weights_norm: bool = False
+    gating: str = "sigmoid"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.n_expert <= 0 or self.n_expert_used <= 0:
+            raise InputError("expert_count and expert_used_count must be > 0 for glm4moe")
+        if self.n_expert_used > self.n_expert:
+            raise InputError(f"expert_used_count {self.n_expert_used} is more than "
+                             f"expert_count {self.n_expert}")
+        if not self.n_ff_exp:
+            object.__setattr__(self, "n_ff_exp", self.n_ff // self.n_expert_used)
+
+
+def read_hparams(get, common: dict) -> Glm4MoeHParams:
+    block_count = common["n_layer"]
+    nextn = int(get("nextn_predict_layers", 0) or 0)
+    if nextn >= block_count:
+        raise InputError(f"nextn_predict_layers {nextn} leaves no layers of block_count "
+                         f"{block_count} to run")
+    func = int(get("expert_gating_func", 0) or 0) or 2      # none: sigmoid (GLM-4.5)
+    if func not in GATING:
+        raise InputError(f"expert_gating_func {func} is not built for glm4moe (softmax 1, "
+                         f"sigmoid 2)")
+    return Glm4MoeHParams(**dict(common, n_layer=block_count - nextn), n_layer_nextn=nextn,
+                          n_expert=int(get("expert_count", 0) or 0),
+                          n_expert_used=int(get("expert_used_count", 0) or 0),
+                          n_ff_exp=int(get("expert_feed_forward_length")),
+                          n_expert_shared=int(get("expert_shared_count")),
+                          n_layer_dense_lead=int(get("leading_dense_block_count", 0) or 0),
+                          expert_weights_scale=float(get("expert_weights_scale", 0.0) or 0.0),
+                          expert_weights_norm=bool(get("expert_weights_norm", False)),
+                          gating=GATING[func])
+
+
+def tensors(hp: Glm4MoeHParams) -> dict[str, TensorSpec]:
+    """load_arch_tensors, in its order; the NextN layers' tensors may be absent (a trunk-only
+    file) and are never loaded."""
+    n_embd, n_q = hp.n_embd, hp.n_embd_head_k * hp.n_head
+    n_k, n_v = hp.n_embd_k_gqa, hp.n_embd_v_gqa
+    name = lambda t, s="weight", bid=None: tn("glm4moe", t, s, bid)   # noqa: E731
+    out = {name(T.TOKEN_EMBD): TensorSpec((hp.n_vocab, n_embd)),
+           name(T.OUTPUT_NORM): TensorSpec((n_embd,)),
+           name(T.OUTPUT): TensorSpec((hp.n_vocab, n_embd), False)}
+    for i in range(hp.n_layer_all):
+        req = i < hp.n_layer
+        out[name(T.ATTN_NORM, bid=i)] = TensorSpec((n_embd,), req)
+        for t, n in ((T.ATTN_Q, n_q), (T.ATTN_K, n_k), (T.ATTN_V, n_v)):
+            out[name(t, bid=i)] = TensorSpec((n, n_embd), req)
+        for t, n in ((T.ATTN_Q, n_q), (T.ATTN_K, n_k), (T.ATTN_V, n_v)):
+            out[name(t, "bias", i)] = TensorSpec((n,), False)
+        out[name(T.ATTN_OUT, bid=i)] = TensorSpec((n_embd, n_q), req)
+        out[name(T.ATTN_Q_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,), False)
+        out[name(T.ATTN_K_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,), False)
+        out[name(T.ATTN_POST_NORM, bid=i)] = TensorSpec((n_embd,), req)
+        if i >= hp.n_layer_dense_lead:
+            n_exp, n_ff_exp = hp.n_expert, hp.n_ff_exp
+            out[name(T.FFN_GATE_INP, bid=i)] = TensorSpec((n_exp, n_embd), req)
+            out[name(T.FFN_EXP_PROBS_B, "bias", i)] = TensorSpec((n_exp,), req)
+            out[name(T.FFN_GATE_EXP, bid=i)] = TensorSpec((n_exp, n_ff_exp, n_embd), req)
+            out[name(T.FFN_DOWN_EXP, bid=i)] = TensorSpec((n_exp, n_embd, n_ff_exp), req)
+            out[name(T.FFN_UP_EXP, bid=i)] = TensorSpec((n_exp, n_ff_exp, n_embd), req)
+            if hp.n_expert_shared:
+                n_sh = n_ff_exp * hp.n_expert_shared
+                out[name(T.FFN_GATE_SHEXP, bid=i)] = TensorSpec((n_sh, n_embd), req)
+                out[name(T.FFN_DOWN_SHEXP, bid=i)] = TensorSpec((n_embd, n_sh), req)
+                out[name(T.FFN_UP_SHEXP, bid=i)] = TensorSpec((n_sh, n_embd), req)
+        else:
+            out[name(T.FFN_GATE, bid=i)] = TensorSpec((hp.n_ff, n_embd), req)
+            out[name(T.FFN_DOWN, bid=i)] = TensorSpec((n_embd, hp.n_ff), req)
+            out[name(T.FFN_UP, bid=i)] = TensorSpec((hp.n_ff, n_embd), req)
+        if i >= hp.n_layer:
+            out[name(T.NEXTN_EH_PROJ, bid=i)] = TensorSpec((n_embd, 2 * n_embd), False)
+            out[name(T.NEXTN_ENORM, bid=i)] = TensorSpec((n_embd,), False)
+            out[name(T.NEXTN_HNORM, bid=i)] = TensorSpec((n_embd,), False)
+            out[name(T.NEXTN_EMBED_TOKENS, bid=i)] = TensorSpec((hp.n_vocab, n_embd), False)
+            out[name(T.NEXTN_SHARED_HEAD_HEAD, bid=i)] = TensorSpec((hp.n_vocab, n_embd), False)
+            out[name(T.NEXTN_SHARED_HEAD_NORM, bid=i)] = TensorSpec((n_embd,), False)
+    return out
+
+
+def build(d: Decoder):
+    hp, b = d.hp, d.b
+    kq_scale = default_kq_scale(hp)
+    inpL = d.inpL
+    for il in range(hp.n_layer):
+        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+        inpSA = inpL
+        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
+        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q_norm, k_norm = d.optional(T.ATTN_Q_NORM, il), d.optional(T.ATTN_K_NORM, il)
+        if q_norm is not None:
+            q = b.cb(d.norm(q, q_norm, il), "Qcur_normed", il)
+        if k_norm is not None:
+            k = b.cb(d.norm(k, k_norm, il), "Kcur_normed", il)
+        q = b.cb(d.rope_ext(q, None), "Qcur", il)
+        k = b.cb(d.rope_ext(k, None), "Kcur", il)
+        b.cb(v, "Vcur", il)
+        cur = d.attn(il, q, k, v, kq_scale)
+        cur, inpSA = d.last_rows(il, cur, inpSA)
+        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
+        cur = b.cb(d.norm(ffn_inp, d.weight(T.ATTN_POST_NORM, il), il), "post_attn_norm", il)
+        if il < hp.n_layer_dense_lead:
+            cur = b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)
+        else:
+            routed = d.moe_ffn(il, cur, n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
+                               norm_w=hp.expert_weights_norm, w_scale=hp.expert_weights_scale,
+                               gating=hp.gating,
+                               exp_probs_b=d.weight(T.FFN_EXP_PROBS_B, il, "bias"))
+            routed = b.cb(routed, "ffn_moe_out", il)
+            shared = b.cb(d.ffn_swiglu(il, cur, T.FFN_UP_SHEXP, T.FFN_GATE_SHEXP,
+                                       T.FFN_DOWN_SHEXP), "ffn_shexp_out", il)
+            cur = b.cb(d.add(routed, shared), "ffn_out", il)
+        inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
+    return inpL
+
+
+ARCH = Arch(name="glm4moe", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
+            read_hparams=read_hparams)
