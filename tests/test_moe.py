@@ -331,3 +331,22 @@ def test_glm4moe_nextn_block_counts_for_ngl_but_is_never_loaded():
         assert code == 0, err
         got[ngl] = {b["name"]: b["weights_bytes"] for b in json.loads(out)["backends"]}
     assert got["1"] == got["2"] and got["3"]["RPC0"] > got["2"]["RPC0"]
+
+
+def test_an_unused_model_input_keeps_ggmls_leaf_position():
+    """inp_embd (read by no node) is allocated where ggml's graph lists it, right after
+    inp_tokens, as ggml_gallocr allocates the graph's leafs in order; a graph file's unused
+    leafs still come last. The tiny glm4moe at ctx 256 with flash attention on the CPU is
+    where the difference shows in llama.cpp's compute buffer (93,312 bytes, recorded)."""
+    from ggmlrun.core.sched.scheduler import Scheduler
+
+    model = read_gguf(MODELS / "tiny-glm4moe-f16.gguf")
+    graph = build_graph(model, 32, 32, 256, 256, True, "f16").graph
+    cpu = [BackendSpec(name="CPU", kind="cpu", memory=8 * GiB, alignment=32)]
+    order = [t.name for t in Scheduler(cpu).schedule(graph).leaf_order if t.role == "input"]
+    assert order[:2] == ["inp_tokens", "inp_embd"]
+    code, out, err = invoke("measure", MODELS / "tiny-glm4moe-f16.gguf", "--json", "--backends",
+                            ROOT / "graphs/backends/llamacpp_rpc.yaml", "--ctx", "256",
+                            "--ubatch", "32", "--flash-attn", "on", "--ngl", "0")
+    assert code == 0, err
+    assert {b["name"]: b["arena_bytes"] for b in json.loads(out)["backends"]}["CPU"] == 93312
