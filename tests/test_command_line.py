@@ -157,7 +157,8 @@ def test_every_cli_model_option_reaches_the_line():
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
                "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1"}
-    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has"}
+    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
+                 "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
 
     flags = {o.split()[0] for o in spelled}

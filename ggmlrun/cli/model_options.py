@@ -97,6 +97,12 @@ MODEL_OPTIONS = {
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
+    "sched_copies": click.option("--sched-copies", type=click.IntRange(min=1, max=64),
+                                 default=None,
+                                 help="[models] ggml's GGML_SCHED_MAX_COPIES: the copies of "
+                                      "every input the scheduler keeps when llama.cpp turns "
+                                      "on pipeline parallelism (every layer over 2+ devices); "
+                                      "default 4, 1 turns it off."),
     "gpu_sizes": click.option("--gpu", "gpu_sizes", metavar="SIZE[,SIZE...]", default=None,
                               help="[models] The devices, one per size (e.g. 24GiB,12GiB), named "
                                    "GPU0, GPU1, ... with the sim kind's defaults; instead of "
@@ -108,6 +114,7 @@ MODEL_OPTIONS = {
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
                "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
+               "sched_copies": "--sched-copies",
                "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens"}
 
 
@@ -254,7 +261,8 @@ def _model_setup(model, backends, kw: dict):
                         kv_type=kw.get("kv_type") or "f16",
                         overrides=tuple(kw.get("tensor_overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
-                        ggml=kw.get("ggml") or "0.25")
+                        ggml=kw.get("ggml") or "0.25",
+                        sched_copies=kw.get("sched_copies") or 4)
     return backends, opts
 
 

@@ -140,7 +140,8 @@ class GraphBuilder:
         for t in outputs:
             t.is_output = True
         leafs = list(self.leafs) + [t for t in extra_leafs if t not in self._visited]
-        return Graph(name=name, leafs=leafs, nodes=list(self.nodes), outputs=list(outputs))
+        return Graph(name=name, leafs=leafs, nodes=list(self.nodes), outputs=list(outputs),
+                     ggml_leaf_order=True)
 
 
 @dataclass

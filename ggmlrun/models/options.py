@@ -21,6 +21,10 @@ class ModelOptions:
     tensor_split: tuple[float, ...] | None = None # over non-CPU backends in order
     op_offload: bool = True
     ggml: str = "0.25"
+    sched_copies: int = 4         # GGML_SCHED_MAX_COPIES: pipeline-parallel copies (1: off)
+
+
+SCHED_MAX_COPIES = 4              # ggml-backend.h: GGML_SCHED_MAX_COPIES
 
 
 def context_size(opts: ModelOptions, n_ctx_train: int) -> int:

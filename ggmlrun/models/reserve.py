@@ -54,6 +54,7 @@ class ModelMeasure:
     ngl: int
     backends: list[BackendFigures]
     schedule: Schedule            # the last reserve's (pp)
+    n_copies: int = 1             # the scheduler's copies: > 1 with pipeline parallelism
 
 
 def _align(n: int, a: int) -> int:
@@ -155,6 +156,24 @@ def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) 
     return sizes
 
 
+def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> int:
+    """ggml_backend_sched's n_copies as llama_context makes it: GGML_SCHED_MAX_COPIES
+    (`--sched-copies`, 4) when llama.cpp turns pipeline parallelism on, else 1. On when the
+    model has more than one device, every layer is offloaded (-ngl past n_layer: the output
+    layer too), layers are split across devices (the only split ggmlrun has), the KV cache is
+    offloaded, no tensor override is given (-ot; --cpu-moe and --n-cpu-moe are overrides too),
+    and every device supports async compute and events (RPC and CUDA devices do; ggmlrun's
+    sim devices stand for those)."""
+    devices = [b for b in backends if b.kind != "cpu"]
+    on = (len(devices) > 1
+          and gpu_layers(opts, model.hparams.n_layer) > model.hparams.n_layer
+          and not opts.no_kv_offload
+          and not opts.overrides
+          and not getattr(opts, "cpu_moe", False) and not getattr(opts, "n_cpu_moe", 0)
+          and all(getattr(b, "async_events", True) for b in devices))
+    return max(1, opts.sched_copies) if on else 1
+
+
 def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     check_options(model, backends, opts)
     with gc_paused():
@@ -166,7 +185,9 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     kv = kv_size(opts, hp.n_ctx_train)
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
-    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
+    n_copies = pipeline_copies(model, backends, opts)
+    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
+                          n_copies=n_copies)
     allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml,
                                sizers=[b.alloc_size if b.row_padding else None for b in backends])
     arena = [0] * len(backends)
@@ -189,4 +210,5 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
-                        ngl=gpu_layers(opts, hp.n_layer), backends=figures, schedule=sched)
+                        ngl=gpu_layers(opts, hp.n_layer), backends=figures, schedule=sched,
+                        n_copies=n_copies)

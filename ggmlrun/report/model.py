@@ -50,6 +50,7 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
     reserved graph (a pp graph), so it bounds that graph's arena, not the max over reserves."""
     lower = {m.name: m.lower_bound_bytes for m in memory}
     return {"model": model.name, "n_nodes": figures.n_nodes, "n_splits": figures.n_splits,
+            "n_copies": figures.n_copies,
             "ctx": figures.ctx, "ubatch": figures.ubatch, "ngl": figures.ngl,
             "backends": [{"name": b.name, "kind": b.kind, "arena_bytes": b.arena_bytes,
                           "weights_bytes": b.weights_bytes, "kv_bytes": b.kv_bytes,

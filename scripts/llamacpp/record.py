@@ -86,6 +86,18 @@ EXTRAS: list[tuple[str, str, dict]] = [
     for model in ("tiny-llama-f16", "tiny-llama-q8_0") for split in ([1, 1], [3, 1]) for ngl in (3, 4)
 ] + [
     ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1]}),
+    # pipeline parallelism (issue 23): on for ngl all over two devices, in each of these but
+    # the -nkvo and -ot ones, which turn it off
+    ("tiny-llama-f16", "ts3-1", {"ngl": "all", "tensor_split": [3, 1]}),
+    ("tiny-llama-q8_0", "ts1-1", {"ngl": "all", "tensor_split": [1, 1]}),
+    ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "flash_attn": True}),
+    ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "ubatch": 512}),
+    ("tiny-llama-f32", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "ctx": 1024}),
+    ("tiny-llama-f16", "ts1-1-nkvo", {"ngl": "all", "tensor_split": [1, 1], "no_kv_offload": True}),
+    ("tiny-llama-f16", "ts1-1-ot-ffn-cpu", {"ngl": "all", "tensor_split": [1, 1],
+                                             "overrides": [["ffn_.*", "CPU"]]}),
+    ("tiny-qwen3-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "flash_attn": True}),
+    ("tiny-phi3-q8_0", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "ubatch": 512}),
 ] + [
     # the other architectures: their own tensors under the placement options (qwen3's heads of
     # 32 take a q8_0 cache; phi3's rope factors are duplicated per layer, -ot moves the copies)
