@@ -50,6 +50,9 @@ CASES = {
     "tensor_split_odd": dict(tensor_split=split_proportions((0.3, 0.7)), ngl=4),
     "op_offload": dict(op_offload=False, ngl=2),
     "ggml": dict(ggml="0.15"),       # ggml's own rules: not a llama.cpp option
+    # ggml's GGML_SCHED_MAX_COPIES: a build option, not a command-line one (every layer over
+    # two devices is where it changes the figures)
+    "sched_copies": dict(sched_copies=1),
 }
 
 
@@ -71,7 +74,8 @@ def test_line_reproduces_the_figures(name):
     opts = ModelOptions(**CASES[name])
     first = measure_model(model, backends, opts)
     line = llama_cpp_line(opts, backends, ngl=first.ngl, ctx=first.ctx)
-    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml))
+    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml,
+                                                      sched_copies=opts.sched_copies))
     assert _figures(measure_model(model, backends, again)) == _figures(first), line
 
 

@@ -225,6 +225,8 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     overrides = buffer_overrides(ggml, cfg["overrides"])
     if cfg["overrides"]:
         mparams.tensor_buft_overrides = ctypes.addressof(overrides)
+    if not cfg.get("use_mmap", True):                      # --no-mmap: allocated, not mapped
+        mparams.load_mode = 0                              # LLAMA_LOAD_MODE_NONE (0.3.36's field)
     shim.shim_mark(b"load")
     model = llama_cpp.llama_model_load_from_file(cfg["path"].encode(), mparams)
     if not model:
@@ -237,6 +239,8 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
     cparams.offload_kqv = not cfg["no_kv_offload"]
     cparams.type_k = cparams.type_v = KV_TYPES[cfg["kv_type"]]
+    cparams.n_seq_max = cfg.get("parallel", 1)             # -np
+    cparams.kv_unified = cfg.get("kv_unified", False)      # -kvu (llama.cpp's CLI default: off)
     shim.shim_mark(b"context")
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
