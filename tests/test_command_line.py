@@ -53,6 +53,7 @@ CASES = {
     # ggml's GGML_SCHED_MAX_COPIES: a build option, not a command-line one (every layer over
     # two devices is where it changes the figures)
     "sched_copies": dict(sched_copies=1),
+    "no_mmap": dict(no_mmap=True, ngl=2),
 }
 
 
@@ -160,7 +161,8 @@ def test_every_cli_model_option_reaches_the_line():
                "--no-kv-offload": "-nkvo", "--kv-type f32": "-ctk f32 -ctv f32",
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
-               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1"}
+               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
+               "--no-mmap": "--no-mmap"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS

@@ -97,6 +97,9 @@ MODEL_OPTIONS = {
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
+    "no_mmap": click.option("--no-mmap", is_flag=True, default=False,
+                            help="[models] CPU weights allocated, not memory-mapped (llama.cpp "
+                                 "--no-mmap)."),
     "sched_copies": click.option("--sched-copies", type=click.IntRange(min=1, max=64),
                                  default=None,
                                  help="[models] ggml's GGML_SCHED_MAX_COPIES: the copies of "
@@ -114,7 +117,7 @@ MODEL_OPTIONS = {
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
                "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
-               "sched_copies": "--sched-copies",
+               "sched_copies": "--sched-copies", "no_mmap": "--no-mmap",
                "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens"}
 
 
@@ -262,7 +265,8 @@ def _model_setup(model, backends, kw: dict):
                         overrides=tuple(kw.get("tensor_overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
                         ggml=kw.get("ggml") or "0.25",
-                        sched_copies=kw.get("sched_copies") or 4)
+                        sched_copies=kw.get("sched_copies") or 4,
+                        no_mmap=bool(kw.get("no_mmap")))
     return backends, opts
 
 

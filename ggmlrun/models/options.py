@@ -22,6 +22,7 @@ class ModelOptions:
     op_offload: bool = True
     ggml: str = "0.25"
     sched_copies: int = 4         # GGML_SCHED_MAX_COPIES: pipeline-parallel copies (1: off)
+    no_mmap: bool = False         # --no-mmap: CPU weights allocated, not mapped
 
 
 SCHED_MAX_COPIES = 4              # ggml-backend.h: GGML_SCHED_MAX_COPIES

@@ -43,6 +43,8 @@ class BackendFigures:
     kv_bytes: int
     arena_bytes: int
     memory_bytes: int
+    mapped_bytes: int = 0         # the CPU: the mapped file range (--no-mmap: allocated)
+    repack_bytes: int = 0         # the CPU: ggml-cpu's CPU_REPACK buffer
 
 
 @dataclass
@@ -121,9 +123,28 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
         raise InputError("the last backend must be a CPU")
 
 
-def weights_bytes(model: ModelFile, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+@dataclass
+class WeightBytes:
+    """Model buffers per backend as llama.cpp allocates them; on the CPU, `mapped` (the file
+    range with mmap, or the allocated tensors with --no-mmap) plus `repack` (CPU_REPACK)."""
+    sizes: list[int]
+    mapped: int = 0
+    repack: int = 0
+
+
+def weights_bytes(model: ModelFile, placement: Placement, backends: list[BackendSpec],
+                  no_mmap: bool = False) -> WeightBytes:
+    """llama_model::load_tensors' buffers. A CPU matrix ggml-cpu repacks (its type and rows,
+    core/backends/repack.py) goes to CPU_REPACK (its bytes, aligned); every other CPU tensor
+    lives in the mapped file, whose buffer is the range from the first to the end of the last
+    of them (llama_model_loader::get_mapping_range: it spans tensors that live elsewhere, on a
+    device or repacked), or with --no-mmap is allocated, each aligned. A card has no offsets:
+    its mapped tensors count each padded to GGUF's 32 bytes, as in the real file."""
+    from ggmlrun.core.backends.repack import repacked
+
     sizes = [0] * len(backends)
     cpu_range: list[int] = []
+    mapped = repack = 0
     placed = list(placement.weights.items())
     # TENSOR_DUPLICATED tensors take bytes again in each other buffer they are copied into
     duplicates = set()
@@ -131,20 +152,34 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
         duplicates.add(("token_embd.weight", placement.output_weight))
     for name, copies in placement.layer_copies.items():   # rope factors: one copy per layer
         duplicates.update((name, b) for b in copies)
-    placed += sorted(d for d in duplicates if d not in set(placed))
+    placed_set = set(placed)
+    placed += sorted(d for d in duplicates if d not in placed_set)
     for name, b in placed:
         info = model.tensors[name]
         nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))
-        if backends[b].kind == "cpu" and info.offset is not None:
-            cpu_range += [info.offset, info.offset + nbytes]
-        elif backends[b].kind == "cpu":
-            sizes[b] += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
-        else:
-            spec = backends[b]
+        spec = backends[b]
+        if spec.kind != "cpu":
             sizes[b] += _align(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
+            continue
+        if name != "token_embd.weight" and repacked(spec.repack_kind, info.dtype, info.shape):
+            repack += _align(nbytes, spec.alignment)      # read by MUL_MAT: CPU_REPACK
+        elif no_mmap:
+            mapped += _align(nbytes, spec.alignment)
+        elif info.offset is not None:
+            cpu_range += [info.offset, info.offset + nbytes]
+        else:
+            mapped += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
+    # a tied output on the CPU: the duplicate of token_embd that the output's MUL_MAT reads
+    # (one tensor with token_embd on the CPU) is still offered to CPU_REPACK
+    if "output.weight" not in model.tensors and backends[placement.output_weight].kind == "cpu":
+        info = model.tensors["token_embd.weight"]
+        spec = backends[placement.output_weight]
+        if repacked(spec.repack_kind, info.dtype, info.shape):
+            repack += _align(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
     if cpu_range:
-        sizes[placement.cpu] += max(cpu_range) - min(cpu_range)
-    return sizes
+        mapped += max(cpu_range) - min(cpu_range)
+    sizes[placement.cpu] += mapped + repack
+    return WeightBytes(sizes, mapped, repack)
 
 
 def _elements(shape) -> int:
@@ -211,10 +246,13 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
         arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
         reserved.append((mg, sched))
     (pp, sched), _ = reserved
-    weights = weights_bytes(model, placement, backends)
+    wb = weights_bytes(model, placement, backends, no_mmap=opts.no_mmap)
+    weights = wb.sizes
     kvb = kv_bytes(pp, placement, backends)
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
-                              arena_bytes=arena[i], memory_bytes=b.memory)
+                              arena_bytes=arena[i], memory_bytes=b.memory,
+                              mapped_bytes=wb.mapped if i == placement.cpu else 0,
+                              repack_bytes=wb.repack if i == placement.cpu else 0)
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,

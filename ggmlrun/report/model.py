@@ -55,7 +55,9 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
             "backends": [{"name": b.name, "kind": b.kind, "arena_bytes": b.arena_bytes,
                           "weights_bytes": b.weights_bytes, "kv_bytes": b.kv_bytes,
                           "lower_bound_bytes": lower.get(b.name, 0),
-                          "memory_bytes": b.memory_bytes} for b in figures.backends]}
+                          "memory_bytes": b.memory_bytes,
+                          **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes}
+                             if b.kind == "cpu" else {})} for b in figures.backends]}
 
 
 def _unit(values) -> tuple[str, int]:

@@ -37,7 +37,19 @@ class BackendSpec:
     # head sizes (K's, V's) FLASH_ATTN_EXT runs with on this device; None: any
     flash_attn_head_sizes: frozenset[tuple[int, int]] | None = None
     profile: str | None = None             # the device profile the defaults came from
+    # cpu: which weight types ggml-cpu repacks into CPU_REPACK (core/backends/repack.py):
+    # avx2 | avx512 | neon | none; None: this host's CPU flags
+    repack: str | None = None
     line: int | None = None
+
+    @property
+    def repack_kind(self) -> str:
+        """The repack in force: the backend's own, else the host's CPU flags'."""
+        if self.repack is not None:
+            return self.repack
+        from ggmlrun.core.backends.repack import host_repack
+
+        return host_repack()
 
     @classmethod
     def of_kind(cls, name: str, kind: str, line: int | None = None) -> "BackendSpec":

@@ -25,9 +25,9 @@ from ggmlrun.core.frontend.yamlfile import (
     unknown_keys,
 )
 
-BACKEND_KEYS = ("name", "kind", "profile", "memory", "alignment", "threads", "supports",
+BACKEND_KEYS = ("name", "kind", "profile", "memory", "alignment", "threads", "repack", "supports",
                 "unsupported", "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency")
-CPU_ONLY_KEYS = ("threads",)
+CPU_ONLY_KEYS = ("threads", "repack")
 SIM_ONLY_KEYS = ("profile", "supports", "unsupported", "offload_min_batch", "link_bw",
                  "link_latency")
 KINDS = ("cpu", "sim")
@@ -132,6 +132,14 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
                      f"{host.cores()} cores of this machine")
                 value = host.cores()
             setattr(spec, key, value)
+    if "repack" in item:
+        from ggmlrun.core.backends.repack import REPACK_KINDS
+
+        if not isinstance(item["repack"], str) or item["repack"] not in REPACK_KINDS:
+            raise doc.error(f"repack must be one of {', '.join(REPACK_KINDS)} (which weight "
+                            f"types ggml-cpu repacks), got {describe_value(item['repack'])}",
+                            at("repack"), culprit)
+        spec.repack = item["repack"]
     if "supports" in item and "unsupported" in item:
         raise doc.error("give supports or unsupported, not both", at("unsupported"), culprit)
     for key in ("supports", "unsupported"):
