@@ -54,6 +54,8 @@ CASES = {
     # two devices is where it changes the figures)
     "sched_copies": dict(sched_copies=1),
     "no_mmap": dict(no_mmap=True, ngl=2),
+    "parallel": dict(parallel=3, kv_unified=True),
+    "kv_unified": dict(kv_unified=True),
 }
 
 
@@ -162,7 +164,8 @@ def test_every_cli_model_option_reaches_the_line():
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
                "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
-               "--no-mmap": "--no-mmap"}
+               "--no-mmap": "--no-mmap", "--parallel 2 --kv-unified": "-np 2 -kvu",
+               "--kv-unified": "-kvu"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS

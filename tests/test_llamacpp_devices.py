@@ -23,8 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "scripts" / "llamacpp")]
 FIGURES = json.loads((REPO / "tests/data/llamacpp/figures_devices.json").read_text())
 BACKENDS_FILE = REPO / "graphs" / "backends" / "llamacpp_rpc.yaml"
-# -np N is recorded (KV and output buffer per sequence) but not modeled yet: see docs/models.md
-CONFIGS = [c for c in FIGURES["configs"] if "parallel" not in c["options"]]
+# -np N with a KV stream per sequence (llama.cpp's default) is recorded but not modeled yet
+# (docs/models.md): ggmlrun refuses it and models -np N -kvu exactly
+SPLIT_KV = [c for c in FIGURES["configs"] if c["options"].get("parallel", 1) > 1
+            and not c["options"].get("kv_unified")]
+CONFIGS = [c for c in FIGURES["configs"] if c not in SPLIT_KV]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,10 @@ def options(cfg: dict) -> list[str]:
             "--flash-attn", "on" if o["flash_attn"] else "off", "--ngl", str(o["ngl"])]
     if not o.get("use_mmap", True):
         args.append("--no-mmap")
+    if o.get("parallel", 1) > 1:
+        args += ["--parallel", str(o["parallel"])]
+    if o.get("kv_unified"):
+        args.append("--kv-unified")
     for pattern, backend in o["overrides"]:
         args += ["--override-tensor", f"{pattern}={backend}"]
     return args
@@ -71,6 +78,14 @@ def test_measure_equals_llamacpp(cfg, model_dir):
                  and fn in ("buffer_from_host_ptr", "alloc_ctx_tensors")) - cfg["backends"]["CPU"]["kv_bytes"]
     repack = sum(n for fn, name, n in buffers if name == "CPU_REPACK")
     assert (by["CPU"]["mapped_bytes"], by["CPU"]["repack_bytes"]) == (mapped, repack)
+    # the output (logits) buffer: n_vocab floats per sequence
+    assert by["CPU"]["output_bytes"] == cfg["output_buffer_bytes"]
+
+
+@pytest.mark.parametrize("cfg", SPLIT_KV, ids=[c["id"] for c in SPLIT_KV])
+def test_split_kv_streams_are_refused_clearly(cfg, model_dir):
+    code, _, err = invoke("measure", model_dir / cfg["model"], "--json", *options(cfg))
+    assert code == 2 and "--kv-unified" in err
 
 
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["model"].startswith("leaf-")],

@@ -100,6 +100,11 @@ MODEL_OPTIONS = {
     "no_mmap": click.option("--no-mmap", is_flag=True, default=False,
                             help="[models] CPU weights allocated, not memory-mapped (llama.cpp "
                                  "--no-mmap)."),
+    "parallel": click.option("--parallel", type=click.IntRange(min=1, max=256), default=None,
+                             help="[models] Sequences the context serves (-np, n_seq_max): an "
+                                  "output buffer each; with --kv-unified one shared cache."),
+    "kv_unified": click.option("--kv-unified", is_flag=True, default=False,
+                               help="[models] One KV cache for all --parallel sequences (-kvu)."),
     "sched_copies": click.option("--sched-copies", type=click.IntRange(min=1, max=64),
                                  default=None,
                                  help="[models] ggml's GGML_SCHED_MAX_COPIES: the copies of "
@@ -118,6 +123,7 @@ MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
                "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
                "sched_copies": "--sched-copies", "no_mmap": "--no-mmap",
+               "parallel": "--parallel", "kv_unified": "--kv-unified",
                "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens"}
 
 
@@ -266,7 +272,9 @@ def _model_setup(model, backends, kw: dict):
                         op_offload=not kw.get("no_op_offload"),
                         ggml=kw.get("ggml") or "0.25",
                         sched_copies=kw.get("sched_copies") or 4,
-                        no_mmap=bool(kw.get("no_mmap")))
+                        no_mmap=bool(kw.get("no_mmap")),
+                        parallel=kw.get("parallel") or 1,
+                        kv_unified=bool(kw.get("kv_unified")))
     return backends, opts
 
 
@@ -341,7 +349,7 @@ def model_fit(figures):
         def host_bytes(self) -> int:
             return self.backends[-1].need_bytes
 
-    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes, b.arena_bytes,
+    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.output_bytes, b.arena_bytes,
                        b.memory_bytes) for b in figures.backends]
     return ModelFit(rows, rows[-1].memory_bytes)
 

@@ -42,7 +42,7 @@ class FitBackend(BackendFigures):
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.arena_bytes
+        return self.weights_bytes + self.kv_bytes + self.arena_bytes + self.output_bytes
 
     @property
     def free_bytes(self) -> int:

@@ -23,6 +23,8 @@ class ModelOptions:
     ggml: str = "0.25"
     sched_copies: int = 4         # GGML_SCHED_MAX_COPIES: pipeline-parallel copies (1: off)
     no_mmap: bool = False         # --no-mmap: CPU weights allocated, not mapped
+    parallel: int = 1             # -np: n_seq_max, the sequences the context serves
+    kv_unified: bool = False      # -kvu: one KV cache for all sequences (else one per sequence)
 
 
 SCHED_MAX_COPIES = 4              # ggml-backend.h: GGML_SCHED_MAX_COPIES
@@ -50,6 +52,7 @@ def gpu_layers(opts: ModelOptions, n_layer: int) -> int:
 
 
 # --- option bounds, as llama.cpp's types bound them ---------------------------------------------
+LLAMA_MAX_SEQ = 256               # llama-cparams.h: n_seq_max's bound
 U32_MAX = 2**32 - 1               # n_ctx, n_ubatch, n_batch are uint32_t in llama_context_params
 I32_MAX = 2**31 - 1               # n_gpu_layers is an int32_t in llama_model_params
 MAX_REPEAT = 1000                 # RE2's (and ECMAScript engines') largest counted repetition

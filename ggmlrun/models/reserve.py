@@ -28,7 +28,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import (KV_TYPES, U32_MAX, ModelOptions, context_size, gpu_layers,
+from ggmlrun.models.options import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions, context_size, gpu_layers,
                                      kv_size, ubatch_size)
 from ggmlrun.models.placement import Placement, place
 
@@ -43,6 +43,7 @@ class BackendFigures:
     kv_bytes: int
     arena_bytes: int
     memory_bytes: int
+    output_bytes: int = 0         # the CPU: the output (logits) buffer, host memory
     mapped_bytes: int = 0         # the CPU: the mapped file range (--no-mmap: allocated)
     repack_bytes: int = 0         # the CPU: ggml-cpu's CPU_REPACK buffer
 
@@ -121,6 +122,16 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
                          f"{opts.ubatch}")
     if not backends or backends[-1].kind != "cpu":
         raise InputError("the last backend must be a CPU")
+    if not 1 <= opts.parallel <= LLAMA_MAX_SEQ:
+        raise InputError(f"--parallel must be 1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ), "
+                         f"got {opts.parallel}")
+    if opts.parallel > 1 and not opts.kv_unified:
+        n = opts.parallel
+        raise InputError(f"--parallel {n} without --kv-unified: llama.cpp then gives each of the "
+                         f"{n} sequences its own KV stream of ctx/{n} cells (rounded up to 256) "
+                         f"and builds its attention per stream, which ggmlrun does not model "
+                         f"yet; add --kv-unified (llama.cpp -kvu: one cache shared by all "
+                         f"sequences, the context being their total)")
 
 
 @dataclass
@@ -217,6 +228,13 @@ def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOp
     return max(1, opts.sched_copies) if on else 1
 
 
+def output_bytes(model: ModelFile, opts: ModelOptions) -> int:
+    """llama_context::output_reserve at creation: logits for max(n_outputs, n_seq_max) rows,
+    n_outputs being n_seq_max then: n_vocab floats per sequence, in host memory (the CPU's
+    buffer type, or the output device's pinned host buffer type, CUDA_Host)."""
+    return model.hparams.n_vocab * 4 * opts.parallel
+
+
 def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     check_options(model, backends, opts)
     with gc_paused():
@@ -237,7 +255,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     reserved = []
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
     # deterministic allocator sizes exactly as before, so its result is reused
-    for tokens in (n_tokens, 1):
+    # tg reserves one token per sequence (n_seq_max tokens and outputs)
+    for tokens in (n_tokens, min(opts.parallel, n_tokens)):
         mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type,
                          placement.shared_copies())
         apply_placement(mg, placement, backends)
@@ -251,6 +270,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     kvb = kv_bytes(pp, placement, backends)
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
                               arena_bytes=arena[i], memory_bytes=b.memory,
+                              output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
                               mapped_bytes=wb.mapped if i == placement.cpu else 0,
                               repack_bytes=wb.repack if i == placement.cpu else 0)
                for i, b in enumerate(backends)]

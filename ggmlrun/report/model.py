@@ -56,7 +56,8 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
                           "weights_bytes": b.weights_bytes, "kv_bytes": b.kv_bytes,
                           "lower_bound_bytes": lower.get(b.name, 0),
                           "memory_bytes": b.memory_bytes,
-                          **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes}
+                          **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
+                              "output_bytes": b.output_bytes}
                              if b.kind == "cpu" else {})} for b in figures.backends]}
 
 

@@ -43,6 +43,9 @@ CONFIGS = (
        for ngl in (0, 2, "all") for mmap in (True, False)]
     + [("repack-q4_0", dict(ngl=2, overrides=[["blk\\.0\\.", "RPC0"]]))]
     + [("leaf-f16-256x2", dict(parallel=np_, kv_unified=uni)) for np_ in (2, 4) for uni in (False, True)]
+    + [("leaf-f16-256x2", dict(parallel=4, kv_unified=uni, ctx=2048, ubatch=512, flash_attn=fa))
+       for uni in (False, True) for fa in (False, True)]
+    + [("repack-q4_0", dict(parallel=3, kv_unified=False, ctx=1000, ngl="all"))]
 )
 
 
