@@ -122,3 +122,42 @@ def test_a_bad_repack_kind_is_exit_2(tmp_path):
     path.write_text("backends:\n  - {name: CPU, kind: cpu, repack: sse}\n")
     code, _, err = invoke("validate", REPO / "graphs" / "mlp.yaml", "--backends", path)
     assert code == 2 and "repack must be one of avx2, avx512, neon, none" in err
+
+
+# Llama-3-8B dimensions, 4 layers, f16 (a card: the compute buffers do not depend on the file's
+# bytes), as issue 23 quotes llama.cpp 0.3.36 on them (two RPC devices, -ts 1,1; CPU only)
+L3_CARD = """architecture: llama
+name: Llama-3-8B dims, 4 layers, f16
+hparams: {n_layer: 4, n_embd: 4096, n_head: 32, n_head_kv: 8, n_ff: 14336, n_vocab: 128256,
+          n_ctx_train: 8192, rope_freq_base: 500000.0}
+weights: f16
+"""
+
+
+def _arenas(card, *args):
+    code, out, err = invoke("measure", card, "--json", *args)
+    assert code == 0, err
+    data = json.loads(out)
+    return data["n_copies"], [b["arena_bytes"] for b in data["backends"]]
+
+
+def test_llama3_dims_pipeline_parallel_as_llamacpp(tmp_path):
+    card = tmp_path / "l3.yaml"
+    card.write_text(L3_CARD)
+    two = ["--backends", str(REPO / "graphs/backends/llamacpp_rpc2.yaml"), "--ctx", "4096",
+           "--tensor-split", "1,1"]
+    assert _arenas(card, *two) == (4, [385_900_544, 377_520_128, 92_315_648])
+    # --sched-copies 1: what ik_llama.cpp and a -DGGML_SCHED_MAX_COPIES=1 build allocate
+    assert _arenas(card, *two, "--sched-copies", "1") == (1, [314_578_944, 314_580_992,
+                                                              29_370_368])
+
+
+def test_llama3_dims_leaf_order_as_llamacpp(tmp_path):
+    """Flash attention, a 128k vocabulary, ctx 32768, CPU only: llama.cpp's 279,447,552; the
+    first-use order of ggml 0.15.3 gave 304,625,664."""
+    card = tmp_path / "l3.yaml"
+    card.write_text(L3_CARD)
+    cpu = ["--backends", str(BACKENDS_FILE), "--ctx", "32768", "--flash-attn", "on",
+           "--ngl", "0"]
+    assert _arenas(card, *cpu)[1][-1] == 279_447_552
+    assert _arenas(card, *cpu, "--ggml", "0.15")[1][-1] == 304_625_664

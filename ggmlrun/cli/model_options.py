@@ -331,6 +331,8 @@ def _measure_model(model_input, as_json):
 
         report.print_tables(stdout(), report.model_measure_table(model, figures))
         visual.print_memory_bars(stdout(), report.memory_bars(figures.backends))
+        for line in report.host_lines(figures.backends, opts.no_mmap, stdout().width):
+            click.echo(line)
         click.echo(f"llama.cpp: {command}")
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)

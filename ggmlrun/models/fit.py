@@ -118,11 +118,13 @@ def _device_room(rows: list[FitBackend]) -> float:
 
 def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
               margin_device: int, margin_cpu: int, ctx_auto: bool, *,
-              min_ctx: int = MIN_CTX) -> FitResult:
+              min_ctx: int = MIN_CTX, margins: dict[str, int] | None = None) -> FitResult:
+    """`margins`: per backend name, over the device / CPU defaults (--margin GPU0=1GiB,...)."""
     start = time.perf_counter()
     hp = model.hparams
     n_max = hp.n_layer + 1
-    margins = [margin_cpu if b.kind == "cpu" else margin_device for b in backends]
+    margins = [(margins or {}).get(b.name, margin_cpu if b.kind == "cpu" else margin_device)
+               for b in backends]
     probe = _Prober(model, backends, opts, margins)
     costs = _layer_costs(model)
     ctx_top = _ctx_top(hp.n_ctx_train)

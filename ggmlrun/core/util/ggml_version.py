@@ -17,9 +17,10 @@ in a few rules, and each difference is one field here, read where the rule is ap
   node by node in execution order the two orders are the same; for llama.cpp's graphs
   (expanded from a few roots, depth first) they are not.
 
-What else moved (pipeline-parallel input copies over every INPUT leaf, backends adding
-allocation dependencies in graph_optimize, the failed-reserve return) changes nothing that
-ggmlrun models: see docs/format.md, "ggml versions".
+Pipeline-parallel copies (n_copies > 1) are the scheduler's (`Scheduler(n_copies=...)`);
+0.25.3 copies every INPUT leaf too (its pass 6), which is what models use. What else moved
+(backends adding allocation dependencies in graph_optimize, the failed-reserve return)
+changes nothing that ggmlrun models: see docs/format.md, "ggml versions".
 """
 
 from __future__ import annotations
