@@ -17,7 +17,7 @@ def physical_memory() -> int:
 @dataclass
 class BackendSpec:
     name: str
-    kind: str                              # "cpu" | "sim"
+    kind: str                              # "cpu" | "sim" | "rpc"
     memory: int                            # capacity in bytes: weights + arena
     alignment: int
     threads: int | None = None             # cpu: caps BLAS threads
@@ -40,6 +40,10 @@ class BackendSpec:
     # cpu: which weight types ggml-cpu repacks into CPU_REPACK (core/backends/repack.py):
     # avx2 | avx512 | neon | none; None: this host's CPU flags
     repack: str | None = None
+    # rpc: the ggml rpc-server (host:port) and its device index; its largest buffer
+    endpoint: str | None = None
+    rpc_device: int = 0
+    max_buffer_size: int | None = None
     line: int | None = None
 
     @property
@@ -62,6 +66,10 @@ class BackendSpec:
         if kind == "cpu":
             return cls(name=name, kind=kind, memory=physical_memory(), alignment=64,
                        flops=100e9, mem_bw=20e9, line=line)
+        if kind == "rpc":    # no op offload (the RPC backend has no offload_op)
+            # copies cross the network: 1 Gbit/s Ethernet and a LAN round trip by default
+            return cls(name=name, kind=kind, memory=16 * GiB, alignment=32,
+                       offload_min_batch=2**62, link_bw=125e6, link_latency=200e-6, line=line)
         return cls(name=name, kind=kind, memory=16 * GiB, alignment=128, line=line)
 
     def supports_op(self, op: str, src_dtypes: tuple[str, ...] = ()) -> bool:
