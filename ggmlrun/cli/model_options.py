@@ -102,7 +102,8 @@ MODEL_OPTIONS = {
                                  "--no-mmap)."),
     "parallel": click.option("--parallel", type=click.IntRange(min=1, max=256), default=None,
                              help="[models] Sequences the context serves (-np, n_seq_max): an "
-                                  "output buffer each; with --kv-unified one shared cache."),
+                                  "output buffer each; with --kv-unified one shared cache; "
+                                  "default 1."),
     "kv_unified": click.option("--kv-unified", is_flag=True, default=False,
                                help="[models] One KV cache for all --parallel sequences (-kvu)."),
     "sched_copies": click.option("--sched-copies", type=click.IntRange(min=1, max=64),
