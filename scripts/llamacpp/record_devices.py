@@ -11,6 +11,7 @@ make_tiny_gguf.py and compares ggmlrun's figures with these.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +35,29 @@ MODELS = {
     "repack-q4_0": mk.TinyModel("repack-q4_0", "q4_0", n_embd=256, n_head=4, n_head_kv=2,
                                 n_ff=512, n_layer=2, seed=11),
 }
+# a Q4_K_M file made by llama.cpp's own quantizer (gguf's Python writer has no k-quant
+# encoder) from this f16 one, committed beside the figures (tests/data/llamacpp/)
+Q4_K_M_SOURCE = mk.TinyModel("repack-f16", "f16", n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                             n_layer=2, seed=12)
+Q4_K_M = REPO / "tests" / "data" / "llamacpp" / "repack-q4_K_M.gguf"
+
+
+def quantize_q4_k_m(workdir: Path) -> Path:
+    """llama_model_quantize(f16 -> Q4_K_M) in a child process, once (the file is committed)."""
+    if Q4_K_M.exists():
+        return Q4_K_M
+    source = mk.write_model(Q4_K_M_SOURCE, workdir)
+    code = ("import ctypes, sys, llama_cpp as l\n"
+            "p = l.llama_model_quantize_default_params(); p.ftype = 15; p.nthread = 2\n"
+            "sys.exit(l.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), "
+            "ctypes.byref(p)))")
+    tmp = Q4_K_M.with_suffix(".tmp")
+    subprocess.run([sys.executable, "-c", code, str(source), str(tmp)], check=True,
+                   capture_output=True)
+    tmp.replace(Q4_K_M)
+    return Q4_K_M
+
+
 BASE = {"ctx": 256, "ubatch": 32, "flash_attn": False, "ngl": 0, "kv_type": "f16",
         "no_kv_offload": False, "overrides": [], "tensor_split": []}
 CONFIGS = (
@@ -42,6 +66,7 @@ CONFIGS = (
     + [(m, dict(ngl=ngl, use_mmap=mmap)) for m in ("repack-q4_0",)
        for ngl in (0, 2, "all") for mmap in (True, False)]
     + [("repack-q4_0", dict(ngl=2, overrides=[["blk\\.0\\.", "RPC0"]]))]
+    + [("repack-q4_K_M", dict(ngl=ngl, use_mmap=mmap)) for ngl in (0, 2) for mmap in (True, False)]
     + [("leaf-f16-256x2", dict(parallel=np_, kv_unified=uni)) for np_ in (2, 4) for uni in (False, True)]
     + [("leaf-f16-256x2", dict(parallel=4, kv_unified=uni, ctx=2048, ubatch=512, flash_attn=fa))
        for uni in (False, True) for fa in (False, True)]
@@ -66,13 +91,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         paths = {name: mk.write_model(m, workdir) for name, m in MODELS.items()}
+        paths["repack-q4_K_M"] = quantize_q4_k_m(workdir)
         shim = rec.compile_shim(workdir)
         server, endpoint = rec.start_rpc_server()
         try:
             for name, opts in CONFIGS:
                 cfg = BASE | opts | {"model": name}
                 cfg["id"] = config_id(name, cfg)
-                cfg.update(path=str(paths[name]), n_layer=MODELS[name].n_layer)
+                cfg.update(path=str(paths[name]),
+                           n_layer=(MODELS[name] if name in MODELS else Q4_K_M_SOURCE).n_layer)
                 entry, _ = rec.record_one(cfg, [endpoint], shim, workdir)
                 entry["options"].update({k: cfg[k] for k in ("use_mmap", "parallel", "kv_unified")
                                          if k in cfg})
