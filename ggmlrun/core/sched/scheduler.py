@@ -374,7 +374,7 @@ class Scheduler:
         then each split's inputs' copies."""
         n, where = self.n_copies, self.where
         leafs: list[Tensor] = []
-        for leaf in leaf_order:
+        for leaf in leaf_order if self.ggml.copies_graph_inputs else ():
             if leaf.role != "input":
                 continue
             b = where[leaf.index]

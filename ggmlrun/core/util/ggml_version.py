@@ -38,6 +38,9 @@ class GgmlVersion:
     weight_rule_skips: frozenset[str]
     max_split_inputs: int | None
     leafs_first: bool = False
+    # pipeline parallelism (n_copies > 1) copies every INPUT leaf too (0.25.3's pass 6), not
+    # only the split inputs
+    copies_graph_inputs: bool = False
 
 
 GGML_VERSIONS = {
@@ -45,7 +48,7 @@ GGML_VERSIONS = {
                         weight_rule_skips=frozenset({"rope"}), max_split_inputs=30),
     "0.25": GgmlVersion("0.25", "0.25.3", not_inplace=frozenset(),
                         weight_rule_skips=frozenset({"rope", "flash_attn_ext"}),
-                        max_split_inputs=None, leafs_first=True),
+                        max_split_inputs=None, leafs_first=True, copies_graph_inputs=True),
 }
 DEFAULT_GGML = GGML_VERSIONS["0.25"]
 
