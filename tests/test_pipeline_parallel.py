@@ -90,3 +90,20 @@ def test_scheduler_copies_on_a_graph_file():
     assert all(x <= y for x, y in zip(a1.arena_bytes, a4.arena_bytes))
     with pytest.raises(Exception):
         Scheduler(backends, n_copies=0)
+
+
+def test_fit_counts_the_copies():
+    """Llama-3-8B Q4_K_M on two 3.8 GiB devices: every layer would fit without the copies
+    (--sched-copies 1: -ngl 33) but not with them; one layer fewer turns them off (-ngl 32)."""
+    import json
+
+    from tests.clikit import invoke
+
+    card = REPO / "ggmlrun" / "models" / "cards" / "llama-3-8b-q4_k_m.yaml"
+    args = ["--gpu", "3.8GiB,3.8GiB", "--ram", "32GiB", "--json"]
+    answers = {}
+    for copies in ("4", "1"):
+        code, out, err = invoke("fit", card, *args, "--sched-copies", copies)
+        assert code == 0, err
+        answers[copies] = json.loads(out)["ngl"]
+    assert answers == {"4": 32, "1": 33}
