@@ -79,7 +79,9 @@ def _in(n: int, size: int) -> str:
 def model_measure_table(model, figures) -> Table:
     table = Table(title=f"{model.name}: ctx {figures.ctx}, ubatch {figures.ubatch}, "
                         f"ngl {figures.ngl}; graph nodes {figures.n_nodes}, graph splits "
-                        f"{figures.n_splits}")
+                        f"{figures.n_splits}"
+                        + (f"; pipeline parallel ({figures.n_copies} copies of every input)"
+                           if getattr(figures, "n_copies", 1) > 1 else ""))
     table.add_column("backend")
     table.add_column("kind", drop=2)
     for col in ("model (weights)", "KV cache", "compute", "total"):
