@@ -255,9 +255,12 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     reserved = []
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
     # deterministic allocator sizes exactly as before, so its result is reused
-    # tg reserves one token per sequence (n_seq_max tokens and outputs)
-    for tokens in (n_tokens, min(opts.parallel, n_tokens)):
-        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type,
+    # llama_context::graph_reserve with n_seqs = n_seq_max: pp rounds its tokens up to a
+    # multiple of the sequences (its outputs stay the ubatch's), tg is one token per sequence
+    n_seqs = opts.parallel
+    pp_tokens = -(-n_tokens // n_seqs) * n_seqs
+    for tokens, outputs in ((pp_tokens, n_tokens), (n_seqs, n_seqs)):
+        mg = model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
                          placement.shared_copies())
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)

@@ -71,6 +71,9 @@ CONFIGS = (
     + [("leaf-f16-256x2", dict(parallel=4, kv_unified=uni, ctx=2048, ubatch=512, flash_attn=fa))
        for uni in (False, True) for fa in (False, True)]
     + [("repack-q4_0", dict(parallel=3, kv_unified=False, ctx=1000, ngl="all"))]
+    + [("leaf-f16-256x2", dict(parallel=3, kv_unified=True, ubatch=ub, flash_attn=fa))
+       for ub in (32, 512) for fa in (False, True)]
+    + [("repack-q4_0", dict(parallel=3, kv_unified=True, ctx=1000, ngl="all"))]
 )
 
 
