@@ -24,11 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "scripts" / "llamacpp")]
 FIGURES = json.loads((REPO / "tests/data/llamacpp/figures_devices.json").read_text())
 BACKENDS_FILE = REPO / "graphs" / "backends" / "llamacpp_rpc.yaml"
-# -np N with a KV stream per sequence (llama.cpp's default) is recorded but not modeled yet
-# (docs/models.md): ggmlrun refuses it and models -np N -kvu exactly
-SPLIT_KV = [c for c in FIGURES["configs"] if c["options"].get("parallel", 1) > 1
-            and not c["options"].get("kv_unified")]
-CONFIGS = [c for c in FIGURES["configs"] if c not in SPLIT_KV]
+CONFIGS = FIGURES["configs"]
 
 
 @pytest.fixture(scope="module")
@@ -90,10 +86,6 @@ def test_measure_equals_llamacpp(cfg, model_dir):
     assert by["CPU"]["output_bytes"] == cfg["output_buffer_bytes"]
 
 
-@pytest.mark.parametrize("cfg", SPLIT_KV, ids=[c["id"] for c in SPLIT_KV])
-def test_split_kv_streams_are_refused_clearly(cfg, model_dir):
-    code, _, err = invoke("measure", model_dir / cfg["model"], "--json", *options(cfg))
-    assert code == 2 and "--kv-unified" in err
 
 
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c["model"].startswith("leaf-")],

@@ -35,10 +35,21 @@ def context_size(opts: ModelOptions, n_ctx_train: int) -> int:
     return opts.ctx if opts.ctx is not None else min(n_ctx_train, 4096)
 
 
+def kv_streams(opts: ModelOptions) -> int:
+    """KV streams: one, or with -np N and no -kvu one per sequence."""
+    return 1 if opts.kv_unified else max(1, opts.parallel)
+
+
 def kv_size(opts: ModelOptions, n_ctx_train: int) -> int:
-    """KV cells: the context rounded up to 256, as llama_context pads cparams.n_ctx."""
+    """KV cells per stream: the context rounded up to 256, as llama_context pads
+    cparams.n_ctx; with a stream per sequence, n_ctx_seq = n_ctx / n_seq_max rounded up to 256
+    (the whole cache then holds n_ctx_seq * n_seq_max cells)."""
     n = context_size(opts, n_ctx_train)
-    return (n + KV_PAD - 1) // KV_PAD * KV_PAD
+    n = (n + KV_PAD - 1) // KV_PAD * KV_PAD
+    streams = kv_streams(opts)
+    if streams > 1:
+        n = (n // streams + KV_PAD - 1) // KV_PAD * KV_PAD
+    return n
 
 
 def ubatch_size(opts: ModelOptions, n_ctx_train: int) -> int:

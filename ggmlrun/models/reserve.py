@@ -28,7 +28,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions, context_size, gpu_layers,
+from ggmlrun.models.options import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions, kv_streams, context_size, gpu_layers,
                                      kv_size, ubatch_size)
 from ggmlrun.models.placement import Placement, place
 
@@ -68,17 +68,18 @@ _GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
-                flash_attn: bool, kv_type: str, shared: tuple = ()) -> ModelGraph:
+                flash_attn: bool, kv_type: str, shared: tuple = (),
+                n_stream: int = 1) -> ModelGraph:
     """The graph for one ubatch shape, built once per model and shape (and sharing of the
     per-layer duplicated tensors, Placement.shared_copies). Entries hold their model, so an id
     in a key always belongs to the model it was made for."""
-    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared)
+    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, n_stream)
     entry = _GRAPHS.get(key)
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
         entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
-                                                   flash_attn, kv_type, shared))
+                                                   flash_attn, kv_type, shared, n_stream))
     return entry[1]
 
 
@@ -125,13 +126,6 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
     if not 1 <= opts.parallel <= LLAMA_MAX_SEQ:
         raise InputError(f"--parallel must be 1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ), "
                          f"got {opts.parallel}")
-    if opts.parallel > 1 and not opts.kv_unified:
-        n = opts.parallel
-        raise InputError(f"--parallel {n} without --kv-unified: llama.cpp then gives each of the "
-                         f"{n} sequences its own KV stream of ctx/{n} cells (rounded up to 256) "
-                         f"and builds its attention per stream, which ggmlrun does not model "
-                         f"yet; add --kv-unified (llama.cpp -kvu: one cache shared by all "
-                         f"sequences, the context being their total)")
 
 
 @dataclass
@@ -261,7 +255,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
     for tokens, outputs in ((pp_tokens, n_tokens), (n_seqs, n_seqs)):
         mg = model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies())
+                         placement.shared_copies(), kv_streams(opts))
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
         plan = allocator.plan(*allocation_sequence(sched))
