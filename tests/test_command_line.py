@@ -55,6 +55,7 @@ CASES = {
     "sched_copies": dict(sched_copies=1),
     "no_mmap": dict(no_mmap=True, ngl=2),
     "parallel": dict(parallel=3, kv_unified=True),
+    "parallel_streams": dict(parallel=2, ctx=600),      # a KV stream per sequence
     "kv_unified": dict(kv_unified=True),
 }
 
