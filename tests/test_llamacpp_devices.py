@@ -9,6 +9,8 @@ tests/data/llamacpp/figures_devices.json:
   the mapped file range (first to last CPU tensor left in the map) stays; --no-mmap allocates
   the rest instead; and a Q4_K_M file made by llama.cpp's quantizer (q4_K matrices repacked,
   q6_K ones not, on x86).
+- -np N (n_seq_max) with one unified cache (-kvu) or a KV stream per sequence, and the output
+  (logits) buffer of n_vocab floats per sequence.
 The models are seeded and small: make_tiny_gguf.py writes them again here.
 """
 
