@@ -57,6 +57,13 @@ CASES = {
     "cpu_moe": dict(cpu_moe=True),                   # measured on the qwen3moe model
     "n_cpu_moe": dict(n_cpu_moe=2, ngl=4),
     "n_cpu_moe_and_ot": dict(n_cpu_moe=3, overrides=((r"blk\.1\.ffn_up", "GPU0"),)),
+    # ggml's GGML_SCHED_MAX_COPIES: a build option, not a command-line one (every layer over
+    # two devices is where it changes the figures)
+    "sched_copies": dict(sched_copies=1),
+    "no_mmap": dict(no_mmap=True, ngl=2),
+    "parallel": dict(parallel=3, kv_unified=True),
+    "parallel_streams": dict(parallel=2, ctx=600),      # a KV stream per sequence
+    "kv_unified": dict(kv_unified=True),
 }
 MOE_CASES = ("cpu_moe", "n_cpu_moe", "n_cpu_moe_and_ot")
 
@@ -80,7 +87,8 @@ def test_line_reproduces_the_figures(name):
     opts = ModelOptions(**CASES[name])
     first = measure_model(model, backends, opts)
     line = llama_cpp_line(opts, backends, ngl=first.ngl, ctx=first.ctx)
-    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml))
+    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml,
+                                                      sched_copies=opts.sched_copies))
     assert _figures(measure_model(model, backends, again)) == _figures(first), line
 
 
@@ -132,7 +140,8 @@ def test_parse_refuses_what_it_does_not_write():
 
 
 def _fit(*args):
-    code, out, err = invoke("fit", CARD_70B, "--json", *args)
+    host = () if "--ram" in args else ("--ram", "64GiB")     # never this machine's RAM
+    code, out, err = invoke("fit", CARD_70B, "--json", *host, *args)
     assert code == 0, err
     return json.loads(out)
 
@@ -166,8 +175,10 @@ def test_every_cli_model_option_reaches_the_line():
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
                "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
-               "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2"}
-    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has"}
+               "--no-mmap": "--no-mmap", "--parallel 2 --kv-unified": "-np 2 -kvu",
+               "--kv-unified": "-kvu", "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2"}
+    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
+                 "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
 
     flags = {o.split()[0] for o in spelled}
