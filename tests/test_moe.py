@@ -250,7 +250,7 @@ def test_fit_answers_n_cpu_moe_at_the_edge(card, gpu, ctx):
                for b in fewer["backends"] if b["kind"] != "cpu")
     code, out, err = invoke("measure", CARDS / card, *base, "--n-cpu-moe", str(got["n_cpu_moe"]))
     same = {b["name"]: b["weights_bytes"] + b["kv_bytes"] + b["arena_bytes"]
-            for b in json.loads(out)["backends"]}
+            + b.get("output_bytes", 0) for b in json.loads(out)["backends"]}   # CPU: logits too
     assert same == {b["name"]: b["total_bytes"] for b in got["backends"]}
 
 
