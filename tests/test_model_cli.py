@@ -33,7 +33,8 @@ def type_counts(model) -> dict[str, int]:
 
 # --- cards --------------------------------------------------------------------------------------
 def test_bundled_cards_are_llama3_and_qwen3():
-    assert [p.name for p in bundled_cards()] == ["llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml",
+    assert [p.name for p in bundled_cards()] == ["glm-4.5-air-q4_k_m.yaml",
+                                                 "llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml",
                                                  "qwen3-235b-a22b-q4_k_m.yaml",
                                                  "qwen3-30b-a3b-q4_k_m.yaml",
                                                  "qwen3-32b-q4_k_m.yaml", "qwen3-8b-q4_k_m.yaml"]

@@ -224,6 +224,13 @@ hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_ff: 96, n_vocab: 32
           rope_attn_factor: 1.1902380714238083}
 weights: f16
 """,
+    "tiny-glm4moe-f16": """architecture: glm4moe
+hparams: {n_layer: 4, n_layer_nextn: 1, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32,
+          n_rot: 16, n_ff: 128, n_expert: 8, n_expert_used: 2, n_ff_exp: 32, n_expert_shared: 1,
+          n_layer_dense_lead: 1, expert_weights_scale: 2.5, expert_weights_norm: true,
+          expert_gating_func: 2, n_vocab: 320, n_ctx_train: 2048}
+weights: f16
+""",
     "tiny-qwen3moe-f16": """architecture: qwen3moe
 hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32, n_ff: 64,
           n_expert: 8, n_expert_used: 2, n_ff_exp: 32, n_vocab: 320, n_ctx_train: 2048}

@@ -226,7 +226,8 @@ def test_cli_options_change_the_figures():
 CARD_CASES = [("qwen3-30b-a3b-q4_k_m.yaml", "8GiB", "auto"),
               ("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192"),
               ("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "8192"),
-              ("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "auto")]
+              ("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "auto"),
+              ("glm-4.5-air-q4_k_m.yaml", "24GiB", "8192")]
 
 
 @pytest.mark.parametrize("card,gpu,ctx", CARD_CASES)
@@ -350,3 +351,28 @@ def test_an_unused_model_input_keeps_ggmls_leaf_position():
                             "--ubatch", "32", "--flash-attn", "on", "--ngl", "0")
     assert code == 0, err
     assert {b["name"]: b["arena_bytes"] for b in json.loads(out)["backends"]}["CPU"] == 93312
+
+
+def test_glm_air_card_counts_the_nextn_block():
+    """GLM-4.5-Air: 47 blocks (46 and the NextN one), so -ngl all is 48; the NextN block's
+    tensors are in the card (the file) but in no buffer; ffn_down of every kind and attn_v
+    q6_K in use_more_bits' layers of 47 (llama-quant's n_ffn_down is n_layer_all), before the
+    row fallbacks."""
+    m = read_card(CARDS / "glm-4.5-air-q4_k_m.yaml")
+    hp, t = m.hparams, m.tensors
+    assert (hp.n_layer, hp.n_layer_nextn, hp.n_layer_all, hp.n_rot) == (46, 1, 47, 64)
+    assert "blk.46.nextn.eh_proj.weight" in t and t["blk.46.nextn.eh_proj.weight"].dtype == "q4_K"
+    # rows of 1408 (the experts' width) are not whole 256-blocks: llama.cpp's fallbacks, q6_K to
+    # q8_0 and q4_K to q5_0, as it logs for GLM-4.5-Air
+    assert t["blk.0.ffn_down.weight"].dtype == "q8_0" and t["blk.1.ffn_down_shexp.weight"].dtype == "q8_0"
+    assert t["blk.6.ffn_down_exps.weight"].dtype == "q5_0" and t["blk.1.ffn_gate_inp.weight"].dtype == "f32"
+    assert t["blk.1.exp_probs_b.bias"].dtype == "f32" and t["blk.0.attn_q.bias"].dtype == "f32"
+    code, out, err = invoke("measure", CARDS / "glm-4.5-air-q4_k_m.yaml", "--gpu", "200GiB",
+                            "--ram", "64GiB", "--ctx", "4096", "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    nextn = sum(TYPES[i.dtype].row_bytes(int(np.prod(i.shape))) for n, i in t.items()
+                if n.startswith("blk.46."))
+    total = sum(TYPES[i.dtype].row_bytes(int(np.prod(i.shape))) for i in t.values())
+    loaded = sum(b["weights_bytes"] for b in got["backends"])
+    assert nextn > 0 and total - nextn <= loaded < total        # the NextN block: in no buffer

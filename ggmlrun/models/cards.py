@@ -57,7 +57,7 @@ TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", 
                   # mixtures of experts: the router and the experts (one tensor per layer each)
                   "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _LAYER_RE = re.compile(r"\Ablk\.\d+\.")
-_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)\Z")
+_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_.]+)\.(weight|bias)\Z")   # nextn.eh_proj too
 
 
 # --- llama.cpp's quantization mixtures ----------------------------------------------------------
@@ -102,7 +102,7 @@ def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool
     mix = MIXTURES[ftype]
     if cls.endswith("norm") or cls == "ffn_gate_inp":
         return "f32"
-    if cls == "ffn_down_exps":
+    if cls.startswith("ffn_down"):     # ffn_down_exps, ffn_down_shexp: "ffn_down" in the name
         cls = "ffn_down"
     if not mix.quantized:
         return mix.default

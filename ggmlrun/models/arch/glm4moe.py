@@ -146,5 +146,25 @@ def build(d: Decoder):
     return inpL
 
 
+# a card's model: the optional tensors GLM-4.5(-Air)'s files carry, by name without "blk.<i>.":
+# the Q/K/V biases and the NextN block (whose every tensor the table makes optional)
+_NEXTN_CARRIED = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                  "attn_output.weight", "post_attention_norm.weight", "ffn_gate_inp.weight",
+                  "exp_probs_b.bias", "ffn_gate_exps.weight", "ffn_down_exps.weight",
+                  "ffn_up_exps.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight",
+                  "ffn_up_shexp.weight", "nextn.eh_proj.weight", "nextn.enorm.weight",
+                  "nextn.hnorm.weight", "nextn.shared_head_norm.weight")
+
 ARCH = Arch(name="glm4moe", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
-            read_hparams=read_hparams)
+            read_hparams=read_hparams,
+            card_tensors=frozenset({"output.weight", "attn_q.bias", "attn_k.bias",
+                                    "attn_v.bias", *_NEXTN_CARRIED}),
+            card_hparams={"n_expert": ("expert_count", True, None),
+                          "n_expert_used": ("expert_used_count", True, None),
+                          "n_ff_exp": ("expert_feed_forward_length", True, None),
+                          "n_expert_shared": ("expert_shared_count", True, None),
+                          "n_layer_dense_lead": ("leading_dense_block_count", False, None),
+                          "n_layer_nextn": ("nextn_predict_layers", False, None),
+                          "expert_weights_scale": ("expert_weights_scale", False, None),
+                          "expert_weights_norm": ("expert_weights_norm", False, None),
+                          "expert_gating_func": ("expert_gating_func", False, None)})
