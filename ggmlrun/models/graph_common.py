@@ -222,9 +222,12 @@ class KVCache:
 
 
 def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor,
-                  q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int) -> Tensor:
+                  q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
+                  n_kv: int | None = None, iswa: bool = False) -> Tensor:
     """llm_graph_context::build_attn for llm_graph_input_attn_kv, with build_attn_mha inside:
-    store K and V through set_rows, then attend over the whole cache view."""
+    store K and V through set_rows, then attend over the whole cache view (`n_kv` cells,
+    default the context's). `iswa`: the build_attn of llm_graph_input_attn_kv_iswa, which
+    expands Q, K, V in that order (the plain one expands Q, V, K)."""
     b = ctx.b
     k_rot, v_rot = inputs.get("k_rot"), inputs.get("v_rot")
     if k_rot is not None:
@@ -233,14 +236,15 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
     if v_rot is not None:
         v_cur = mul_mat_hadamard(ctx, v_cur, v_rot)
     b.expand(q_cur)
-    b.expand(v_cur)
-    b.expand(k_cur)
+    for t in ((k_cur, v_cur) if iswa else (v_cur, k_cur)):
+        b.expand(t)
     b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
     b.expand(cache.cpy_v(b, v_cur, inputs["v_idxs"], il))
     T, n_head, hd = q_cur.shape[-3:]
     n_head_kv = k_cur.shape[-2]
-    k = cache.get_k(b, il, ctx.n_kv, n_head_kv, hd)
-    v = cache.get_v(b, il, ctx.n_kv, n_head_kv, v_cur.shape[-1])
+    n_kv = ctx.n_kv if n_kv is None else n_kv
+    k = cache.get_k(b, il, n_kv, n_head_kv, hd)
+    v = cache.get_v(b, il, n_kv, n_head_kv, v_cur.shape[-1])
     mask = inputs["kq_mask"]
     q = b.view(q_cur, (1, T, n_head, hd), (q_cur.strides[-3] * T, *q_cur.strides[-3:]))
     q = b.permute(q, (0, 2, 1, 3))

@@ -59,6 +59,7 @@ class Rule:
     hi: float = MAX_DIM           # inclusive upper bound
     lo_open: bool = False         # floats: value > lo rather than >= lo
     per_layer: bool = False       # get_key_or_arr: a value, or one per layer
+    keep_array: bool = False      # get_arr: an array kept as one flag per layer (a pattern)
     choices: tuple = ()           # strings: the accepted values
     why: str = ""                 # what the range is for, in a message
 
@@ -102,6 +103,13 @@ RULES: dict[str, Rule] = {
     "rope.scaling.yarn_beta_slow": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.yarn_log_multiplier": Rule("f32", 0.0, F32_MAX),
     "attention.temperature_scale": Rule("f32", 0.0, F32_MAX, why="0: no temperature"),
+    # sliding-window attention (gemma3): the window, which layers use it (a period n: layer il
+    # slides unless il % n == n - 1; or one BOOL per layer), its own rope base; and the final
+    # logits' softcap
+    "attention.sliding_window": Rule("u32", 0, U32_MAX, why="0: no sliding window"),
+    "attention.sliding_window_pattern": Rule("u32", 0, U32_MAX, per_layer=True, keep_array=True),
+    "rope.freq_base_swa": Rule("f32", 0.0, F32_MAX, lo_open=True),
+    "final_logit_softcapping": Rule("f32", 0.0, F32_MAX, why="0: none"),
 }
 VOCAB_LIST = "tokenizer.ggml.tokens"     # its length is the vocabulary when vocab_size is absent
 
@@ -179,6 +187,10 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
                                    f"is {n_layer}")
         if not items:
             raise wrong("an empty array")
+        if rule.keep_array:
+            if any(isinstance(v, float) or not isinstance(v, (bool, int)) for v in items):
+                raise wrong("an array holding a non-integer")
+            return tuple(bool(v) for v in items)
         first = None
         for i, v in enumerate(items):
             if isinstance(v, bool) and elem == "BOOL":

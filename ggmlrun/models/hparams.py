@@ -39,6 +39,19 @@ class LlamaHParams:
     yarn_beta_fast: float = 32.0    # read by the architectures that read it (mistral3)
     yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0
+    # sliding-window attention (llama_hparams n_swa, is_swa): read by the architectures that
+    # have it (gemma3); a model with any SWA layer gets llama_kv_cache_iswa's two caches
+    n_swa: int = 0
+    swa_layers: tuple = ()          # per layer: True for a sliding-window layer
+    rope_freq_base_swa: float = 10000.0    # rope_freq_base_train_swa (SWA layers' rope)
+    rope_freq_scale_swa: float = 1.0
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[il]
+
+    @property
+    def has_swa(self) -> bool:
+        return any(self.swa_layers)
 
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):

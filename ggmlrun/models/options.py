@@ -21,6 +21,7 @@ class ModelOptions:
     tensor_split: tuple[float, ...] | None = None # over non-CPU backends in order
     op_offload: bool = True
     ggml: str = "0.25"
+    swa_full: bool = False        # --swa-full: sliding-window layers get a full-size cache
 
 
 def context_size(opts: ModelOptions, n_ctx_train: int) -> int:
@@ -38,6 +39,18 @@ def ubatch_size(opts: ModelOptions, n_ctx_train: int) -> int:
     """n_ubatch = min(n_batch, n_ubatch) with n_batch = min(n_ctx, n_batch): llama_context clamps
     against the context as asked, before padding it (n_batch taken as >= n_ubatch)."""
     return min(opts.ubatch, context_size(opts, n_ctx_train))
+
+
+def swa_kv_size(opts: ModelOptions, hp) -> int:
+    """llama_kv_cache_iswa's SWA cache: PAD(min(kv_size, n_swa + n_ubatch), 256) cells (one
+    sequence), or the full cache's size under --swa-full; 0 for a model without SWA layers."""
+    if not hp.has_swa:
+        return 0
+    size = kv_size(opts, hp.n_ctx_train)
+    if opts.swa_full:
+        return size
+    n = min(size, hp.n_swa + ubatch_size(opts, hp.n_ctx_train))
+    return (n + KV_PAD - 1) // KV_PAD * KV_PAD
 
 
 def gpu_layers(opts: ModelOptions, n_layer: int) -> int:

@@ -29,7 +29,7 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import (KV_TYPES, U32_MAX, ModelOptions, context_size, gpu_layers,
-                                     kv_size, ubatch_size)
+                                     kv_size, swa_kv_size, ubatch_size)
 from ggmlrun.models.placement import Placement, place
 
 GGUF_ALIGNMENT = 32
@@ -64,17 +64,18 @@ _GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
-                flash_attn: bool, kv_type: str, shared: tuple = ()) -> ModelGraph:
+                flash_attn: bool, kv_type: str, shared: tuple = (), swa: int = 0) -> ModelGraph:
     """The graph for one ubatch shape, built once per model and shape (and sharing of the
-    per-layer duplicated tensors, Placement.shared_copies). Entries hold their model, so an id
-    in a key always belongs to the model it was made for."""
-    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared)
+    per-layer duplicated tensors, Placement.shared_copies; `swa`: the SWA cache's cells, all
+    attended over, as in a reserve). Entries hold their model, so an id in a key always
+    belongs to the model it was made for."""
+    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, swa)
     entry = _GRAPHS.get(key)
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
         entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
-                                                   flash_attn, kv_type, shared))
+                                                   flash_attn, kv_type, shared, swa, swa))
     return entry[1]
 
 
@@ -87,8 +88,9 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
     copies = placement.layer_copies.get(mg.rope_freqs_name, placement.rope_freqs)
     for il, leaf in mg.rope_freqs.items():
         leaf.backend = names[copies[il]]
-    for il, leaf in mg.cache.k.items():
-        leaf.backend = mg.cache.v[il].backend = names[placement.kv[il]]
+    for cache in mg.caches:              # each layer's K/V where its layer is (full or SWA)
+        for il, leaf in cache.k.items():
+            leaf.backend = cache.v[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
     for node, il in mg.norm_pins:
         b = placement.layer[il]
@@ -146,12 +148,15 @@ def _elements(shape) -> int:
 
 
 def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    """Every attention cache's tensors (llama_kv_cache_iswa: the full and the SWA cache, each
+    its own buffers) on their layer's backend, each rounded up to its alignment."""
     sizes = [0] * len(backends)
-    for il, k in mg.cache.k.items():
-        b = placement.kv[il]
-        for t in (k, mg.cache.v[il]):
-            spec = backends[b]
-            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+    for cache in mg.caches:
+        for il, k in cache.k.items():
+            b = placement.kv[il]
+            for t in (k, cache.v[il]):
+                spec = backends[b]
+                sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
     return sizes
 
 
@@ -164,6 +169,7 @@ def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
 def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     hp = model.hparams
     kv = kv_size(opts, hp.n_ctx_train)
+    swa = swa_kv_size(opts, hp)
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
     scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
@@ -175,7 +181,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     # deterministic allocator sizes exactly as before, so its result is reused
     for tokens in (n_tokens, 1):
         mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies())
+                         placement.shared_copies(), swa)
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
         plan = allocator.plan(*allocation_sequence(sched))

@@ -46,6 +46,7 @@ class TinyModel:
     metadata: tuple = ()       # further (key under the architecture, value) pairs
     fused: bool = False        # attn_qkv and a 2 n_ff ffn_up (gate and up), no ffn_gate (phi3)
     longrope: bool = False     # rope_factors_long / rope_factors_short (phi3)
+    post_norms: bool = False   # post_attention_norm / post_ffw_norm after each block (gemma3)
     title: str = ""            # general.name; default the file's name
 
     @property
@@ -93,6 +94,21 @@ MODELS = [
               metadata=(("rope.scaling.type", "longrope"),
                         ("rope.scaling.original_context_length", 512),
                         ("rope.scaling.attn_factor", 1.1902380714238083))),
+    # gemma3: sliding-window layers (a window of 64 / 128 cells, so ctx 256 and 1024 with
+    # ubatch 32 and 512 give SWA caches of 256 and 768 cells), heads of 32 over an n_embd of
+    # 64, Q/K head norms, post-norms, GEGLU, tied output. The f16 file has no pattern key (6
+    # layers: the default pattern 6 makes layers 0-4 SWA, 5 full), a full-layer rope base of
+    # 1e6 scaled linearly by 8 (as Gemma-3-27B) and a final logit softcap; the q8_0 file has
+    # pattern 3 (layers 2 and 5 full) and its own SWA rope base.
+    TinyModel("tiny-gemma3-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
+              seed=13, arch="gemma3", head_dim=32, qk_norm=True, post_norms=True, tied=True,
+              metadata=(("attention.sliding_window", 64), ("rope.freq_base", 1e6),
+                        ("rope.scaling.type", "linear"), ("rope.scaling.factor", 8.0),
+                        ("final_logit_softcapping", 30.0))),
+    TinyModel("tiny-gemma3-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=192, n_layer=6,
+              seed=14, arch="gemma3", head_dim=32, qk_norm=True, post_norms=True, tied=True,
+              metadata=(("attention.sliding_window", 128), ("attention.sliding_window_pattern", 3),
+                        ("rope.freq_base", 1e6), ("rope.freq_base_swa", 20000.0))),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -136,10 +152,14 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
             shapes[f"blk.{i}.attn_q_norm.weight"] = (head_dim,)
             shapes[f"blk.{i}.attn_k_norm.weight"] = (head_dim,)
         shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * head_dim)
+        if m.post_norms:
+            shapes[f"blk.{i}.post_attention_norm.weight"] = (m.n_embd,)
         shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
         shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, m.n_ff)
+        if m.post_norms:
+            shapes[f"blk.{i}.post_ffw_norm.weight"] = (m.n_embd,)
     if m.longrope:
         shapes["rope_factors_long.weight"] = (head_dim // 2,)
         shapes["rope_factors_short.weight"] = (head_dim // 2,)
@@ -190,7 +210,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_key_length(m.head_dim)
         writer.add_value_length(m.head_dim)
     writer.add_rope_dimension_count(m.n_embd_head)
-    writer.add_rope_freq_base(ROPE_FREQ_BASE)
+    if "rope.freq_base" not in dict(m.metadata):
+        writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
     writer.add_file_type(FILE_TYPES[m.weight_type])

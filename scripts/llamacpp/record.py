@@ -44,7 +44,11 @@ ORACLE_OUT = Path("/work/oracle-out")
 
 MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
           "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
-          "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0"]
+          "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
+          "tiny-gemma3-f16", "tiny-gemma3-q8_0"]
+# sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
+# full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
+SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
@@ -59,7 +63,8 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  # one per architecture beyond llama: pinned norms (ub32) and the tied output
                  "tiny-qwen2-f16/c256/ub32/fa0/ngl2", "tiny-qwen3-f16/c256/ub32/fa1/nglall",
                  "tiny-qwen3-q8_0/c1024/ub512/fa0/ngl2", "tiny-mistral3-f16/c256/ub32/fa0/nglall",
-                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2"}
+                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2", "tiny-gemma3-f16/c1024/ub512/fa0/ngl2",
+                 "tiny-gemma3-q8_0/c256/ub32/fa1/nglall"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -112,12 +117,15 @@ def all_configs() -> list[dict]:
     """The grid the issue asks for, then the extras; options absent mean llama.cpp's defaults."""
     grid = [{"model": m, "ctx": c, "ubatch": u, "flash_attn": fa, "ngl": n}
             for m, c, u, fa, n in itertools.product(MODELS, CTXS, UBATCHES, FLASH_ATTN, NGLS)]
+    grid += [{"model": m, "ctx": c, "ubatch": u, "flash_attn": fa, "ngl": n, "swa_full": True,
+              "suffix": "swafull"}
+             for m, c, u, fa, n in itertools.product(SWA_MODELS, CTXS, UBATCHES, FLASH_ATTN, NGLS)]
     extras = [dict({"model": m, "ctx": 256, "ubatch": 32, "flash_attn": False, "suffix": suffix},
                    **opts) for m, suffix, opts in EXTRAS]
     configs = []
     for cfg in grid + extras:
         cfg = {"no_kv_offload": False, "kv_type": "f16", "overrides": [], "suffix": "",
-               "tensor_split": []} | cfg
+               "tensor_split": [], "swa_full": False} | cfg
         cfg["id"] = config_id(cfg["model"], cfg["ctx"], cfg["ubatch"], cfg["flash_attn"], cfg["ngl"],
                               cfg["suffix"])
         configs.append(cfg)
@@ -225,6 +233,7 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
     cparams.offload_kqv = not cfg["no_kv_offload"]
     cparams.type_k = cparams.type_v = KV_TYPES[cfg["kv_type"]]
+    cparams.swa_full = cfg["swa_full"]        # llama-cpp-python's default is true: always given
     shim.shim_mark(b"context")
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
@@ -367,7 +376,8 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
         "options": {"ctx": cfg["ctx"], "ubatch": cfg["ubatch"], "flash_attn": cfg["flash_attn"],
                     "ngl": cfg["ngl"], "kv_type": cfg["kv_type"],
                     "no_kv_offload": cfg["no_kv_offload"], "overrides": cfg["overrides"]}
-                   | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {}),
+                   | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {})
+                   | ({"swa_full": True} if cfg["swa_full"] else {}),
         "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
         "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
         "backends": {k: backends[k] for k in sorted(backends, key=lambda k: (k == "CPU", k))},
