@@ -88,6 +88,9 @@ MODEL_OPTIONS = {
                              "the output layer counts as one."),
     "no_kv_offload": click.option("--no-kv-offload", is_flag=True, default=False,
                                   help="[models] Keep the KV cache on the CPU (-nkvo)."),
+    "swa_full": click.option("--swa-full", is_flag=True, default=False,
+                             help="[models] Sliding-window layers get a full-size KV cache "
+                                  "(--swa-full); default a window's worth plus one ubatch."),
     "kv_type": click.option("--kv-type", type=click.Choice(["f16", "f32", "q8_0"]), default=None,
                             help="[models] KV cache type (-ctk/-ctv); default f16."),
     "tensor_overrides": click.option("--override-tensor", "tensor_overrides",
@@ -107,6 +110,7 @@ MODEL_OPTIONS = {
 }
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
+               "swa_full": "--swa-full",
                "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
                "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens"}
 
@@ -254,7 +258,7 @@ def _model_setup(model, backends, kw: dict):
                         kv_type=kw.get("kv_type") or "f16",
                         overrides=tuple(kw.get("tensor_overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
-                        ggml=kw.get("ggml") or "0.25")
+                        ggml=kw.get("ggml") or "0.25", swa_full=bool(kw.get("swa_full")))
     return backends, opts
 
 

@@ -201,10 +201,20 @@ register(OpSpec(name="flash_attn_ext", n_src=(3, 4), infer=_fa_infer, kernel=_fa
 
 # --- glu -----------------------------------------------------------------------------------
 
+def _gelu_fp16_table(x):
+    """ggml-cpu's ggml_vec_geglu_f32 (GGML_GELU_FP16): x rounded to f16, GELU of that in f32
+    (ggml_gelu_f32: 0.5x(1 + tanh(√(2/π)·x·(1 + 0.044715x²)))) rounded to f16 (its table
+    ggml_table_gelu_f16), 0 at x <= -10 and x itself at x >= 10."""
+    h = x.astype(np.float16).astype(F32)
+    g = F32(0.5) * h * (F32(1) + np.tanh(F32(math.sqrt(2 / math.pi)) * h
+                                         * (F32(1) + F32(0.044715) * h * h)))
+    g = g.astype(np.float16).astype(F32)
+    return np.where(x <= F32(-10), F32(0), np.where(x >= F32(10), x, g))
+
+
 _GATE = {
     "swiglu": lambda x: x / (F32(1) + np.exp(-x)),
-    "geglu": lambda x: F32(0.5) * x * (F32(1) + np.tanh(
-        F32(math.sqrt(2 / math.pi)) * (x + F32(0.044715) * x * x * x))),
+    "geglu": _gelu_fp16_table,
     "reglu": lambda x: np.maximum(x, F32(0)),
 }
 
@@ -244,7 +254,7 @@ register(OpSpec(name="glu", n_src=(1, 2), infer=_glu_infer, kernel=_glu_kernel,
                 params={"op": REQUIRED, "swapped": False},
                 flops=lambda out, srcs: 5 * out.n_elements,
                 summary="gated unit: act(x)·g with x, g = a, b (or a's halves); "
-                        "act silu|gelu|relu (swiglu|geglu|reglu)"))
+                        "act silu|gelu (ggml's f16 table)|relu (swiglu|geglu|reglu)"))
 
 
 # --- cast ----------------------------------------------------------------------------------
