@@ -104,6 +104,15 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-phi3-f16", "", {"ngl": 3}),
     ("tiny-phi3-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_factors", "CPU"]]}),
     ("tiny-phi3-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+    # gemma3: the full and the SWA cache under the placement options (each layer's cache with
+    # its layer, over two devices too; a q8_0 cache with its heads of 32)
+    ("tiny-gemma3-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-gemma3-f16", "nkvo-swafull", {"ngl": 2, "no_kv_offload": True, "swa_full": True}),
+    ("tiny-gemma3-f16", "", {"ngl": 4}),
+    ("tiny-gemma3-f16", "ts1-1", {"ngl": 4, "tensor_split": [1, 1], "ctx": 1024}),
+    ("tiny-gemma3-q8_0", "kvq8_0", {"ngl": "all", "kv_type": "q8_0", "flash_attn": True}),
+    ("tiny-gemma3-q8_0", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]],
+                                        "ubatch": 512}),
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
