@@ -43,6 +43,13 @@ class BackendFigures:
     kv_bytes: int
     arena_bytes: int
     memory_bytes: int
+    # of kv_bytes, the caches whose cells are the context (the full cache, and the SWA cache
+    # under --swa-full): what grows in proportion to it (fit's context bounds); None: all
+    kv_linear_bytes: int | None = None
+
+    @property
+    def kv_linear(self) -> int:
+        return self.kv_bytes if self.kv_linear_bytes is None else self.kv_linear_bytes
 
 
 @dataclass
@@ -147,11 +154,16 @@ def _elements(shape) -> int:
     return n
 
 
-def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec],
+             linear_only: bool = False) -> list[int]:
     """Every attention cache's tensors (llama_kv_cache_iswa: the full and the SWA cache, each
-    its own buffers) on their layer's backend, each rounded up to its alignment."""
+    its own buffers) on their layer's backend, each rounded up to its alignment.
+    `linear_only`: the full cache only (without --swa-full the SWA cache stops growing at
+    its window plus a ubatch)."""
     sizes = [0] * len(backends)
     for cache in mg.caches:
+        if linear_only and cache is not mg.cache:
+            continue
         for il, k in cache.k.items():
             b = placement.kv[il]
             for t in (k, cache.v[il]):
@@ -190,8 +202,11 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     (pp, sched), _ = reserved
     weights = weights_bytes(model, placement, backends)
     kvb = kv_bytes(pp, placement, backends)
+    linear = kv_bytes(pp, placement, backends, linear_only=True) if swa and not opts.swa_full \
+        else kvb
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
-                              arena_bytes=arena[i], memory_bytes=b.memory)
+                              arena_bytes=arena[i], memory_bytes=b.memory,
+                              kv_linear_bytes=linear[i])
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
