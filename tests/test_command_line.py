@@ -19,6 +19,7 @@ from ggmlrun.models.reserve import measure_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples/models/tiny-llama-f16.gguf"
+TINY_SWA = ROOT / "examples/models/tiny-gemma3-f16.gguf"     # sliding-window layers
 CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
 
 MiB = 2**20
@@ -50,7 +51,9 @@ CASES = {
     "tensor_split_odd": dict(tensor_split=split_proportions((0.3, 0.7)), ngl=4),
     "op_offload": dict(op_offload=False, ngl=2),
     "ggml": dict(ggml="0.15"),       # ggml's own rules: not a llama.cpp option
+    "swa_full": dict(swa_full=True, ctx=1024, ubatch=32),
 }
+MODEL_OF = {"swa_full": TINY_SWA}   # a case whose option needs a model that has it
 
 
 def test_every_option_has_a_case():
@@ -66,10 +69,13 @@ def _figures(m):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_line_reproduces_the_figures(name):
-    model = load_model(TINY)
+    model = load_model(MODEL_OF.get(name, TINY))
     backends = two_devices()
     opts = ModelOptions(**CASES[name])
     first = measure_model(model, backends, opts)
+    if name in MODEL_OF:       # the option changes this model's figures
+        plain = dataclasses.replace(opts, **{name: ModelOptions.__dataclass_fields__[name].default})
+        assert _figures(measure_model(model, backends, plain)) != _figures(first)
     line = llama_cpp_line(opts, backends, ngl=first.ngl, ctx=first.ctx)
     again = options_from_line(line, base=ModelOptions(ggml=opts.ggml))
     assert _figures(measure_model(model, backends, again)) == _figures(first), line
@@ -156,7 +162,8 @@ def test_every_cli_model_option_reaches_the_line():
                "--no-kv-offload": "-nkvo", "--kv-type f32": "-ctk f32 -ctv f32",
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
-               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1"}
+               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
+               "--swa-full": "--swa-full"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
 

@@ -33,8 +33,45 @@ def type_counts(model) -> dict[str, int]:
 
 # --- cards --------------------------------------------------------------------------------------
 def test_bundled_cards_are_llama3_and_qwen3():
-    assert [p.name for p in bundled_cards()] == ["llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml",
-                                                 "qwen3-32b-q4_k_m.yaml", "qwen3-8b-q4_k_m.yaml"]
+    names = [p.name for p in bundled_cards()]
+    assert {"llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml", "qwen3-32b-q4_k_m.yaml",
+            "qwen3-8b-q4_k_m.yaml", "gemma-3-27b-q4_k_m.yaml",
+            "mistral-small-3.2-24b-q4_k_m.yaml"} <= set(names)
+
+
+@pytest.mark.parametrize("card,gib,params", [("gemma-3-27b-q4_k_m.yaml", 15.40, 27.01),
+                                             ("mistral-small-3.2-24b-q4_k_m.yaml", 13.34, 23.57)])
+def test_gemma3_and_mistral_small_cards_match_llama_cpps_sizes(card, gib, params):
+    """llama-bench reports "gemma3 27B Q4_K - Medium | 15.40 GiB | 27.01 B" and
+    "13.34 GiB | 23.57 B" for Mistral-Small-3.x-24B Q4_K_M."""
+    import math
+
+    model = read_card(CARD_8B.parent / card)
+    assert round(weight_bytes(model) / 2**30, 2) == gib
+    assert round(sum(math.prod(t.shape) for t in model.tensors.values()) / 1e9, 2) == params
+
+
+def test_gemma3_card_slides_five_layers_of_six_and_fits_fast():
+    import time
+
+    from ggmlrun.core.backends.spec import BackendSpec
+    from ggmlrun.models.fit import fit_model
+    from ggmlrun.models.options import ModelOptions
+
+    model = read_card(CARD_8B.parent / "gemma-3-27b-q4_k_m.yaml")
+    hp = model.hparams
+    assert hp.n_swa == 1024 and sum(hp.swa_layers) == 52
+    assert [il for il in range(hp.n_layer) if not hp.is_swa(il)] == list(range(5, 62, 6))
+    assert model.tensors["token_embd.weight"].dtype == "q6_K"     # tied: the output's type
+    assert "output.weight" not in model.tensors
+    backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30),
+                BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30)]
+    started = time.monotonic()
+    result = fit_model(model, backends, ModelOptions(ctx=8192), 2**30, 0, False)
+    assert time.monotonic() - started < 1.0
+    assert result.ngl == 63
+    # KV: 10 full layers x 8192 cells + 52 sliding layers x PAD(1024 + 512) cells, K and V f16
+    assert result.backends[0].kv_bytes == (10 * 8192 + 52 * 1536) * 16 * 128 * 2 * 2
 
 
 def test_8b_q4_k_m_matches_llama_cpp_model_size():
