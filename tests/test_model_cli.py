@@ -64,8 +64,8 @@ def test_gemma3_card_slides_five_layers_of_six_and_fits_fast():
     assert [il for il in range(hp.n_layer) if not hp.is_swa(il)] == list(range(5, 62, 6))
     assert model.tensors["token_embd.weight"].dtype == "q6_K"     # tied: the output's type
     assert "output.weight" not in model.tensors
-    backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30),
-                BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30)]
+    backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30, alignment=128),
+                BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30, alignment=32)]
     started = time.monotonic()
     result = fit_model(model, backends, ModelOptions(ctx=8192), 2**30, 0, False)
     assert time.monotonic() - started < 1.0
