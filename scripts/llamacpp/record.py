@@ -54,6 +54,7 @@ UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
 NGLS: list[int | str] = [0, 2, "all"]
 TOKENS = [1, 15, 100, 7, 42]
+LONG_TOKENS = [1] + [(37 * i + 11) % 317 + 3 for i in range(159)]   # 160 tokens (extras)
 N_THREADS = 2
 N_BATCH = 2048          # llama.cpp's default -b; the graph depends on the ubatch only
 CHILD_MEMORY = 4 << 30  # address-space cap for the server and each child
@@ -113,6 +114,13 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-gemma3-q8_0", "kvq8_0", {"ngl": "all", "kv_type": "q8_0", "flash_attn": True}),
     ("tiny-gemma3-q8_0", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]],
                                         "ubatch": 512}),
+] + [
+    # a prompt longer than the window (160 tokens in one ubatch; windows of 64 and 128): the
+    # SWA mask hides the tokens 64 or more positions back, so the logits check it
+    (model, "long" + ("-swafull" if full else ""),
+     {"ngl": 2, "ubatch": 512, "flash_attn": fa, "tokens": LONG_TOKENS, "swa_full": full})
+    for model in ("tiny-gemma3-f16", "tiny-gemma3-q8_0") for fa in (False, True)
+    for full in (False, True)
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
@@ -248,8 +256,9 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     if not ctx:
         raise RuntimeError("llama.cpp could not make a context\n" + "".join(log[-20:]))
     shim.shim_mark(b"decode")
-    tokens = (llama_cpp.llama_token * len(TOKENS))(*TOKENS)
-    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, len(TOKENS))) != 0:
+    prompt = cfg.get("tokens") or TOKENS
+    tokens = (llama_cpp.llama_token * len(prompt))(*prompt)
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, len(prompt))) != 0:
         raise RuntimeError("llama_decode failed")
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     row = llama_cpp.llama_get_logits_ith(ctx, -1)
@@ -394,6 +403,7 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
                     if phase in ("load", "context") and nbytes],   # the dummy 0-byte ones dropped
         "output_buffer_bytes": output_bytes,
         **({"pipeline_parallel": True} if "pipeline parallelism enabled" in child["log"] else {}),
+        **({"tokens": cfg["tokens"]} if cfg.get("tokens") else {}),
         "logits": child["logits"],
     }
     reserves = [g for g in graphs if g["kind"] == "reserve" and g["phase"] == "context"]
