@@ -291,7 +291,8 @@ class Decoder:
         if softcap is None:
             softcap = getattr(self.hp, "f_final_logit_softcapping", 0.0)
         if softcap:
-            cur = b.op("scale", [cur], cur.shape, s=float(np.float32(1.0) / np.float32(softcap)))
+            from ggmlrun.models.hparam_rules import as_f32     # 1.0f / softcap, in float
+            cur = b.op("scale", [cur], cur.shape, s=as_f32(1.0 / as_f32(softcap)))
             cur = b.op("tanh", [cur], cur.shape)
             cur = b.op("scale", [cur], cur.shape, s=softcap)
         cur = b.cb(cur, "result_output", -1)
