@@ -206,9 +206,10 @@ class Decoder:
             return None
         rep = self.shared.get(first.name, range(il + 1))[il]    # the layer whose tensor it reads
         leaf = self.rope_freqs.get(rep) if rep != il else None
-        if leaf is None:
-            leaf = first if il == 0 else GraphBuilder.leaf(first.name, first.shape, first.dtype,
-                                                           role="weight")
+        origin = rope_freqs_layers(self.hp)[0]     # the layer that creates it (gemma4: the
+        if leaf is None:                           # first full one), duplicated in the others
+            leaf = first if il == origin else GraphBuilder.leaf(first.name, first.shape,
+                                                                first.dtype, role="weight")
         self.rope_freqs[il] = leaf
         return leaf
 
@@ -233,15 +234,18 @@ class Decoder:
     def add_kv_layer(self, il: int) -> None:
         self.kv_cache(il).add_layer(il, self.hp.n_embd_k_gqa, self.hp.n_embd_v_gqa)
 
-    def attn(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float) -> Tensor:
+    def attn(self, il: int, q: Tensor, k: Tensor | None, v: Tensor | None, kq_scale: float,
+             kv_layer: int | None = None) -> Tensor:
         """build_attn over the KV cache (an SWA layer's over the SWA cache, with its own
-        inputs), then wo and its optional bias."""
+        inputs), then wo and its optional bias. Without k and v, over layer `kv_layer`'s cache
+        (a KV-shared layer)."""
         if self.swa_cache is not None and self.hp.is_swa(il):
             cache, inputs, n_kv = self.swa_cache, self.swa_inputs, self.swa_n_kv
         else:
             cache, inputs, n_kv = self.cache, self.inputs, self.ctx.n_kv
         cur = build_attn_kv(self.ctx, cache, inputs, self.weight(T.ATTN_OUT, il),
-                            q, k, v, kq_scale, il, n_kv=n_kv, iswa=self.swa_cache is not None)
+                            q, k, v, kq_scale, il, n_kv=n_kv, iswa=self.swa_cache is not None,
+                            kv_layer=kv_layer)
         bias = self.optional(T.ATTN_OUT, il, "bias")
         return self.add_bias(cur, bias)
 
@@ -277,12 +281,20 @@ class Decoder:
         return self.b.op("add", [a, c], a.shape)
 
     # --- the output head -----------------------------------------------------------------------
-    def finish(self, inpL: Tensor, softcap: float | None = None) -> ModelGraph:
+    def finish(self, inpL: Tensor, softcap: float | None = None,
+               rows_after_norm: bool = False) -> ModelGraph:
         """result_norm, the lm_head (plus output.bias where the architecture has one; with
         `softcap`, the final logit softcapping scale, tanh, scale) as result_output, and the
         graph."""
         b = self.b
-        cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
+        outputs = []
+        if rows_after_norm:    # gemma4: every row normed (h_nextn, an output), then out_ids'
+            h = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "h_nextn", -1)
+            outputs.append(h)
+            cur = b.cb(b.op("get_rows", [h, self.inputs["out_ids"]], (self.n_outputs, h.shape[-1])),
+                       "result_norm", -1)
+        else:
+            cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
         result_norm = cur
         cur = self.ctx.mul_mat(self.output_w, cur)
         bias = self.optional(T.OUTPUT, None, "bias")
@@ -297,7 +309,7 @@ class Decoder:
             cur = b.op("scale", [cur], cur.shape, s=softcap)
         cur = b.cb(cur, "result_output", -1)
         b.expand(cur)
-        graph = b.graph(self.model.name, outputs=[result_norm, cur])
+        graph = b.graph(self.model.name, outputs=outputs + [result_norm, cur])
         graph.path = self.model.path
         return ModelGraph(graph=graph, weights=self.weights, output_weight=self.output_w,
                           cache=self.cache, inputs=self.inputs,
@@ -326,7 +338,7 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,
                 swa_size=swa_size, swa_n_kv=swa_n_kv)
     d.shared = dict(shared)
-    return d.finish(arch.build(d))
+    return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm)
 
 
 MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down
@@ -394,6 +406,13 @@ def rope_params(hp) -> dict:
     return dict(n_ctx_orig=hp.n_ctx_orig_yarn, freq_base=hp.rope_freq_base,
                 freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
                 beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+
+
+def rope_freqs_layers(hp) -> tuple[int, ...]:
+    """The layers that read rope_freqs: the first creates it, the others hold a duplicate
+    (every layer, or gemma4's full-attention ones: hp.rope_freqs_layers)."""
+    layers = getattr(hp, "rope_freqs_layers", None)
+    return tuple(layers) if layers is not None else tuple(range(hp.n_layer))
 
 
 def default_kq_scale(hp) -> float:

@@ -130,6 +130,8 @@ class GraphBuilder:
                     stack.append((src, 0))
                 continue
             if t.op is None:
+                if not t.name:                 # ggml_visit_parents names an unnamed leaf
+                    t.name = f"leaf_{len(leafs)}"
                 leafs.append(t)
             else:
                 if not t.name:
@@ -222,29 +224,39 @@ class KVCache:
 
 
 def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor,
-                  q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int,
-                  n_kv: int | None = None, iswa: bool = False) -> Tensor:
+                  q_cur: Tensor, k_cur: Tensor | None, v_cur: Tensor | None, kq_scale: float,
+                  il: int, n_kv: int | None = None, iswa: bool = False,
+                  kv_layer: int | None = None) -> Tensor:
     """llm_graph_context::build_attn for llm_graph_input_attn_kv, with build_attn_mha inside:
     store K and V through set_rows, then attend over the whole cache view (`n_kv` cells,
     default the context's). `iswa`: the build_attn of llm_graph_input_attn_kv_iswa, which
-    expands Q, K, V in that order (the plain one expands Q, V, K)."""
+    expands Q, K, V in that order (the plain one expands Q, V, K). Without K and V (None): no
+    store, and the attention reads layer `kv_layer`'s cache (gemma4's KV-shared layers)."""
     b = ctx.b
     k_rot, v_rot = inputs.get("k_rot"), inputs.get("v_rot")
     if k_rot is not None:
         q_cur = mul_mat_hadamard(ctx, q_cur, k_rot)
-        k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
-    if v_rot is not None:
+        if k_cur is not None:
+            k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
+    if v_rot is not None and v_cur is not None:
         v_cur = mul_mat_hadamard(ctx, v_cur, v_rot)
     b.expand(q_cur)
     for t in ((k_cur, v_cur) if iswa else (v_cur, k_cur)):
-        b.expand(t)
-    b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
-    b.expand(cache.cpy_v(b, v_cur, inputs["v_idxs"], il))
+        if t is not None:
+            b.expand(t)
     T, n_head, hd = q_cur.shape[-3:]
-    n_head_kv = k_cur.shape[-2]
     n_kv = ctx.n_kv if n_kv is None else n_kv
-    k = cache.get_k(b, il, n_kv, n_head_kv, hd)
-    v = cache.get_v(b, il, n_kv, n_head_kv, v_cur.shape[-1])
+    if k_cur is None:       # a layer reading an earlier layer's cache (llama_kv_cache reuse)
+        src = kv_layer if kv_layer is not None else il
+        n_head_kv = cache.k[src].shape[-1] // hd
+        k = cache.get_k(b, src, n_kv, n_head_kv, hd)
+        v = cache.get_v(b, src, n_kv, n_head_kv, hd)
+    else:
+        b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
+        b.expand(cache.cpy_v(b, v_cur, inputs["v_idxs"], il))
+        n_head_kv = k_cur.shape[-2]
+        k = cache.get_k(b, il, n_kv, n_head_kv, hd)
+        v = cache.get_v(b, il, n_kv, n_head_kv, v_cur.shape[-1])
     mask = inputs["kq_mask"]
     q = b.view(q_cur, (1, T, n_head, hd), (q_cur.strides[-3] * T, *q_cur.strides[-3:]))
     q = b.permute(q, (0, 2, 1, 3))

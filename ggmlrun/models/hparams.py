@@ -92,7 +92,12 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
 
     spec = get_arch(arch)
     prefix = f"{arch}."
-    values = rules.check(fields, prefix=prefix, types=types)
+    values = rules.check(fields, prefix=prefix, types=types, per_layer=spec.per_layer)
+    # per-layer values (an architecture that has them: gemma4): layer 0's stands for the
+    # common scalar, the whole tuple is the architecture's to read (get.arrays)
+    arrays = {key: value for key, value in values.items() if isinstance(value, tuple)
+              and key in spec.per_layer}
+    values.update((key, value[0]) for key, value in arrays.items())
 
     def get(key: str, default=None, required: bool = True):
         if key in values:
@@ -140,6 +145,7 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
         rope_attn_factor=get("rope.scaling.attn_factor", 1.0))
     if spec.read_hparams is None:
         return LlamaHParams(**common)
+    get.arrays = arrays
     return spec.read_hparams(get, common)
 
 

@@ -138,7 +138,7 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     if "output.weight" not in model.tensors:
         duplicates.add(("token_embd.weight", placement.output_weight))
     for name, copies in placement.layer_copies.items():   # rope factors: one copy per layer
-        duplicates.update((name, b) for b in copies)
+        duplicates.update((name, b) for b in copies if b is not None)
     placed += sorted(d for d in duplicates if d not in set(placed))
     for name, b in placed:
         info = model.tensors[name]

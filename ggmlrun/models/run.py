@@ -93,6 +93,8 @@ def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
                    inp["embd"]: np.zeros((T, n_embd), np.float32),
                    inp["pos"]: np.arange(T, dtype=np.int32),
                    inp["out_ids"]: np.array([T - 1], dtype=np.int32)})
+    if "ple_tokens" in inp:           # gemma4's per-layer embeddings read the tokens again
+        values[inp["ple_tokens"]] = np.asarray(tokens, dtype=np.int32)
     return values
 
 

@@ -45,10 +45,10 @@ ORACLE_OUT = Path("/work/oracle-out")
 MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
           "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
-          "tiny-gemma3-f16", "tiny-gemma3-q8_0"]
+          "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0"]
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
 # full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
-SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0"]
+SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]

@@ -26,6 +26,7 @@ _MODULES = {
     "mistral3": "ggmlrun.models.arch.mistral3",
     "phi3": "ggmlrun.models.arch.phi3",
     "gemma3": "ggmlrun.models.arch.gemma3",
+    "gemma4": "ggmlrun.models.arch.gemma4",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -47,6 +47,11 @@ class Arch:
     card_tensors: frozenset = frozenset({"output.weight"})
     # card hyperparameters of its own: card key -> (GGUF key under the architecture, kind)
     card_hparams: dict = field(default_factory=dict)
+    # keys whose per-layer arrays may differ between layers (hparam_rules.check per_layer)
+    per_layer: frozenset = frozenset()
+    # the output norm over every row (h_nextn), then the output rows (gemma4), rather than the
+    # last layer keeping only the output rows
+    rows_after_norm: bool = False
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}

@@ -19,6 +19,7 @@ from ggmlrun.core.ir.ops.common import (
 from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits
 from ggmlrun.core.ir.ops.quant import can_encode, from_f32, round_like_vec_dot, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
+from ggmlrun.core.ir.ops.elementwise import gelu_fp16_table
 
 
 def _pad(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
@@ -204,20 +205,9 @@ register(OpSpec(name="flash_attn_ext", n_src=(3, 4), infer=_fa_infer, kernel=_fa
 
 # --- glu -----------------------------------------------------------------------------------
 
-def _gelu_fp16_table(x):
-    """ggml-cpu's ggml_vec_geglu_f32 (GGML_GELU_FP16): x rounded to f16, GELU of that in f32
-    (ggml_gelu_f32: 0.5x(1 + tanh(√(2/π)·x·(1 + 0.044715x²)))) rounded to f16 (its table
-    ggml_table_gelu_f16), 0 at x <= -10 and x itself at x >= 10."""
-    h = x.astype(np.float16).astype(F32)
-    g = F32(0.5) * h * (F32(1) + np.tanh(F32(math.sqrt(2 / math.pi)) * h
-                                         * (F32(1) + F32(0.044715) * h * h)))
-    g = g.astype(np.float16).astype(F32)
-    return np.where(x <= F32(-10), F32(0), np.where(x >= F32(10), x, g))
-
-
 _GATE = {
     "swiglu": lambda x: x / (F32(1) + np.exp(-x)),
-    "geglu": _gelu_fp16_table,
+    "geglu": lambda x: gelu_fp16_table(x),
     "reglu": lambda x: np.maximum(x, F32(0)),
 }
 
