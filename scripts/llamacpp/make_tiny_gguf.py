@@ -312,7 +312,10 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_unk_token_id(0)
     rng = np.random.default_rng(m.seed)
     for name, shape in tensor_shapes(m).items():
-        add_weight(writer, name, random_weight(rng, name, shape), m.weight_type)
+        data = random_weight(rng, name, shape)
+        if m.arch == "gemma4" and name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+            data *= 0.3    # gemma4 attends unscaled (KQ scale 1): keep its logits moderate
+        add_weight(writer, name, data, m.weight_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -65,7 +65,8 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-qwen2-f16/c256/ub32/fa0/ngl2", "tiny-qwen3-f16/c256/ub32/fa1/nglall",
                  "tiny-qwen3-q8_0/c1024/ub512/fa0/ngl2", "tiny-mistral3-f16/c256/ub32/fa0/nglall",
                  "tiny-phi3-f16/c1024/ub32/fa0/ngl2", "tiny-gemma3-f16/c1024/ub512/fa0/ngl2",
-                 "tiny-gemma3-q8_0/c256/ub32/fa1/nglall"}
+                 "tiny-gemma3-q8_0/c256/ub32/fa1/nglall", "tiny-gemma4-f16/c256/ub32/fa0/ngl2",
+                 "tiny-gemma4-q8_0/c1024/ub512/fa1/nglall"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -116,11 +117,28 @@ EXTRAS: list[tuple[str, str, dict]] = [
                                         "ubatch": 512}),
 ] + [
     # a prompt longer than the window (160 tokens in one ubatch; windows of 64 and 128): the
-    # SWA mask hides the tokens 64 or more positions back, so the logits check it
+    # SWA mask hides the tokens 64 (128) or more positions back, so the logits check it.
+    # tiny-gemma4-f16 (window 64) takes 100 tokens and flash attention off only: its unscaled
+    # attention (KQ scale 1) makes f16 rounding noise grow with the prompt (llama.cpp's own
+    # logits move by 1.4e-3 of the largest between flash attention off and on at 100 tokens,
+    # 2.3e-3 at 160, against SPEC's 2e-3)
     (model, "long" + ("-swafull" if full else ""),
-     {"ngl": 2, "ubatch": 512, "flash_attn": fa, "tokens": LONG_TOKENS, "swa_full": full})
-    for model in ("tiny-gemma3-f16", "tiny-gemma3-q8_0") for fa in (False, True)
-    for full in (False, True)
+     {"ngl": 2, "ubatch": 512, "flash_attn": fa, "swa_full": full,
+      "tokens": LONG_TOKENS[:100] if model == "tiny-gemma4-f16" else LONG_TOKENS})
+    for model in ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0")
+    for fa in (False, True) for full in (False, True)
+    if not (model == "tiny-gemma4-f16" and fa)
+] + [
+    # gemma4: rope_freqs made with the first full layer and copied into the other full ones,
+    # the KV-shared layers' caches (those of earlier layers) under the placement options
+    ("tiny-gemma4-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-gemma4-f16", "", {"ngl": 3}),
+    ("tiny-gemma4-f16", "", {"ngl": 5}),
+    ("tiny-gemma4-f16", "ts1-1", {"ngl": 5, "tensor_split": [1, 1], "ctx": 1024}),
+    ("tiny-gemma4-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_freqs", "CPU"]]}),
+    ("tiny-gemma4-q8_0", "ot-blk2-rpc", {"ngl": 0, "overrides": [["blk\\.2\\.", "RPC0"]]}),
+    ("tiny-gemma4-q8_0", "nkvo-swafull", {"ngl": 4, "no_kv_offload": True, "swa_full": True,
+                                          "flash_attn": True}),
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
