@@ -468,3 +468,17 @@ def test_cast_to_f16_rounds_like_numpy_half_and_owns_its_memory():
     np.testing.assert_array_equal(got, x.astype(F16))
     with pytest.raises(InputError, match="dtype"):
         node_for("cast", [x], {"dtype": "f8"})
+
+
+# --- pad -----------------------------------------------------------------------------------
+
+def test_pad_appends_zeros_per_dim():
+    a = randn(3, 5)
+    got = run("pad", [a], {"pad": [1, 3]})
+    want = np.zeros((4, 8), np.float32)
+    want[:3, :5] = a
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(InputError, match="one integer >= 0 per dim"):
+        node_for("pad", [a], {"pad": [1]})
+    with pytest.raises(InputError, match="one integer >= 0 per dim"):
+        node_for("pad", [a], {"pad": [0, -1]})

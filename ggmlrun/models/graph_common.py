@@ -201,6 +201,9 @@ class KVCache:
         else:                 # a strided view (a fused QKV's V): a contiguous copy first
             v_cur = b.cont(v_cur, (n_tokens, gqa))
         cache = self.v[il]
+        width = cache.shape[-1]
+        if gqa < width:       # [TAG_V_CACHE_VARIABLE]: rows padded to the widest layer's
+            v_cur = b.op("pad", [v_cur], (n_tokens, width), pad=[0, width - gqa])
         v_view = b.reshape(cache, (cache.n_elements, 1))
         v_cur = b.reshape(v_cur, (v_cur.n_elements, 1))
         return b.set_rows(v_view, v_cur, v_idxs)

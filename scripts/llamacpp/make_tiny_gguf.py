@@ -128,9 +128,12 @@ MODELS = [
     TinyModel("tiny-gemma4-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
               seed=15, arch="gemma4", head_dim=32, qk_norm=True, post_norms=True, tied=True,
               metadata=GEMMA4_KEYS + (("attention.sliding_window", 64),)),
+    # the q8_0 one: 2 KV heads everywhere, so V rows are 32 wide on the sliding layers and 64 on
+    # the full ones (without flash attention the V cache pads them to 64: ggml_pad)
     TinyModel("tiny-gemma4-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
               seed=16, arch="gemma4", head_dim=32, qk_norm=True, post_norms=True, tied=True,
-              metadata=GEMMA4_KEYS + (("attention.sliding_window", 128),)),
+              metadata=tuple((k, (2,) * 6 if k == "attention.head_count_kv" else v)
+                             for k, v in GEMMA4_KEYS) + (("attention.sliding_window", 128),)),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,

@@ -16,8 +16,8 @@ sqrt(n_embd), Q/K head norms, post-norms, GEGLU, softcapped logits, tied output)
 - every row through the output norm (`h_nextn`, an output), then the output rows
   (`result_norm`), as llama.cpp does without masked nextn embeddings.
 
-Without flash attention llama.cpp pads every V cache row to the widest layer's; a model whose
-layers' V widths differ is refused there (ggml_pad is not built yet).
+Without flash attention every layer's V cache rows are the widest layer's (n_embd_v_gqa_max),
+a narrower layer's V padded with zeros (ggml_pad) before it is stored.
 """
 
 from __future__ import annotations
@@ -184,10 +184,6 @@ def project_per_layer(d: Decoder, inp_batch, selected):
 
 def build(d: Decoder):
     hp, b, ctx, T_ = d.hp, d.b, d.ctx, d.T
-    if not ctx.flash_attn and len({hp.n_embd_k_gqa_l(il) for il in range(hp.n_layer)
-                                   if hp.has_kv(il)} | {hp.n_embd_v_gqa}) > 1:
-        raise InputError("gemma4 with layers of different V widths needs --flash-attn on here: "
-                         "without it llama.cpp pads V cache rows (ggml_pad), not built yet")
     inpL = b.cb(b.op("scale", [d.inpL], d.inpL.shape, s=math.sqrt(hp.n_embd)), "inp_scaled", -1)
     per_layer = None
     if hp.n_embd_per_layer:
