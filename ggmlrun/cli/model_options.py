@@ -8,9 +8,7 @@ from pathlib import Path
 import click
 
 from ggmlrun import report
-from ggmlrun.core import engine
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.frontend.loader import load_backends
 from ggmlrun.cli.common import stdout, emit_json
 
 
@@ -181,6 +179,8 @@ def _model_backends(backends_file, model_kw: dict, overrides):
         raise InputError("--gpu describes the devices and --backends lists them: give one of "
                          "the two (or --memory NAME=SIZE to resize a device of the file)")
     if backends_file:
+        from ggmlrun.core.frontend.backends_file import load_backends
+
         backends = load_backends(backends_file)
         given = _file_memory_keys(backends_file)
         sources = {b.name: (f"file {Path(backends_file).name}" if b.name in given
@@ -301,6 +301,8 @@ def _measure_model(model_input, as_json):
     model, backends, opts = model_input
 
     figures = measure_model(model, backends, opts)
+    from ggmlrun.core import engine
+
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     fit = model_fit(figures)
     from ggmlrun.models.command_line import llama_cpp_line
@@ -368,9 +370,8 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
     """`run MODEL`: the tokens as one batch, `--repeat` timed runs after `--warmup`, with
     `--threads`, `--trace` and `--profile` as for graphs; the top tokens, with their texts from
     the file's vocabulary, and the context, -ngl and splits it ran with."""
-    import os
-
     from ggmlrun import visual
+    from ggmlrun.core.util import host
     from ggmlrun.cli.common import stderr
     from ggmlrun.core.run import results
 
@@ -428,8 +429,8 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
     top = top_tokens(model, logits[0])
     ran = ran_with(model, opts, sched, len(ids))
     cpu_threads = sched.backends[-1].threads
-    threads = str(cpu_threads) if cpu_threads else f"default ({os.cpu_count()} cores)"
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    threads = str(cpu_threads) if cpu_threads else f"default ({host.cores()} cores)"
+    load = host.load_average()
     if as_json:
         payload = report.model_run_dict(result, summaries)
         payload["timings"].update({"warmup": warmup, "threads": cpu_threads,
