@@ -61,14 +61,22 @@ def test_unknown_architecture_exits_2_listing_the_supported_ones(tmp_path):
         get_arch("mamba")
 
 
+# keys an architecture requires beyond the common ones (its load_arch_hparams reads them
+# without a default)
+REQUIRED_KEYS = {"gemma4": {"attention.sliding_window_pattern": [True, False],
+                            "attention.sliding_window": 64, "attention.key_length_swa": 16,
+                            "attention.value_length_swa": 16,
+                            "embedding_length_per_layer_input": 0}}
+
+
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_tensor_tables_use_gguf_names(arch):
     """Every name in a table is gguf's (TENSOR_NAMES of a tensor MODEL_TENSORS lists for the
     architecture); asking for one it does not list is an error, not a retyped string."""
     hp = from_metadata({f"{arch}.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, **{"attention.head_count": 4}, feed_forward_length=96,
-        vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5}).items()},
-        arch)
+        vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5},
+        **REQUIRED_KEYS.get(arch, {})).items()}, arch)
     table = get_arch(arch).tensors(hp)
     assert "token_embd.weight" in table and table["output.weight"].required is False
     assert all(re.fullmatch(r"(blk\.\d+\.)?[a-z_]+\.(weight|bias)", name) for name in table)

@@ -45,6 +45,9 @@ class Arch:
     longrope: bool = False                 # builds LongRoPE's rope_factors_long / _short
     # the optional tensors a model card's model has, by name without "blk.<i>."
     card_tensors: frozenset = frozenset({"output.weight"})
+    # or, per tensor: (name, hparams) -> whether a card's model has it (gemma4: attn_v only on
+    # the sliding layers)
+    card_tensor: Callable | None = None
     # card hyperparameters of its own: card key -> (GGUF key under the architecture, kind)
     card_hparams: dict = field(default_factory=dict)
     # keys whose per-layer arrays may differ between layers (hparam_rules.check per_layer)

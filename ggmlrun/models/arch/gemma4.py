@@ -242,7 +242,25 @@ def build(d: Decoder):
     return inpL
 
 
+def card_tensor(name: str, hp: Gemma4HParams) -> bool:
+    """The optional tensors real Gemma 4 files carry: attn_v on the sliding layers (the full
+    ones use K as V) and each layer's output scale."""
+    if name.endswith(".attn_v.weight"):
+        return hp.is_swa(int(name.split(".")[1]))
+    return name.endswith(".layer_output_scale.weight")
+
+
 ARCH = Arch(name=ARCH_NAME, rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
             read_hparams=read_hparams, card_tensors=frozenset(), rows_after_norm=True,
+            card_tensor=card_tensor,
+            card_hparams={"n_swa": ("attention.sliding_window", True, None),
+                          "swa_pattern": ("attention.sliding_window_pattern", True, None),
+                          "rope_freq_base_swa": ("rope.freq_base_swa", False, None),
+                          "final_logit_softcapping": ("final_logit_softcapping", False, None),
+                          "n_embd_head_k_swa": ("attention.key_length_swa", True, None),
+                          "n_embd_head_v_swa": ("attention.value_length_swa", True, None),
+                          "n_rot_swa": ("rope.dimension_count_swa", False, None),
+                          "shared_kv_layers": ("attention.shared_kv_layers", False, None),
+                          "n_embd_per_layer": ("embedding_length_per_layer_input", False, 0)},
             per_layer=frozenset({"feed_forward_length", "attention.head_count",
                                  "attention.head_count_kv"}))
