@@ -129,7 +129,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     swa_n_kv = min(swa, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))
     placement = place(hp, model.tensors, backends, opts)
     mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
-                     placement.shared_copies(), swa, swa_n_kv)
+                     placement.shared_copies(), swa_size=swa, swa_n_kv=swa_n_kv)
     apply_placement(mg, placement, backends)
     sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
     plan, memory = plan_memory(sched, "ggml")
