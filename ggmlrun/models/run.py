@@ -22,7 +22,7 @@ from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import ModelOptions, context_size, kv_size
+from ggmlrun.models.options import ModelOptions, context_size, kv_size, swa_kv_size
 from ggmlrun.models.placement import place
 from ggmlrun.models.reserve import apply_placement, check_options
 
@@ -52,35 +52,50 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Te
         shape, dtype = storage_shape(info.shape, info.dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         values[leaf] = data[info.offset:info.offset + nbytes].view(dtype).reshape(shape)
-    for cache in (mg.cache.k, mg.cache.v):
-        for leaf in cache.values():
+    for cache in mg.caches:
+        for leaf in (*cache.k.values(), *cache.v.values()):
             shape, dtype = storage_shape(leaf.shape, leaf.dtype)
             values[leaf] = np.zeros(shape, dtype)
     return values
 
 
-def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
-                 n_embd: int, n_embd_v_gqa: int) -> dict[Tensor, np.ndarray]:
-    T = len(tokens)
-    inp = mg.inputs
+def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa: int,
+                      n_swa: int = 0) -> dict[Tensor, np.ndarray]:
+    """One cache's attention inputs for the first T tokens of sequence 0 in cells 0..T-1
+    (llama_kv_cache's set_input_k_idxs / v_idxs / kq_mask): a causal mask over its n_kv cells,
+    and with `n_swa` the standard sliding window too (is_masked_swa: p1 - p0 >= n_swa)."""
     cells = np.arange(T, dtype=np.int64)
     if inp["v_idxs"].shape[0] == T:
         v_idxs = cells
     else:       # transposed V: one row per element, element e of token t at e * kv_size + t
         v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
                   + cells[:, None]).reshape(-1)
-    mask = np.full((T, n_kv), -np.inf, dtype=np.float32)
-    mask[np.tril_indices(T)] = 0.0
+    p1, p0 = np.arange(T)[:, None], np.arange(n_kv)[None, :]
+    keep = (p0 <= p1) & (p0 < T)
+    if n_swa:
+        keep &= p1 - p0 < n_swa
+    mask = np.where(keep, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
     mask_t = inp["kq_mask"]
     rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
-    return {**rotations,
-            inp["tokens"]: np.asarray(tokens, dtype=np.int32),
-            inp["embd"]: np.zeros((T, n_embd), np.float32),
-            inp["pos"]: np.arange(T, dtype=np.int32),
-            inp["k_idxs"]: cells,
-            inp["v_idxs"]: v_idxs,
-            mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape),
-            inp["out_ids"]: np.array([T - 1], dtype=np.int32)}
+    return {**rotations, inp["k_idxs"]: cells, inp["v_idxs"]: v_idxs,
+            mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape)}
+
+
+def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
+                 n_embd: int, n_embd_v_gqa: int) -> dict[Tensor, np.ndarray]:
+    T = len(tokens)
+    inp = mg.inputs
+    values = attn_input_values(inp, T, n_kv, kv_cells, n_embd_v_gqa)
+    if mg.swa_cache is not None:      # llama_kv_cache_iswa: the SWA cache's own inputs
+        values.update(attn_input_values(mg.swa_inputs, T, mg.swa_n_kv, mg.swa_cache.kv_size,
+                                        n_embd_v_gqa, mg.n_swa))
+    values.update({inp["tokens"]: np.asarray(tokens, dtype=np.int32),
+                   inp["embd"]: np.zeros((T, n_embd), np.float32),
+                   inp["pos"]: np.arange(T, dtype=np.int32),
+                   inp["out_ids"]: np.array([T - 1], dtype=np.int32)})
+    if "ple_tokens" in inp:           # gemma4's per-layer embeddings read the tokens again
+        values[inp["ple_tokens"]] = np.asarray(tokens, dtype=np.int32)
+    return values
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -110,9 +125,11 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                          f"{context_size(opts, hp.n_ctx_train)}; raise --ctx")
     T = len(tokens)
     n_kv = min(cells, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
+    swa = swa_kv_size(opts, hp)
+    swa_n_kv = min(swa, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))
     placement = place(hp, model.tensors, backends, opts)
     mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
-                     placement.shared_copies())
+                     placement.shared_copies(), swa_size=swa, swa_n_kv=swa_n_kv)
     apply_placement(mg, placement, backends)
     sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
     plan, memory = plan_memory(sched, "ggml")
@@ -144,8 +161,9 @@ def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
     from ggmlrun.core.util import ram
 
     buffers = sum(m.arena_bytes + m.weights_bytes for m in memory)
-    caches = sum(leaf.nbytes for cache in (mg.cache.k, mg.cache.v) for leaf in cache.values())
-    inputs = 2 * sum(t.nbytes for t in mg.inputs.values())      # made, then converted
+    caches = sum(leaf.nbytes for cache in mg.caches
+                 for leaf in (*cache.k.values(), *cache.v.values()))
+    inputs = 2 * sum(t.nbytes for t in (*mg.inputs.values(), *mg.swa_inputs.values()))
     need = buffers + caches + inputs
     what = (f"running this model ({human_bytes(buffers)} of backend buffers, "
             f"{human_bytes(caches + inputs)} of cache and input values)")

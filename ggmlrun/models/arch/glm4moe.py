@@ -139,8 +139,8 @@ def build(d: Decoder):
                                gating=hp.gating,
                                exp_probs_b=d.weight(T.FFN_EXP_PROBS_B, il, "bias"))
             routed = b.cb(routed, "ffn_moe_out", il)
-            shared = b.cb(d.ffn_swiglu(il, cur, T.FFN_UP_SHEXP, T.FFN_GATE_SHEXP,
-                                       T.FFN_DOWN_SHEXP), "ffn_shexp_out", il)
+            shared = b.cb(d.ffn_swiglu(il, cur, up=T.FFN_UP_SHEXP, gate=T.FFN_GATE_SHEXP,
+                                       down=T.FFN_DOWN_SHEXP), "ffn_shexp_out", il)
             cur = b.cb(d.add(routed, shared), "ffn_out", il)
         inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
     return inpL
