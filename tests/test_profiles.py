@@ -58,7 +58,7 @@ def test_op_offload_thresholds():
     for profile in ("cuda", "vulkan", "metal"):
         assert device(profile).offload_min_batch == 32
     assert device("cuda").offload_ops is None and device("vulkan").offload_ops is None
-    assert device("metal").offload_ops == frozenset({"mul_mat"})
+    assert device("metal").offload_ops == frozenset({"mul_mat", "mul_mat_id"})   # ggml-metal
     assert device("rpc").offload_min_batch == NO_OFFLOAD
     assert BackendSpec.of_kind("R", "rpc").offload_min_batch == NO_OFFLOAD
 

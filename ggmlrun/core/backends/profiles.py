@@ -96,7 +96,7 @@ PROFILES: dict[str, dict] = {
     "cuda": {"alignment": 128, "offload_min_batch": 32, "row_padding": 512,
              "flash_attn_head_sizes": CUDA_FLASH_ATTN_HEAD_SIZES},
     "metal": {"alignment": 32, "offload_min_batch": 32,
-              "offload_ops": frozenset({"mul_mat"}),
+              "offload_ops": frozenset({"mul_mat", "mul_mat_id"}),   # ggml-metal: both
               "unsupported": frozenset({"diag_mask_inf"}),
               "unsupported_types": {"flash_attn_ext": frozenset({"iq4_nl"})},
               "flash_attn_head_sizes": METAL_FLASH_ATTN_HEAD_SIZES},
