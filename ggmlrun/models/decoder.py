@@ -81,7 +81,7 @@ class Decoder:
         b.cb(self.inpL, "embd", -1)
         self.inputs = {
             "tokens": tokens, "embd": inp_embd,
-            "pos": b.leaf("inp_pos", (T_,), "i32"),
+            "pos": b.leaf("inp_pos", (T_ * arch.n_pos_per_embd,), "i32"),
             "k_idxs": b.leaf("attn_inp_k_idxs", (T_,), "i64"),
             "v_idxs": b.leaf("attn_inp_v_idxs",
                              (T_ * hp.n_embd_v_gqa,) if not flash_attn else (T_,), "i64"),
@@ -90,6 +90,12 @@ class Decoder:
             "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
         self.inputs.update(rotation_inputs(b, hp, kv_type))
         self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, **rope_params(hp))
+        if arch.n_pos_per_embd == 4:       # ggml_rope_multi: the sections pick each pair's position
+            self.rope["sections"] = list(hp.rope_sections)
+        # a hybrid memory's recurrent half (models/arch/delta_net.py): the states the graph
+        # sees (n_rs: the whole memory in a reserve) and the one it clears first (rs_z; -1:
+        # none, as after a sequence's first ubatch)
+        self.n_rs, self.rs_zero = 1, 0
 
     # --- weights by gguf's names --------------------------------------------------------------
     def _lists(self, t) -> bool:
@@ -233,7 +239,14 @@ class Decoder:
         """result_norm, the lm_head (plus output.bias where the architecture has one) as
         result_output, and the graph."""
         b = self.b
-        cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
+        outputs = []
+        if self.arch.rows_after_norm:       # the norm is an output ("h_nextn"), then the rows
+            cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "h_nextn", -1)
+            outputs.append(cur)
+            cur = b.op("get_rows", [cur, self.inputs["out_ids"]], (self.n_outputs, cur.shape[-1]))
+        else:
+            cur = self.norm(inpL, self.weight(T.OUTPUT_NORM), -1)
+        cur = b.cb(cur, "result_norm", -1)
         result_norm = cur
         cur = self.ctx.mul_mat(self.output_w, cur)
         bias = self.optional(T.OUTPUT, None, "bias")
@@ -241,7 +254,7 @@ class Decoder:
             cur = self.add_bias(cur, bias)
         cur = b.cb(cur, "result_output", -1)
         b.expand(cur)
-        graph = b.graph(self.model.name, outputs=[result_norm, cur])
+        graph = b.graph(self.model.name, outputs=outputs + [result_norm, cur])
         graph.path = self.model.path
         return ModelGraph(graph=graph, weights=self.weights, output_weight=self.output_w,
                           cache=self.cache, inputs=self.inputs,
@@ -253,7 +266,7 @@ class Decoder:
 
 
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                flash_attn: bool, kv_type: str, shared: tuple = ()) -> ModelGraph:
+                flash_attn: bool, kv_type: str, shared: tuple = (), rs_zero: int = 0) -> ModelGraph:
     """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
     `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
     (Placement.shared_copies); without it every layer gets its own copy."""
@@ -264,6 +277,7 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     table = check_tensors(arch, model.hparams, model.tensors, where)
     d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table)
     d.shared = dict(shared)
+    d.rs_zero = rs_zero
     return d.finish(arch.build(d))
 
 

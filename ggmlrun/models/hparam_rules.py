@@ -102,11 +102,20 @@ RULES: dict[str, Rule] = {
     "rope.scaling.yarn_beta_slow": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.yarn_log_multiplier": Rule("f32", 0.0, F32_MAX),
     "attention.temperature_scale": Rule("f32", 0.0, F32_MAX, why="0: no temperature"),
+    # recurrent (gated delta-net) layers of the hybrid qwen35 / qwen35moe
+    "ssm.conv_kernel": Rule("u32", 2, 64),
+    "ssm.inner_size": Rule("u32"),
+    "ssm.state_size": Rule("u32"),
+    "ssm.time_step_rank": Rule("u32"),
+    "ssm.group_count": Rule("u32"),
+    "full_attention_interval": Rule("u32", 1, LLAMA_MAX_LAYERS),
+    "rope.dimension_sections": Rule("u32arr", 0, MAX_DIM, why="up to 4 section sizes"),
 }
 VOCAB_LIST = "tokenizer.ggml.tokens"     # its length is the vocabulary when vocab_size is absent
 
 _INT_TYPES = ("UINT32", "INT32", "BOOL")  # get_arr's accepted elements for a uint32 array
-_GGUF_OF = {"u32": "UINT32", "f32": "FLOAT32", "str": "STRING", "bool": "BOOL"}
+_GGUF_OF = {"u32": "UINT32", "f32": "FLOAT32", "str": "STRING", "bool": "BOOL",
+            "u32arr": "ARRAY[INT32]"}
 
 
 class HParamError(InputError):
@@ -166,6 +175,13 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
         return HParamError(key, f"{name} must be {rule.range_text()}{extra}, got {shown}")
 
     gguf_type = gguf_type or None
+    if rule.kind == "u32arr":        # get_key_or_arr(key, arr, 4): up to 4 integers, zero-padded
+        items = list(value) if isinstance(value, (list, tuple, range)) else [value]
+        if not 1 <= len(items) <= 4 or any(isinstance(v, bool) or not isinstance(v, int)
+                                           or not rule.lo <= v <= rule.hi for v in items):
+            raise HParamError(key, f"{name} must be 1 to 4 integers from {rule.lo} to "
+                                   f"{rule.hi}, got {_shown(value)}")
+        return tuple(items) + (0,) * (4 - len(items))
     if isinstance(value, (list, tuple, range)) or (gguf_type or "").startswith("ARRAY"):
         elem = gguf_type[6:-1] if gguf_type and gguf_type.startswith("ARRAY[") else None
         if not rule.per_layer or (elem is not None and elem not in _INT_TYPES):

@@ -43,6 +43,7 @@ class BackendFigures:
     kv_bytes: int
     arena_bytes: int
     memory_bytes: int
+    state_bytes: int = 0          # the recurrent state (llama_memory_recurrent), hybrid models
 
 
 @dataclass
@@ -89,6 +90,8 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
         leaf.backend = names[copies[il]]
     for il, leaf in mg.cache.k.items():
         leaf.backend = mg.cache.v[il].backend = names[placement.kv[il]]
+    for il, leaf in mg.cache.r.items():       # the recurrent state: where the KV would be
+        leaf.backend = mg.cache.s[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
     for node, il in mg.norm_pins:
         b = placement.layer[il]
@@ -155,6 +158,19 @@ def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) 
     return sizes
 
 
+def state_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    """llama_memory_recurrent's buffers: cache_r_l / cache_s_l of each recurrent layer, on its
+    layer's backend (the CPU under --no-kv-offload), each rounded up to the alignment; their
+    rows do not depend on the context."""
+    sizes = [0] * len(backends)
+    for il, r in mg.cache.r.items():
+        b = placement.kv[il]
+        for t in (r, mg.cache.s[il]):
+            spec = backends[b]
+            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+    return sizes
+
+
 def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     check_options(model, backends, opts)
     with gc_paused():
@@ -184,8 +200,9 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     (pp, sched), _ = reserved
     weights = weights_bytes(model, placement, backends)
     kvb = kv_bytes(pp, placement, backends)
+    rsb = state_bytes(pp, placement, backends)
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
-                              arena_bytes=arena[i], memory_bytes=b.memory)
+                              arena_bytes=arena[i], memory_bytes=b.memory, state_bytes=rsb[i])
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,

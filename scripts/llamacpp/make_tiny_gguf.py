@@ -47,6 +47,11 @@ class TinyModel:
     fused: bool = False        # attn_qkv and a 2 n_ff ffn_up (gate and up), no ffn_gate (phi3)
     longrope: bool = False     # rope_factors_long / rope_factors_short (phi3)
     title: str = ""            # general.name; default the file's name
+    # qwen35 (gated delta-net layers with every `interval`-th layer full attention): n_rot,
+    # the IMROPE sections and the SSM sizes (conv kernel, state, groups, time-step rank, inner)
+    n_rot: int = 0
+    ssm: tuple = ()            # (d_conv, d_state, n_group, dt_rank, d_inner)
+    interval: int = 0          # full_attention_interval written when set (llama.cpp default 4)
 
     @property
     def n_embd_head(self) -> int:
@@ -93,6 +98,13 @@ MODELS = [
               metadata=(("rope.scaling.type", "longrope"),
                         ("rope.scaling.original_context_length", 512),
                         ("rope.scaling.attn_factor", 1.1902380714238083))),
+    # qwen35 (Qwen3.5/3.6 dense): gated delta-net layers (state 16, 2 key heads, 4 value heads)
+    # and gated full attention (heads of 32, a partial IMROPE of 16 dims in sections 3,3,2,0);
+    # the f16 file has every second layer full attention, the q8_0 one llama.cpp's default 4
+    TinyModel("tiny-qwen35-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=13,
+              arch="qwen35", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), interval=2),
+    TinyModel("tiny-qwen35-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=14,
+              arch="qwen35", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64)),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -112,8 +124,45 @@ def vocabulary() -> tuple[list[bytes], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """qwen35's tensors (llama_model_qwen35::load_arch_tensors), NumPy order."""
+    d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+    hd, n = m.n_embd_head, m.n_embd
+    conv_dim = 2 * d_state * n_group + d_inner
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, n)}
+    for i in range(m.n_layer):
+        shapes[f"blk.{i}.attn_norm.weight"] = (n,)
+        shapes[f"blk.{i}.post_attention_norm.weight"] = (n,)
+        if (i + 1) % (m.interval or 4) == 0:
+            shapes[f"blk.{i}.attn_q.weight"] = (2 * m.n_head * hd, n)
+            shapes[f"blk.{i}.attn_k.weight"] = (m.n_head_kv * hd, n)
+            shapes[f"blk.{i}.attn_v.weight"] = (m.n_head_kv * hd, n)
+            shapes[f"blk.{i}.attn_output.weight"] = (n, m.n_head * hd)
+            shapes[f"blk.{i}.attn_q_norm.weight"] = (hd,)
+            shapes[f"blk.{i}.attn_k_norm.weight"] = (hd,)
+        else:
+            shapes[f"blk.{i}.attn_qkv.weight"] = (conv_dim, n)
+            shapes[f"blk.{i}.attn_gate.weight"] = (d_inner, n)
+            shapes[f"blk.{i}.ssm_conv1d.weight"] = (conv_dim, d_conv)
+            shapes[f"blk.{i}.ssm_dt.bias"] = (dt_rank,)
+            shapes[f"blk.{i}.ssm_a"] = (dt_rank,)
+            shapes[f"blk.{i}.ssm_beta.weight"] = (dt_rank, n)
+            shapes[f"blk.{i}.ssm_alpha.weight"] = (dt_rank, n)
+            shapes[f"blk.{i}.ssm_norm.weight"] = (d_inner // dt_rank,)
+            shapes[f"blk.{i}.ssm_out.weight"] = (n, d_inner)
+        shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, n)
+        shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, n)
+        shapes[f"blk.{i}.ffn_down.weight"] = (n, m.n_ff)
+    shapes["output_norm.weight"] = (n,)
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    return shapes
+
+
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    if m.arch == "qwen35":
+        return qwen35_shapes(m)
     head_dim = m.n_embd_head
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd)}
     for i in range(m.n_layer):
@@ -154,6 +203,8 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
     stay O(1) through the layers and the logits are spread enough to compare meaningfully."""
     if name.endswith(".bias"):
         return (0.5 * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith(".ssm_a"):                      # -exp(A_log): negative decay rates
+        return (-np.exp(0.5 * rng.standard_normal(shape))).astype(np.float32)
     if name.startswith("rope_factors_long"):        # LongRoPE divisors: 1 up to 8
         return np.geomspace(1.0, 8.0, shape[0]).astype(np.float32)
     if name.startswith("rope_factors_short"):
@@ -165,7 +216,7 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
 
 def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str) -> None:
     """Stores 1-D tensors as f32 always, as llama.cpp's converters do."""
-    if data.ndim == 1 or weight_type == "f32":
+    if data.ndim == 1 or weight_type == "f32" or ".ssm_conv1d." in name:   # ggml's f32-only conv
         writer.add_tensor(name, data)
     elif weight_type == "f16":
         writer.add_tensor(name, data.astype(np.float16))
@@ -189,7 +240,17 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     if m.head_dim:
         writer.add_key_length(m.head_dim)
         writer.add_value_length(m.head_dim)
-    writer.add_rope_dimension_count(m.n_embd_head)
+    writer.add_rope_dimension_count(m.n_rot or m.n_embd_head)
+    if m.ssm:
+        d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+        writer.add_rope_dimension_sections([3, 3, 2, 0])
+        writer.add_ssm_conv_kernel(d_conv)
+        writer.add_ssm_state_size(d_state)
+        writer.add_ssm_group_count(n_group)
+        writer.add_ssm_time_step_rank(dt_rank)
+        writer.add_ssm_inner_size(d_inner)
+        if m.interval:
+            writer.add_full_attention_interval(m.interval)
     writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)

@@ -44,7 +44,8 @@ ORACLE_OUT = Path("/work/oracle-out")
 
 MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
           "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
-          "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0"]
+          "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
+          "tiny-qwen35-f16", "tiny-qwen35-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
@@ -342,20 +343,24 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
 
     def add(name: str, key: str, nbytes: int) -> None:
         entry = backends.setdefault(to_backend(name), {"weights_bytes": 0, "kv_bytes": 0,
-                                                        "arena_bytes": 0})
+                                                        "arena_bytes": 0, **state})
         entry[key] += nbytes
 
+    # state_bytes (the recurrent state: cache_r_l / cache_s_l) only where a model has one
+    state = {"state_bytes": 0} if any(fn == "alloc_ctx_tensors_rs" for _, fn, _, _ in buffers) else {}
     output_bytes = 0
     for phase, fn, name, nbytes in buffers:
         if phase == "load":
             add(name, "weights_bytes", nbytes)
         elif phase == "context" and fn == "alloc_ctx_tensors":
             add(name, "kv_bytes", nbytes)
+        elif phase == "context" and fn == "alloc_ctx_tensors_rs":
+            add(name, "state_bytes", nbytes)
         elif phase == "context" and fn == "buft_alloc_buffer":
             output_bytes += nbytes   # the logits/embeddings output buffer, host memory
     arena = {to_backend(name): nbytes for phase, name, nbytes in sizes if phase == "context"}
     for name, nbytes in arena.items():
-        backends.setdefault(name, {"weights_bytes": 0, "kv_bytes": 0, "arena_bytes": 0})
+        backends.setdefault(name, {"weights_bytes": 0, "kv_bytes": 0, "arena_bytes": 0, **state})
         backends[name]["arena_bytes"] = nbytes
     child["log"] = device_names(child["log"], endpoints)
     match = GRAPH_LINE.search(child["log"])

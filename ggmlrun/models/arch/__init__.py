@@ -25,6 +25,7 @@ _MODULES = {
     "qwen3": "ggmlrun.models.arch.qwen3",
     "mistral3": "ggmlrun.models.arch.mistral3",
     "phi3": "ggmlrun.models.arch.phi3",
+    "qwen35": "ggmlrun.models.arch.qwen35",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -38,6 +38,11 @@ class Arch:
     read_hparams: Callable | None = None   # (get, common kwargs) -> HParams; None: the common ones
     is_70b: Callable = lambda hp: False    # llama.cpp's LLM_TYPE_70B (the quantizer's attn_v rule)
     longrope: bool = False                 # builds LongRoPE's rope_factors_long / _short
+    n_pos_per_embd: int = 1                # positions per token in inp_pos (4 for M-RoPE/IMROPE)
+    # the output rows are picked after the final norm, which is an output too ("h_nextn":
+    # the qwen35 family, llama.cpp's embeddings_nextn_masked off), not in the last layer
+    rows_after_norm: bool = False
+    hybrid: bool = False                   # llama_memory_hybrid: a recurrent state beside the KV
     # the optional tensors a model card's model has, by name without "blk.<i>."
     card_tensors: frozenset = frozenset({"output.weight"})
     # card hyperparameters of its own: card key -> (GGUF key under the architecture, kind)
@@ -48,11 +53,12 @@ class Arch:
 
 
 def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None = None) -> str:
-    """llama.cpp's tn(LLM_TENSOR_X, suffix, bid): the name from gguf's own tables."""
+    """llama.cpp's tn(LLM_TENSOR_X, suffix, bid): the name from gguf's own tables (no suffix
+    when it is "", as for LLM_TENSOR_SSM_A_NOSCAN's "blk.N.ssm_a")."""
     if tensor not in MODEL_TENSORS[_GGUF_ARCH[arch]]:
         raise KeyError(f"gguf lists no {tensor.name} tensor for architecture {arch}")
     base = TENSOR_NAMES[tensor]
-    return (base.format(bid=bid) if bid is not None else base) + "." + suffix
+    return (base.format(bid=bid) if bid is not None else base) + ("." + suffix if suffix else "")
 
 
 T = MODEL_TENSOR
