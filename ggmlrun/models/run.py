@@ -52,7 +52,7 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Te
         shape, dtype = storage_shape(info.shape, info.dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         values[leaf] = data[info.offset:info.offset + nbytes].view(dtype).reshape(shape)
-    for cache in (mg.cache.k, mg.cache.v):
+    for cache in (mg.cache.k, mg.cache.v, mg.cache.r, mg.cache.s):
         for leaf in cache.values():
             shape, dtype = storage_shape(leaf.shape, leaf.dtype)
             values[leaf] = np.zeros(shape, dtype)
@@ -73,10 +73,15 @@ def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
     mask[np.tril_indices(T)] = 0.0
     mask_t = inp["kq_mask"]
     rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
+    pos = np.arange(T, dtype=np.int32)
+    if inp["pos"].shape[0] == 4 * T:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
+        pos = np.concatenate([pos, pos, pos, np.zeros(T, np.int32)])
+    if "s_copy" in inp:                  # the recurrent state: sequence 0 reads its own row
+        rotations[inp["s_copy"]] = np.zeros(inp["s_copy"].shape, np.int32)
     return {**rotations,
             inp["tokens"]: np.asarray(tokens, dtype=np.int32),
             inp["embd"]: np.zeros((T, n_embd), np.float32),
-            inp["pos"]: np.arange(T, dtype=np.int32),
+            inp["pos"]: pos,
             inp["k_idxs"]: cells,
             inp["v_idxs"]: v_idxs,
             mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape),
@@ -144,7 +149,8 @@ def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
     from ggmlrun.core.util import ram
 
     buffers = sum(m.arena_bytes + m.weights_bytes for m in memory)
-    caches = sum(leaf.nbytes for cache in (mg.cache.k, mg.cache.v) for leaf in cache.values())
+    caches = sum(leaf.nbytes for cache in (mg.cache.k, mg.cache.v, mg.cache.r, mg.cache.s)
+                 for leaf in cache.values())
     inputs = 2 * sum(t.nbytes for t in mg.inputs.values())      # made, then converted
     need = buffers + caches + inputs
     what = (f"running this model ({human_bytes(buffers)} of backend buffers, "
