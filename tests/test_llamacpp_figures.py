@@ -30,7 +30,8 @@ QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K")
 # q8_0 file per further architecture
 GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
                "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
-               "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0")
+               "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
+               "tiny-qwen35-f16", "tiny-qwen35-q8_0")
 
 
 def model_options(cfg: dict) -> list[str]:
