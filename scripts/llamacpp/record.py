@@ -60,7 +60,9 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  # one per architecture beyond llama: pinned norms (ub32) and the tied output
                  "tiny-qwen2-f16/c256/ub32/fa0/ngl2", "tiny-qwen3-f16/c256/ub32/fa1/nglall",
                  "tiny-qwen3-q8_0/c1024/ub512/fa0/ngl2", "tiny-mistral3-f16/c256/ub32/fa0/nglall",
-                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2"}
+                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2",
+                 # qwen35: its recurrent state (zero-sized nodes, the delta-net ops) on both sides
+                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
