@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # `default` keeps the suite fast; `nightly` (HYPOTHESIS_PROFILE=nightly) digs much deeper.
@@ -8,3 +9,46 @@ settings.register_profile("default", max_examples=40, deadline=None,
 settings.register_profile("nightly", max_examples=2000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# The suite runs on a simulated host (core/util/host.py), never on the machine it happens to
+# be on: the same answers everywhere, in this process and in every command it starts. A value
+# already in the environment wins, so that `.ci/run` can run the suite again as another host
+# and a test bound to these exact figures fails there.
+SIMULATED_HOST = {
+    "GGMLRUN_HOST_RAM": "32GiB",
+    "GGMLRUN_HOST_AVAILABLE": "16GiB",
+    "GGMLRUN_HOST_LIMIT": "none",
+    "GGMLRUN_HOST_CORES": "4",
+    "GGMLRUN_HOST_CPU_FLAGS": "sse2,avx,avx2,fma,f16c",
+    "GGMLRUN_HOST_LOAD": "0.5,0.5,0.5",
+}
+for _name, _value in SIMULATED_HOST.items():
+    os.environ.setdefault(_name, _value)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_host: the test reads the real machine on purpose "
+                                       "(core/util/host.py's readers)")
+
+
+@pytest.fixture(autouse=True)
+def no_real_host(request, monkeypatch):
+    """A test that reaches the real machine through core/util/host.py fails, naming the reader
+    (a reader given a file of its own, a test's fake /proc, is allowed)."""
+    if request.node.get_closest_marker("real_host"):
+        yield
+        return
+    from ggmlrun.core.util import host
+
+    def refuse(name, real):
+        def guarded(*args, **kwargs):
+            if args or kwargs:
+                return real(*args, **kwargs)
+            raise AssertionError(f"this test read the real host (host.{name}); inject it with "
+                                 f"GGMLRUN_HOST_* (tests/conftest.py) or mark it real_host")
+        return guarded
+
+    for name in ("read_meminfo", "read_sysconf_ram", "read_limit", "read_address_space_used",
+                 "read_cores", "read_cpu_flags", "read_load"):
+        monkeypatch.setattr(host, name, refuse(name, getattr(host, name)))
+    yield

@@ -101,3 +101,15 @@ def test_run_in_a_fresh_process_computes_what_it_computes_in_process(tmp_path, a
             assert np.array_equal(a[name], b[name], equal_nan=True), name
     if "--check" in args:
         assert json.loads(done.stdout)["check"] == json.loads(out)["check"]
+
+
+@pytest.mark.parametrize("model", ["tiny-llama-q8_0.gguf", "tiny-qwen3-f16.gguf", "tiny-phi3-q8_0.gguf"])
+def test_a_model_header_is_checked_without_numpy_or_the_gguf_package(model):
+    """`validate MODEL` reads the header with ggmlrun's own reader and takes gguf's tables
+    from its constants module alone (core/ir/types.gguf_constants): neither NumPy nor the gguf
+    package's start-up (its reader, writer and vocab code, ~0.15 s) is paid for a header."""
+    probe = ("import sys\nfrom ggmlrun.cli import main\n"
+             f"try:\n    main(['validate', {str(MODELS / model)!r}])\n"
+             "except SystemExit as done:\n    assert not done.code, done.code\n"
+             "print('numpy' in sys.modules, 'gguf' in sys.modules, file=sys.stderr)\n")
+    assert _python(probe).stderr.split()[-2:] == ["False", "False"]

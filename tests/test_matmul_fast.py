@@ -7,7 +7,6 @@ not divide a's rows, one and several threads, and f16 values NumPy's own cast is
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from ggmlrun.core.ir.ops import panels
 from ggmlrun.core.ir.ops.matmul import _mul_mat_batched, _mul_mat_bind, _mul_mat_bind_any
 from ggmlrun.core.ir.ops.quant import storage_view
 from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.util import host
 from ggmlrun.core.run.exec import Executor
 from opkit import leaf_for, randn
 
@@ -271,7 +271,7 @@ def test_one_thread_or_two_the_executor_gives_the_same_bits(dtype):
         with threadpool_limits(limits=1, user_api="blas"):
             for threads in (1, 2):
                 executor, graph, values = executor_for(text, threads)
-                assert executor.workers.threads == min(threads, os.cpu_count())
+                assert executor.workers.threads == min(threads, host.cores())
                 feed = {t: values[t] for t in graph.inputs}
                 results.append(executor.run(feed).outputs[graph.outputs[0].name])
     finally:

@@ -152,12 +152,14 @@ def test_fifo_and_device_inputs_are_refused_at_once(tmp_path, graph):
     "a: [x'y, " + "{a: " * 100000 + "b" + "}" * 100000 + ", x'y]\n",
 ], ids=["dashes", "quote-in-flow", "quote-in-plain"])
 def test_deep_nesting_never_reaches_libyaml(tmp_path, text):
-    """libyaml's composer overflows the C stack here: run it in a child to see a crash."""
+    """libyaml's composer overflows the C stack here: run it in a child to see a crash.
+    Which of our nesting check and PyYAML's own (6.0.4 has one) refuses it first depends on
+    PyYAML's version, so only our part is asserted: exit 2, one line, our prefix, the line."""
     path = tmp_path / "d.yaml"
     path.write_text(text)
     proc = subprocess.run([sys.executable, "-m", "ggmlrun", "validate", str(path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
-    one_line(proc.returncode, proc.stderr, 2, "nested")
+    one_line(proc.returncode, proc.stderr, 2, f"ggmlrun: error: {path}:1: ")
 
 
 def test_billion_laughs_and_merge_key_bombs_are_refused_fast(tmp_path):

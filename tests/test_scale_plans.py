@@ -4,7 +4,10 @@ moved to integer-indexed tables (issue 11, planning cost linear in the graph siz
 Every case's full result (each tensor's backend and cause in insertion order, the splits with
 their copies, each node's sources, every slot with its life and tensors, in-place pairs, arena
 sizes, bounds, weight offsets) is reduced to a digest; `tests/data/scale_plans.json` holds the
-digests the dict-based code produced. Re-record only for an intended change of results:
+digests the dict-based code produced. The CPU backend's default `memory` is the host's RAM and
+is part of each digest, so the cases run on a fixed simulated host (RECORDED_HOST_RAM, the RAM of
+the machine that recorded them, through core/util/host.py): the digests hold on any machine.
+Re-record only for an intended change of results:
 
     python3 tests/test_scale_plans.py --record
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +35,12 @@ from tests.randgraph import random_backends, random_graph  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "data" / "scale_plans.json"
 RANDOM_SEEDS = range(120)
+RECORDED_HOST_RAM = "25276063744"      # bytes: the RAM the digests were recorded with
+
+
+@pytest.fixture(autouse=True)
+def recorded_host(monkeypatch):
+    monkeypatch.setenv("GGMLRUN_HOST_RAM", RECORDED_HOST_RAM)
 
 
 def fingerprint(sched, plan, memory) -> str:
@@ -101,6 +111,7 @@ def test_plan_is_unchanged(case):
 if __name__ == "__main__":
     if sys.argv[1:] != ["--record"]:
         sys.exit(__doc__)
+    os.environ["GGMLRUN_HOST_RAM"] = RECORDED_HOST_RAM
     GOLDEN.write_text(json.dumps({c[0]: outcome(*c[1:]) for c in CASES}, indent=1) + "\n")
     print(f"wrote {GOLDEN} ({len(CASES)} cases)")
 

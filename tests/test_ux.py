@@ -3,7 +3,6 @@ per-run timings and phases."""
 
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from ggmlrun import report
 from ggmlrun.core import engine
 from ggmlrun.core.frontend.loader import load_graph
 from ggmlrun.core.memory import fits
+from ggmlrun.core.util import host
 from ggmlrun.core.util.fmt import human_bytes
 from tests.clikit import invoke
 
@@ -71,10 +71,11 @@ def test_memory_option_overrides_and_the_table_says_no(tmp_path):
 
 def test_host_ram_is_checked_as_a_whole(tmp_path, monkeypatch):
     """Every backend passes its own check, but together they exceed the machine."""
+    monkeypatch.setenv("GGMLRUN_HOST_RAM", "4MiB")         # a smaller machine (core/util/host.py)
+    assert fits.machine_memory() == 4096 * 1024
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:        4096 kB\nMemFree: 1 kB\n")
-    monkeypatch.setattr(fits, "MEMINFO", meminfo)
-    assert fits.machine_memory() == 4096 * 1024
+    assert fits.machine_memory(meminfo) == 4096 * 1024
     small = tmp_path / "b.yaml"
     small.write_text("backends:\n  - {name: SIM0, kind: sim}\n  - {name: CPU, kind: cpu, memory: 1GiB}\n")
     data, err = as_json("measure", MLP, "--backends", small, code=1)
@@ -142,7 +143,7 @@ def test_no_op_offload_and_offload_min_batch(tmp_path):
 
 def test_threads_are_capped_at_the_cores():
     data, _ = as_json("run", MLP, "--threads", 999)
-    assert data["timings"]["threads"] == os.cpu_count()
+    assert data["timings"]["threads"] == host.cores()
 
 
 # --- summary -----------------------------------------------------------------------------------

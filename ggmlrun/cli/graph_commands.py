@@ -199,7 +199,7 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
         trace_file, show_profile, profile_by, profile_sort, profile_top, warmup, ggml, tokens,
         overrides, show_progress, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
-    import os
+    from ggmlrun.core.util import host
 
     from ggmlrun import visual
 
@@ -229,8 +229,8 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
     payload = {} if as_json else None
     fit, summary = _fit_and_summary(sched, outcome.memory, phases, payload)
     cpu_threads = sched.backends[-1].threads
-    threads = str(cpu_threads) if cpu_threads else f"default ({os.cpu_count()} cores)"
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    threads = str(cpu_threads) if cpu_threads else f"default ({host.cores()} cores)"
+    load = host.load_average()
     if as_json:
         payload.update(report.run_dict(sched, outcome.memory, result, outcome.summaries))
         payload["timings"].update({"warmup": warmup, "threads": cpu_threads,

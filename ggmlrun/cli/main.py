@@ -3,6 +3,7 @@ while running, 130 interrupted); a traceback only with --debug."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -12,8 +13,14 @@ from ggmlrun.core.util.errors import GgmlrunError, InputError
 from ggmlrun.cli.common import forget_json, json_emitted, stderr, MAX_MESSAGE, cli
 
 
+# signals that end a process by default: each leaves no temporary file behind (a closed
+# terminal sends SIGHUP, Ctrl-\\ SIGQUIT); SIGINT is KeyboardInterrupt, handled in `main`
+CLEANUP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT")
+
+
 def _on_sigterm(signum, frame):
-    """SIGTERM: leave no temporary file behind, then exit as a terminated process does."""
+    """SIGTERM, SIGHUP, SIGQUIT: leave no temporary file behind, then exit as a process ended
+    by that signal does (128 + its number)."""
     from ggmlrun.core.util.atomic import remove_temp_files
 
     remove_temp_files()
@@ -26,7 +33,9 @@ def _install_signal_handlers() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        for name in CLEANUP_SIGNALS:
+            if hasattr(signal, name):          # SIGHUP and SIGQUIT are POSIX only
+                signal.signal(getattr(signal, name), _on_sigterm)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,12 +78,44 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
+def _stdout_broken(err: OSError) -> bool:
+    """Whether the failed write was to standard output (click's echo and rich's console hold it
+    where they write: the innermost frame). If so, stdout is pointed at /dev/null so that the
+    interpreter's own flush at exit adds no second message."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    names = tb.tb_frame.f_locals
+    held = list(names.values()) + [getattr(names.get("self"), "file", None)]
+    streams = [s for s in (sys.stdout, sys.__stdout__, getattr(sys.stdout, "buffer", None))
+               if s is not None]
+    if not any(value is stream for value in held for stream in streams):
+        return False
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return True
+
+
 def _main(argv: list[str]) -> None:
     debug = "--debug" in argv
     forget_json()
     as_json = "--json" in argv
+    import warnings
+
     try:
-        cli.main(args=argv, prog_name="ggmlrun", standalone_mode=False)
+        with warnings.catch_warnings():
+            if not debug:
+                # NumPy's floating-point warnings (a NaN output summed, an overflowing cast)
+                # are about values the tables already show as inf/nan; a kernel's own are
+                # silenced where they run. --debug shows them.
+                warnings.simplefilter("ignore", RuntimeWarning)
+            cli.main(args=argv, prog_name="ggmlrun", standalone_mode=False)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.ClickException as err:
@@ -89,6 +130,16 @@ def _main(argv: list[str]) -> None:
         if debug:
             raise
         fail(str(err), err.exit_code, as_json)
+    except OSError as err:
+        if debug:
+            raise
+        if not _stdout_broken(err):
+            fail(f"internal error: {type(err).__name__}: {err} (run with --debug for a "
+                 "traceback)", 1, as_json)
+        if err.errno == errno.EPIPE:   # the reader went away (`| head`): nothing to tell it
+            sys.exit(1)
+        # no JSON object: stdout is what failed
+        fail(f"cannot write to standard output: {err.strerror or err}", 1)
     except MemoryError:       # the checks before each allocation missed one: still one line
         if debug:
             raise
@@ -125,7 +176,10 @@ def fail(message: str, code: int, as_json: bool = False) -> None:
     if as_json and not json_emitted():
         import json
 
-        click.echo(json.dumps({"error": {"message": message, "exit": code}}))
+        try:
+            click.echo(json.dumps({"error": {"message": message, "exit": code}}))
+        except OSError as err:       # stdout itself fails (a full disk): stderr still says why
+            _stdout_broken(err)
     click.echo(f"ggmlrun: error: {message}", err=True)
     sys.exit(code)
 

@@ -98,6 +98,25 @@ def _check_gen(name: str, device: str, out: Path | None) -> None:
         check_output(out, "--out")
 
 
+MAX_GEN_NODES = 200_000       # validate reads ~30k nodes a second: ~7 s at this bound
+MAX_GEN_TENSOR_BYTES = 2**40  # the loader's limit per tensor (frontend/loader.py)
+
+
+def _check_gen_size(layers: int, nodes_per_layer: int, tensors: dict[str, list[int]]) -> None:
+    """Bound what gen will write before generating it: `--layers 100000000` would build gigabytes
+    of text for minutes and end in a MemoryError, and a weight over the loader's limit would
+    write a file ggmlrun itself refuses."""
+    if layers * nodes_per_layer > MAX_GEN_NODES:
+        raise InputError(f"--layers {layers} would write {layers * nodes_per_layer:,} nodes "
+                         f"({nodes_per_layer} a layer); at most {MAX_GEN_NODES:,} "
+                         f"(--layers {MAX_GEN_NODES // nodes_per_layer})")
+    for what, shape in tensors.items():
+        nbytes = 4 * shape[0] * shape[1]
+        if nbytes > MAX_GEN_TENSOR_BYTES:
+            raise InputError(f"{what} would make a {shape} weight of {nbytes:,} bytes, over the "
+                             f"{MAX_GEN_TENSOR_BYTES:,} (1 TiB) a graph file allows per tensor")
+
+
 def _write_text(text: str, out: Path | None) -> None:
     from ggmlrun.core.run.results import write_text
 
@@ -143,6 +162,8 @@ def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, n
         raise InputError(f"--offload {offload} is more than --layers {layers}")
     if 0 < context < batch:
         raise InputError(f"--context {context} is shorter than --batch {batch}")
+    _check_gen_size(layers, 32, {"--ffn/--dim": [ffn, dim], "--context/--dim": [context, dim],
+                                 "--batch/--ffn": [batch, ffn]})
     shape = LlamaShape(layers=layers, dim=dim, heads=heads, ffn=ffn, batch=batch, context=context,
                        dtype=dtype, offload=offload, device=device)
     _write_text(llama(shape, name=name), out)
@@ -174,4 +195,5 @@ def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
     _check_gen(name, device, out)
     if offload > layers:
         raise InputError(f"--offload {offload} is more than --layers {layers}")
+    _check_gen_size(layers, 4, {"--hidden/--dim": [hidden, dim], "--batch/--hidden": [batch, hidden]})
     _write_text(mlp(layers, dim, hidden, batch, dtype, offload, device, name), out)

@@ -20,6 +20,7 @@ from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import CapacityError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion
+from ggmlrun.core.util.numbers import MAX_BYTES
 
 if TYPE_CHECKING:     # the allocator and the executor load when a command plans or runs
     import numpy as np
@@ -110,7 +111,9 @@ def _plan_memory(sched: Schedule, planner: str) -> tuple[MemoryPlan, list[Backen
     sizers = [b.alloc_size if b.row_padding else None for b in sched.backends]
     ggml_plan = GraphAllocator(alignments, ggml=sched.ggml, sizers=sizers).plan(leafs, entries)
     plan = ggml_plan
-    if planner == "best":
+    # the offline planner packs in int64: an arena past 1 EiB (a graph of many 2**60-byte
+    # nodes) fits no memory anyway, and is reported on ggml's plan as not fitting (exit 1)
+    if planner == "best" and max(ggml_plan.arena_bytes, default=0) <= MAX_BYTES:
         from ggmlrun.core.memory.planner import best_plan
 
         plan = best_plan(ggml_plan)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
+from ggmlrun.core.util.lazynumpy import np     # only YaRN needs it: model headers load no NumPy
 
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.types import TYPES

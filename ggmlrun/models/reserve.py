@@ -106,6 +106,14 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
     if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block and not opts.flash_attn:
         raise InputError(f"--kv-type {opts.kv_type} needs --flash-attn on (llama.cpp: a "
                          f"quantized V cache requires flash attention)")
+    if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block:
+        block = TYPES[opts.kv_type].block_size      # llama_init_from_model refuses the same
+        for kind, head in (("k", model.hparams.n_embd_head_k), ("v", model.hparams.n_embd_head_v)):
+            if head % block:
+                raise InputError(f"--kv-type {opts.kv_type}: its {block}-value blocks do not divide "
+                                 f"the model's head size {head} (llama.cpp: {kind.upper()} cache "
+                                 f"type {opts.kv_type} with block size {block} does not divide "
+                                 f"n_embd_head_{kind}={head}); use --kv-type f16")
     if opts.ctx is not None and not 1 <= opts.ctx <= U32_MAX:
         raise InputError(f"--ctx must be 1..{U32_MAX} (llama.cpp's uint32), got {opts.ctx}")
     if not 1 <= opts.ubatch <= U32_MAX:

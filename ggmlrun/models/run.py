@@ -168,16 +168,12 @@ def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
 
 
 def address_space() -> tuple[int, int] | None:
-    """(RLIMIT_AS's soft limit, the address space this process uses now); None without a limit."""
-    import os
-    import resource
+    """(RLIMIT_AS's soft limit, the address space this process uses now); None without a limit.
+    Read through core/util/host.py, the one reader of the host (GGMLRUN_HOST_LIMIT plays
+    another machine; the tightest of RLIMIT_AS and a cgroup's memory limit)."""
+    from ggmlrun.core.util import host
 
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit == resource.RLIM_INFINITY or limit < 0:
+    limit = host.memory_limit()
+    if limit is None:
         return None
-    try:
-        with open("/proc/self/statm", encoding="ascii") as handle:
-            used = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        used = 0
-    return limit, used
+    return limit, host.read_address_space_used()

@@ -150,6 +150,26 @@ def test_flash_attn_ext_per_row_path_equals_ggml():
              {"scale": 0.125}, 5e-4)
 
 
+@pytest.mark.parametrize("kv", [("q8_0", "q8_0"), ("f16", "q8_0")])
+def test_flash_attn_ext_on_a_q8_0_cache_equals_ggml(kv):
+    """`--kv-type q8_0 --flash-attn on`: q rounded to q8_0 (K's vec_dot type) before the dots,
+    a q8_0 V decoded to f32 and accumulated in f32 (ggml-cpu's per-row path)."""
+    rng = np.random.default_rng(9)
+    q = rng.standard_normal((1, 8, 7, 64)).astype(F32)
+    srcs = []
+    for name in kv:
+        x = rng.standard_normal((1, 2, 256, 64)).astype(F32)
+        if name == "q8_0":
+            raw = gq.quantize(x.reshape(-1, 64), Q.Q8_0).view(np.uint8)
+            srcs.append((raw.reshape(1, 2, 256, -1), "q8_0"))
+        else:
+            srcs.append((x.astype(F16), "f16"))
+    mask = np.zeros((1, 1, 64, 256), F16)
+    for t in range(7):
+        mask[0, 0, t, 200 + t + 1:] = -np.inf
+    _compare("flash_attn_ext", [(q, "f32"), *srcs, (mask, "f16")], {"scale": 0.125}, 5e-4)
+
+
 def test_soft_max_alibi_with_a_padded_mask_equals_ggml():
     rng = np.random.default_rng(8)
     a = rng.standard_normal((1, 6, 5, 32)).astype(F32)

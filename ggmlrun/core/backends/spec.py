@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
+
+from ggmlrun.core.util import host
 
 GiB = 1024**3
 
 
 def physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 16 * GiB
+    """The host's RAM, the CPU backend's default `memory` (core/util/host.py, GGMLRUN_HOST_RAM)."""
+    return host.ram_total()
 
 
 @dataclass

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 
 import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: op lists are checked)
 from ggmlrun.core.backends.profiles import PROFILES, apply_profile
 from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import did_you_mean
 from ggmlrun.core.util.fmt import clip
 from ggmlrun.core.util.notes import note
@@ -127,10 +127,10 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
                 value = checked_int(value, key, 1, high)
             except ValueError as err:
                 raise doc.error(str(err), at(key), culprit) from None
-            if key == "threads" and value > (os.cpu_count() or 1):
+            if key == "threads" and value > host.cores():
                 note(f"{doc.file}: backend '{name}': threads {value} capped to the "
-                     f"{os.cpu_count() or 1} cores of this machine")
-                value = os.cpu_count() or 1
+                     f"{host.cores()} cores of this machine")
+                value = host.cores()
             setattr(spec, key, value)
     if "supports" in item and "unsupported" in item:
         raise doc.error("give supports or unsupported, not both", at("unsupported"), culprit)

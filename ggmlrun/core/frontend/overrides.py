@@ -7,13 +7,13 @@ are pinned to a device (`--remap SIM0=CPU`).
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field, replace
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.frontend.backends_file import parse_size
 from ggmlrun.core.ir.graph import Graph
+from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import InputError, did_you_mean
 
 NO_OFFLOAD = sys.maxsize   # a batch no op reaches: ggml's op_offload = false
@@ -52,7 +52,7 @@ def parse(memory_specs=(), remap_specs=(), op_offload: bool = True,
             raise InputError(f"--memory {name}={size}: {err}") from None
     return Overrides(memory=memory, remap=parse_pairs(remap_specs, "--remap"),
                      op_offload=op_offload, offload_min_batch=offload_min_batch,
-                     threads=None if threads is None else min(threads, os.cpu_count() or 1))
+                     threads=None if threads is None else min(threads, host.cores()))
 
 
 def apply(graph: Graph, backends: list[BackendSpec], ov: Overrides) -> list[BackendSpec]:

@@ -40,6 +40,28 @@ for _loader in (_SafeLoader, _FastSafeLoader):
         re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
         list("-+0123456789"))
 
+
+
+def _checked(tag: str, construct):
+    """PyYAML's scalar constructors raise a bare ValueError/KeyError on an explicit tag they
+    cannot read (`!!int 3#no`, `!!bool maybe`, `!!timestamp 2020-13-45`): made a marked YAML
+    error here, so it is one line with the line number (exit 2), never an internal error."""
+    def checked(loader, node):
+        try:
+            return construct(loader, node)
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+            value = node.value if isinstance(node.value, str) else "?"
+            shown_value = value if len(value) <= 40 else value[:37] + "..."
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read '{shown_value}' as !!{tag}", node.start_mark) from None
+    return checked
+
+
+for _loader in (_SafeLoader, _FastSafeLoader):
+    for _tag in ("int", "float", "bool", "timestamp", "null"):
+        _full = f"tag:yaml.org,2002:{_tag}"
+        _loader.add_constructor(_full, _checked(_tag, _loader.yaml_constructors[_full]))
+
 PARSER = _FastSafeLoader          # the tests swap in the pure-Python one to compare
 FAST = True                       # the tests turn the fast reader off to compare
 _PLAIN_TAGS = {f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null")}

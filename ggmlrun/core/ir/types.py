@@ -59,11 +59,12 @@ class GgmlType:
         return self.row_bytes(math.prod(shape))
 
 
-def _gguf_constants():
+def gguf_constants():
     """gguf's `constants` module alone: importing it the usual way runs the gguf package's
     __init__, which also loads its GGUF reader and writer, vocab and metadata code (30-40 ms of
-    every command's start-up, none of it needed by a graph file). Read from its file under a
-    private name; the type table is all that is taken from it, and the codecs below import gguf
+    every command's start-up, none of it needed by a graph file or a model's header). Read from
+    its file under a private name; the type table and the architectures' tensor names
+    (models/arch/base.py) are all that is taken from it, and the codecs below import gguf
     properly. Where gguf is already imported, or its file is not where its spec says, the usual
     import."""
     if "gguf.constants" not in sys.modules:
@@ -89,7 +90,7 @@ def _ggml_name(member) -> str:
 
 
 TYPES: dict[str, GgmlType] = {}
-for _member, (_block, _size) in _gguf_constants().GGML_QUANT_SIZES.items():
+for _member, (_block, _size) in gguf_constants().GGML_QUANT_SIZES.items():
     _name = _ggml_name(_member)
     TYPES[_name] = GgmlType(_name, int(_member), _block, _size, _NUMPY.get(_name))
 BY_ID = {t.id: t for t in TYPES.values()}

@@ -12,23 +12,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ggmlrun.core.util import host
 from ggmlrun.core.util.fmt import human_bytes
 
-MEMINFO = Path("/proc/meminfo")
+MEMINFO = Path(host.MEMINFO)     # kept for callers that point it elsewhere (prefer the env)
 
 
 def machine_memory(meminfo: Path | None = None) -> int:
-    """MemTotal, as the kernel reports it; sysconf's figure where /proc is not there. Tests point
-    MEMINFO at a file of their own to play a smaller machine."""
-    try:
-        for line in (meminfo or MEMINFO).read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    from ggmlrun.core.backends.spec import physical_memory
-
-    return physical_memory()
+    """The host's RAM (core/util/host.py: GGMLRUN_HOST_RAM plays another machine); `meminfo`
+    (or MEMINFO pointed at another file) reads that file's MemTotal instead."""
+    if meminfo is None and str(MEMINFO) != host.MEMINFO:
+        meminfo = MEMINFO
+    if meminfo is not None:
+        total = host.read_meminfo(str(meminfo)).get("MemTotal")
+        if total:
+            return total
+    return host.ram_total()
 
 
 @dataclass

@@ -12,7 +12,6 @@ run's `Workers`, which mul_mat shares a big product's panels among (ops/panels.p
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,6 +26,7 @@ from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.ir.ops.panels import Workers
 from ggmlrun.core.memory.alloc import MemoryPlan
 from ggmlrun.core.sched.schedule import COPY, Schedule, Step
+from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import RunError
 
 
@@ -111,7 +111,7 @@ class Executor:
                          for i, spec in enumerate(schedule.backends)]
         self.leaf_values = leaf_values
         cpu_threads = next((b.threads for b in schedule.backends if b.kind == "cpu"), None)
-        self.workers = Workers(threads or cpu_threads or len(os.sched_getaffinity(0)))
+        self.workers = Workers(threads or cpu_threads or host.cores())
         self.views: dict[Tensor, np.ndarray] = {}
         self._bind()
         self.steps: list[ExecStep] | None = None          # compiled on the first run

@@ -2,7 +2,8 @@
 
 A crash or an error never leaves a half-written file, and an existing file is replaced only
 by a complete one that keeps its permission bits: a 0600 file the user locked down must not
-come back world-readable. Temporary files in flight are remembered so that a SIGTERM handler
+come back world-readable. Run as root, it keeps its owner and group too (best effort): root
+replacing a user's file must not leave it root's, unreadable or unwritable to that user. Temporary files in flight are remembered so that a SIGTERM handler
 (installed by the command line) can remove them before the process exits; only SIGKILL, which
 no process can catch, may leave one behind.
 """
@@ -33,12 +34,17 @@ def _temp_path(path: Path) -> Path:
     return path.with_name(f".{stem}.{secrets.token_hex(6)}.tmp")
 
 
-def _mode_for(path: Path) -> int:
+def _mode_for(path: Path) -> tuple[int, tuple[int, int] | None]:
+    """The replaced file's permission bits (a new file: the umask's), and its (uid, gid) when
+    this process is root and could give the new file away (None: leave it ours)."""
     try:
         existing = os.stat(path)
     except OSError:
-        return 0o666 & ~_umask()
-    return stat.S_IMODE(existing.st_mode)
+        return 0o666 & ~_umask(), None
+    owner = (existing.st_uid, existing.st_gid)
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or owner == (0, 0):
+        owner = None
+    return stat.S_IMODE(existing.st_mode), owner
 
 
 def remove_temp_files() -> None:
@@ -54,7 +60,7 @@ def remove_temp_files() -> None:
 def write_atomic(path: Path, write) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
     path = Path(path)
-    mode = _mode_for(path)
+    mode, owner = _mode_for(path)
     for _ in range(8):
         tmp = str(_temp_path(path))
         try:
@@ -69,6 +75,11 @@ def write_atomic(path: Path, write) -> None:
     _live.add(tmp)
     try:
         with os.fdopen(fd, "wb") as handle:
+            if owner is not None:
+                try:                  # before fchmod: a chown clears setuid/setgid bits
+                    os.fchown(handle.fileno(), *owner)
+                except OSError:
+                    pass
             os.fchmod(handle.fileno(), mode)
             write(handle)
         os.replace(tmp, path)

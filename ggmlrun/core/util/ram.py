@@ -3,21 +3,16 @@ clear line (exit 1), not a MemoryError deep in NumPy or the kernel's OOM killer.
 
 from __future__ import annotations
 
+from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import RunError
 from ggmlrun.core.util.fmt import human_bytes
 
 
 def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (MemTotal if the kernel is too old); None elsewhere."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            fields = dict(line.split(":", 1) for line in handle if ":" in line)
-    except OSError:
-        return None
-    for key in ("MemAvailable", "MemTotal"):
-        if key in fields:
-            return int(fields[key].split()[0]) * 1024
-    return None
+    """MemAvailable (MemTotal if the kernel is too old), less what RLIMIT_AS or the cgroup's
+    limit leaves; None where unknown. Read through core/util/host.py (GGMLRUN_HOST_AVAILABLE,
+    GGMLRUN_HOST_LIMIT override it)."""
+    return host.ram_available()
 
 
 def ensure_memory(nbytes: int, what: str) -> None:

@@ -15,7 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSOR, MODEL_TENSORS, TENSOR_NAMES
+from ggmlrun.core.ir.types import gguf_constants
+
+# gguf's tables without the gguf package's start-up (core/ir/types.py says why)
+_CONSTANTS = gguf_constants()
+MODEL_ARCH_NAMES, MODEL_TENSOR = _CONSTANTS.MODEL_ARCH_NAMES, _CONSTANTS.MODEL_TENSOR
+MODEL_TENSORS, TENSOR_NAMES = _CONSTANTS.MODEL_TENSORS, _CONSTANTS.TENSOR_NAMES
 
 ROPE_TYPE_NORM = 0      # LLAMA_ROPE_TYPE_NORM: pairs of consecutive values
 ROPE_TYPE_NEOX = 2      # LLAMA_ROPE_TYPE_NEOX: pairs n_rot/2 apart

@@ -88,6 +88,9 @@ def _fa_infer(srcs, *, scale, max_bias, logit_softcap, prec):
         gtype = TYPES[t.dtype]
         if not (gtype.is_block or t.dtype in ("f32", "f16", "bf16")):
             raise InputError(f"{op}: {role} {who(t)} must be a float or quantized type")
+        if gtype.is_block and t.shape[-1] % gtype.block_size:   # ggml_row_size asserts it
+            raise InputError(f"{op}: {role} {who(t)} is {t.dtype}, whose rows are "
+                             f"{gtype.block_size}-value blocks, but its head size is {t.shape[-1]}")
     for role, t in (("q", q), ("k", k), ("v", v)):
         need_ndim(op, t, 4, 4, role)
     s, h, t_len, d = q.shape

@@ -23,9 +23,9 @@ thread, on the 2-core EPYC this was written on):
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Callable
 
+from ggmlrun.core.util import host
 from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.ops import onerow
 from ggmlrun.core.ir.ops.quant import F32, to_f32, vec_dot_type
@@ -54,7 +54,7 @@ class Workers:
     _blas = None            # threadpoolctl's controller, found once (~2 ms)
 
     def __init__(self, threads: int):
-        self.threads = max(1, min(int(threads), os.cpu_count() or 1))
+        self.threads = max(1, min(int(threads), host.cores()))
 
     def share(self, work: Callable[[int, int], None], chunks: list[tuple[int, int]]) -> None:
         """work(lo, hi) for every chunk; the caller takes the last one, errors re-raised."""
@@ -64,7 +64,7 @@ class Workers:
         if Workers._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            Workers._pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1),
+            Workers._pool = ThreadPoolExecutor(max(1, host.cores() - 1),
                                                thread_name_prefix="ggmlrun-panels")
         with Workers.blas_at_one_thread():                      # our threads, not BLAS's
             futures = [Workers._pool.submit(work, lo, hi) for lo, hi in chunks[:-1]]

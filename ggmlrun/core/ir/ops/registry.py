@@ -6,14 +6,34 @@ the output's memory, ggml's in-place flag and a FLOP count. Params become keywor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.util.numbers import INT64_MAX, MAX_BYTES
 from ggmlrun.core.util.fmt import exact_key
 from ggmlrun.core.ir.graph import Tensor
 
 REQUIRED = object()  # marks a param without a default
+MAX_NODE_BYTES = MAX_BYTES   # 1 EiB: ggml's sizes are size_t and its element counts int64
+
+
+def _check_size(result: "OpResult") -> None:
+    """Every node's size is bounded at load, as every leaf's is: a rule multiplies sizes
+    (repeat, mul_mat, concat), and a result of 2**160 elements would pass validate only to
+    overflow an int64 in measure."""
+    from ggmlrun.core.ir.types import TYPES
+    from ggmlrun.core.util.fmt import shape_text
+
+    gtype = TYPES.get(result.dtype)
+    if gtype is None:
+        return
+    nbytes = gtype.contiguous_bytes(result.shape)
+    if nbytes > MAX_NODE_BYTES or math.prod(result.shape) > INT64_MAX:
+        raise InputError(f"result shape {shape_text(result.shape)} {result.dtype} is "
+                         f"{nbytes} bytes, over ggml's limit of {MAX_NODE_BYTES} (1 EiB) "
+                         f"per tensor")
 
 
 @dataclass
@@ -116,6 +136,7 @@ def make_node(name: str, op: str, srcs: list[Tensor], params: dict | None = None
                 raise InputError(f"{op} takes {want} sources, got {len(srcs)}")
             resolved = resolve_params(spec, params)
             result = spec.infer(srcs, **resolved)
+            _check_size(result)
         except InputError as err:
             raise err.located(line=line, culprit=f"node '{name}'")
         if key is not None:
