@@ -81,7 +81,7 @@ def compare_measure(cfg: dict, got: dict) -> list[str]:
 
 
 def run_logits(cfg: dict, out_file: Path) -> np.ndarray:
-    tokens = ",".join(str(t) for t in FIGURES["tokens"])
+    tokens = ",".join(str(t) for t in cfg.get("tokens", FIGURES["tokens"]))   # t40: two ubatches
     code, out, err = invoke("run", model_path(cfg), "--tokens", tokens, "--json", "--out", out_file,
                             *model_options(cfg))
     assert code == 0, err

@@ -1,10 +1,13 @@
-"""Evaluate a real model file: the prompt as one ubatch, llama.cpp's graph, real weights.
+"""Evaluate a real model file: the prompt in ubatches of --ubatch tokens, llama.cpp's graph,
+real weights.
 
 Weights come memory-mapped from the GGUF (mapped.py: one map of one descriptor, checked
 against the header; block types stay raw bytes, as the quantized kernels take them), the KV
-cache starts empty (zeros), and the inputs are the ones llama.cpp's set_input fills for a first
-batch in sequence 0: positions 0..T-1, cache cells 0..T-1, a causal mask over the n_kv cells
-attended to, and the last token's row as the only output.
+cache (and a hybrid model's recurrent state) starts empty (zeros), and the inputs are the ones
+llama.cpp's set_input fills for one batch in sequence 0 split into ubatches: ubatch i at
+positions p0..p0+T-1 writes cache cells p0.., attends with a causal mask over the n_kv cells
+in use (padded to 256), and the caches it wrote carry over to the next (the recurrent state is
+cleared by the first ubatch only: rs_z 0, then -1); the last token's row is the one output.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import ModelOptions, context_size, kv_size
+from ggmlrun.models.options import ModelOptions, context_size, kv_size, ubatch_size
 from ggmlrun.models.placement import place
 from ggmlrun.models.reserve import apply_placement, check_options
 
@@ -60,20 +63,21 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Te
 
 
 def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
-                 n_embd: int, n_embd_v_gqa: int) -> dict[Tensor, np.ndarray]:
+                 n_embd: int, n_embd_v_gqa: int, p0: int = 0) -> dict[Tensor, np.ndarray]:
+    """One ubatch of `tokens` at positions p0.. (cells p0.., after p0 cells in use)."""
     T = len(tokens)
     inp = mg.inputs
-    cells = np.arange(T, dtype=np.int64)
+    cells = np.arange(p0, p0 + T, dtype=np.int64)
     if inp["v_idxs"].shape[0] == T:
         v_idxs = cells
     else:       # transposed V: one row per element, element e of token t at e * kv_size + t
         v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
                   + cells[:, None]).reshape(-1)
     mask = np.full((T, n_kv), -np.inf, dtype=np.float32)
-    mask[np.tril_indices(T)] = 0.0
+    mask[np.arange(n_kv)[None, :] <= cells[:, None]] = 0.0
     mask_t = inp["kq_mask"]
     rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
-    pos = np.arange(T, dtype=np.int32)
+    pos = cells.astype(np.int32)
     if inp["pos"].shape[0] == 4 * T:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
         pos = np.concatenate([pos, pos, pos, np.zeros(T, np.int32)])
     if "s_copy" in inp:                  # the recurrent state: sequence 0 reads its own row
@@ -113,26 +117,41 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     if len(tokens) > context_size(opts, hp.n_ctx_train):
         raise InputError(f"{len(tokens)} tokens do not fit the context of "
                          f"{context_size(opts, hp.n_ctx_train)}; raise --ctx")
-    T = len(tokens)
-    n_kv = min(cells, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
+    ubatch = ubatch_size(opts, hp.n_ctx_train)
     placement = place(hp, model.tensors, backends, opts)
-    mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
-                     placement.shared_copies())
-    apply_placement(mg, placement, backends)
-    sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
-    plan, memory = plan_memory(sched, "ggml")
-    check_capacity(sched, memory)
+    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
+    chunks = [tokens[i:i + ubatch] for i in range(0, len(tokens), ubatch)]
     if model.path is None or model.stamp is None:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
-    check_run_memory(model, mg, memory)
     weights = MappedFile(model.path, model.stamp, model.data_end)
+    caches: dict[str, np.ndarray] = {}       # cache leaf name -> its bytes after the last ubatch
     try:
-        values = weight_values(model, mg, weights.bytes)
-        values.update(input_values(mg, tokens, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa))
-        values.update((leaf, fill(range(T))) for leaf, fill in mg.extra_inputs.items())
-        with sigbus_guard(model.path):
-            result = execute(sched, plan, values, repeat=repeat, warmup=warmup,
-                             record_events=record_events, progress=progress)
+        for i, chunk in enumerate(chunks):
+            p0, T = i * ubatch, len(chunk)
+            last = i == len(chunks) - 1
+            n_kv = min(cells, max(KV_PAD, (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD))  # get_n_kv
+            mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
+                             placement.shared_copies(), rs_zero=0 if i == 0 else -1)
+            writes = cache_writes(mg) if len(chunks) > 1 else {}
+            apply_placement(mg, placement, backends)
+            sched = scheduler.schedule(mg.graph)
+            plan, memory = plan_memory(sched, "ggml")
+            check_capacity(sched, memory)
+            check_run_memory(model, mg, memory)
+            values = weight_values(model, mg, weights.bytes)
+            values.update((leaf, caches[leaf.name]) for leaf in cache_leaves(mg)
+                          if leaf.name in caches)
+            values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa, p0))
+            values.update((leaf, fill(range(p0, p0 + T))) for leaf, fill in mg.extra_inputs.items())
+            with sigbus_guard(model.path):
+                result = execute(sched, plan, values, repeat=repeat if last else 1,
+                                 warmup=warmup if last else 0,
+                                 record_events=record_events and last,
+                                 progress=progress if last else None)
+            for name, node in writes.items():       # what this ubatch left in the caches
+                caches[name] = np.asarray(result.outputs[node.name]).reshape(
+                    storage_shape(node.view_src.shape, node.view_src.dtype)[0])
+            values = None
         weights.check_unchanged()
     finally:
         values = None
@@ -140,6 +159,29 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     result.schedule, result.memory_plan = sched, plan
     logits = np.asarray(result.outputs["result_output"], dtype=np.float32).reshape(1, hp.n_vocab)
     return logits, result
+
+
+def cache_leaves(mg: ModelGraph) -> list[Tensor]:
+    return [leaf for cache in (mg.cache.k, mg.cache.v, mg.cache.r, mg.cache.s)
+            for leaf in cache.values()]
+
+
+def cache_writes(mg: ModelGraph) -> dict[str, Tensor]:
+    """Per cache tensor, the node whose result views all of it after the ubatch wrote it (the
+    K/V set_rows, the conv and delta states' copies), made an output of the graph so its bytes
+    come back and seed the next ubatch."""
+    roots = {id(leaf): leaf for leaf in cache_leaves(mg)}
+    out = {}
+    for node in mg.graph.nodes:
+        root = node.view_src
+        if (node.op in ("set_rows", "cpy") and root is not None and id(root) in roots
+                and node.nbytes == root.nbytes and node.view_offset == 0):
+            out[root.name] = node
+    for node in out.values():
+        if not node.is_output:
+            node.is_output = True
+            mg.graph.outputs.append(node)
+    return out
 
 
 def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:

@@ -103,6 +103,12 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-phi3-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_factors", "CPU"]]}),
     ("tiny-phi3-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
 ]
+# Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
+# the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second
+TOKENS_2UB = [(i * 37 + 5) % 320 for i in range(40)]
+EXTRAS += [(model, "t40", {"ngl": ngl, "tokens": TOKENS_2UB, "ubatch": ub})
+           for model in ("tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-llama-f16")
+           for ngl, ub in ((2, 32), ("all", 32), (2, 512))]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
 
@@ -233,8 +239,9 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     if not ctx:
         raise RuntimeError("llama.cpp could not make a context\n" + "".join(log[-20:]))
     shim.shim_mark(b"decode")
-    tokens = (llama_cpp.llama_token * len(TOKENS))(*TOKENS)
-    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, len(TOKENS))) != 0:
+    ids = cfg.get("tokens") or TOKENS
+    tokens = (llama_cpp.llama_token * len(ids))(*ids)
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, len(ids))) != 0:
         raise RuntimeError("llama_decode failed")
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     row = llama_cpp.llama_get_logits_ith(ctx, -1)
@@ -382,6 +389,7 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
                     if phase in ("load", "context") and nbytes],   # the dummy 0-byte ones dropped
         "output_buffer_bytes": output_bytes,
         **({"pipeline_parallel": True} if "pipeline parallelism enabled" in child["log"] else {}),
+        **({"tokens": cfg["tokens"]} if cfg.get("tokens") else {}),
         "logits": child["logits"],
     }
     reserves = [g for g in graphs if g["kind"] == "reserve" and g["phase"] == "context"]
