@@ -53,9 +53,16 @@ HPARAMS = {
 
 TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", "attn_k",
                   "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
-                  "attn_q_norm", "attn_k_norm")
+                  "attn_q_norm", "attn_k_norm",
+                  # the hybrid qwen35's delta-net layers
+                  "attn_qkv", "attn_gate", "post_attention_norm", "ssm_out", "ssm_alpha",
+                  "ssm_beta")
 _LAYER_RE = re.compile(r"\Ablk\.\d+\.")
-_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|bias)\Z")
+# the class and layer of a tensor name; LLM_TENSOR_SSM_A_NOSCAN ("blk.N.ssm_a") has no suffix
+_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_]+[a-z0-9_]*?)(?:\.(weight|bias))?\Z")
+# 2-D tensors llama.cpp's quantizer leaves in their converted type (llama-quant.cpp: "do not
+# quantize Mamba/Kimi's small conv1d weights"); the converters write them f32
+UNQUANTIZED = {"ssm_conv1d": "f32"}
 
 
 # --- llama.cpp's quantization mixtures ----------------------------------------------------------
@@ -95,12 +102,14 @@ def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool
     mix = MIXTURES[ftype]
     if cls.endswith("norm"):
         return "f32"
+    if cls in UNQUANTIZED:
+        return UNQUANTIZED[cls]
     if not mix.quantized:
         return mix.default
     new = mix.default
     if cls == "output":
         return new if new == "q8_0" else "q6_K"
-    if cls == "attn_v":
+    if cls in ("attn_v", "attn_qkv"):    # category_is_attn_v: one of them per layer
         if ftype in ("q4_K_M", "q5_K_M") and _more_bits(layer, n_layer):
             new = "q6_K"
         elif ftype == "q4_K_S" and layer < 4:

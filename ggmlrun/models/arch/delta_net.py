@@ -49,6 +49,16 @@ class DeltaNetHParams(LlamaHParams):
         return self.ssm_d_state * self.ssm_d_inner
 
 
+# a card's own keys: card key -> (GGUF key under the architecture, required, default)
+CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
+                "ssm_d_inner": ("ssm.inner_size", True, None),
+                "ssm_d_state": ("ssm.state_size", True, None),
+                "ssm_dt_rank": ("ssm.time_step_rank", True, None),
+                "ssm_n_group": ("ssm.group_count", True, None),
+                "full_attention_interval": ("full_attention_interval", False, None),
+                "rope_sections": ("rope.dimension_sections", True, None)}
+
+
 def read_hparams(get, common: dict) -> DeltaNetHParams:
     hp = DeltaNetHParams(**common,
                          ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
