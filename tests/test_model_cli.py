@@ -34,7 +34,8 @@ def type_counts(model) -> dict[str, int]:
 # --- cards --------------------------------------------------------------------------------------
 def test_bundled_cards_are_llama3_and_qwen3():
     assert [p.name for p in bundled_cards()] == ["llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml",
-                                                 "qwen3-32b-q4_k_m.yaml", "qwen3-8b-q4_k_m.yaml"]
+                                                 "qwen3-32b-q4_k_m.yaml", "qwen3-8b-q4_k_m.yaml",
+                                                 "qwen3.5-27b-q4_k_m.yaml"]
 
 
 def test_8b_q4_k_m_matches_llama_cpp_model_size():

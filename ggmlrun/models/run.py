@@ -123,21 +123,28 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     chunks = [tokens[i:i + ubatch] for i in range(0, len(tokens), ubatch)]
     if model.path is None or model.stamp is None:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
+    def prepare(i: int):
+        """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""
+        p0, T = i * ubatch, len(chunks[i])
+        n_kv = min(cells, max(KV_PAD, (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
+        mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
+                         placement.shared_copies(), rs_zero=0 if i == 0 else -1)
+        writes = cache_writes(mg) if len(chunks) > 1 else {}
+        apply_placement(mg, placement, backends)
+        sched = scheduler.schedule(mg.graph)
+        plan, memory = plan_memory(sched, "ggml")
+        check_capacity(sched, memory)
+        check_run_memory(model, mg, memory)
+        return p0, T, n_kv, mg, writes, sched, plan
+
+    # before anything is computed: the most tokens (the first) and the most cells (the last)
+    ready = {i: prepare(i) for i in sorted({0, len(chunks) - 1})}
     weights = MappedFile(model.path, model.stamp, model.data_end)
     caches: dict[str, np.ndarray] = {}       # cache leaf name -> its bytes after the last ubatch
     try:
         for i, chunk in enumerate(chunks):
-            p0, T = i * ubatch, len(chunk)
             last = i == len(chunks) - 1
-            n_kv = min(cells, max(KV_PAD, (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD))  # get_n_kv
-            mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
-                             placement.shared_copies(), rs_zero=0 if i == 0 else -1)
-            writes = cache_writes(mg) if len(chunks) > 1 else {}
-            apply_placement(mg, placement, backends)
-            sched = scheduler.schedule(mg.graph)
-            plan, memory = plan_memory(sched, "ggml")
-            check_capacity(sched, memory)
-            check_run_memory(model, mg, memory)
+            p0, T, n_kv, mg, writes, sched, plan = ready.pop(i) if i in ready else prepare(i)
             values = weight_values(model, mg, weights.bytes)
             values.update((leaf, caches[leaf.name]) for leaf in cache_leaves(mg)
                           if leaf.name in caches)
