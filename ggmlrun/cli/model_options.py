@@ -364,9 +364,8 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
     """`run MODEL`: the tokens as one batch, `--repeat` timed runs after `--warmup`, with
     `--threads`, `--trace` and `--profile` as for graphs; the top tokens, with their texts from
     the file's vocabulary, and the context, -ngl and splits it ran with."""
-    import os
-
     from ggmlrun import visual
+    from ggmlrun.core.util import host
     from ggmlrun.cli.common import stderr
     from ggmlrun.core.run import results
 
@@ -424,8 +423,8 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
     top = top_tokens(model, logits[0])
     ran = ran_with(model, opts, sched, len(ids))
     cpu_threads = sched.backends[-1].threads
-    threads = str(cpu_threads) if cpu_threads else f"default ({os.cpu_count()} cores)"
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    threads = str(cpu_threads) if cpu_threads else f"default ({host.cores()} cores)"
+    load = host.load_average()
     if as_json:
         payload = report.model_run_dict(result, summaries)
         payload["timings"].update({"warmup": warmup, "threads": cpu_threads,
