@@ -102,6 +102,14 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-phi3-f16", "", {"ngl": 3}),
     ("tiny-phi3-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_factors", "CPU"]]}),
     ("tiny-phi3-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+    # qwen35: the recurrent state follows -nkvo as the KV cache does; -ngl 3 splits delta-net
+    # layers across the devices; -ot moves the delta-net weights, not their state
+    ("tiny-qwen35-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-qwen35-q8_0", "nkvo", {"ngl": 2, "no_kv_offload": True, "flash_attn": True}),
+    ("tiny-qwen35-f16", "", {"ngl": 3}),
+    ("tiny-qwen35-q8_0", "", {"ngl": 4, "ubatch": 512}),
+    ("tiny-qwen35-f16", "ot-ssm-cpu", {"ngl": "all", "overrides": [["ssm_", "CPU"]]}),
+    ("tiny-qwen35-q8_0", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
 ]
 # Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
 # the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second
