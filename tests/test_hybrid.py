@@ -99,3 +99,44 @@ def test_two_ubatches_carry_the_state(tmp_path, model):
     assert code == 0, err
     tail = np.load(tmp_path / "tail.npz")["result_output"]
     assert np.abs(tail - logits[0]).max() > 1e-2 * np.abs(logits[0]).max()
+
+
+def _with_kv(tmp_path, extra: bytes, count: int = 1) -> Path:
+    from tests.ggufkit import rebuild
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(rebuild((MODELS / "tiny-qwen35-q8_0.gguf").read_bytes(), extra_kv=extra,
+                             extra_kv_count=count))
+    return path
+
+
+def test_recurrent_layers_array_is_read_when_the_file_has_it(tmp_path):
+    """Newer converters write attention.recurrent_layers (from the model's layer_types): llama.cpp
+    takes it over full_attention_interval. The same pattern builds the same graph; another
+    pattern is refused where the tensors do not match it."""
+    import struct
+
+    from tests.ggufkit import kv_bytes
+
+    def bools(values) -> bytes:
+        return kv_bytes("qwen35.attention.recurrent_layers", 9,
+                        struct.pack("<iQ", 7, len(values)) + bytes(values))
+
+    same = read_gguf(_with_kv(tmp_path, bools([1, 1, 1, 0])))
+    assert [same.hparams.is_recr(il) for il in range(4)] == [True, True, True, False]
+    assert measure(tmp_path / "m.gguf", "--backends", RPC) == measure(
+        MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC)
+    _with_kv(tmp_path, bools([1, 0, 1, 0]))
+    code, _, err = invoke("measure", tmp_path / "m.gguf")
+    assert code == 2 and "blk.1." in err
+    _with_kv(tmp_path, bools([1, 0]))
+    code, _, err = invoke("measure", tmp_path / "m.gguf")
+    assert code == 2 and "recurrent_layers must be an array of 4 booleans" in err
+
+
+def test_mtp_layers_are_refused_not_misbuilt(tmp_path):
+    from tests.ggufkit import u32_kv
+
+    path = _with_kv(tmp_path, u32_kv("qwen35.nextn_predict_layers", 1))
+    code, _, err = invoke("measure", path)
+    assert code == 2 and "nextn_predict_layers 1" in err and "--no-mtp" in err

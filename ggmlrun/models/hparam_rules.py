@@ -110,12 +110,14 @@ RULES: dict[str, Rule] = {
     "ssm.group_count": Rule("u32"),
     "full_attention_interval": Rule("u32", 1, LLAMA_MAX_LAYERS),
     "rope.dimension_sections": Rule("u32arr", 0, MAX_DIM, why="up to 4 section sizes"),
+    "attention.recurrent_layers": Rule("boolarr", why="one per layer: recurrent or not"),
+    "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="MTP / NextN blocks"),
 }
 VOCAB_LIST = "tokenizer.ggml.tokens"     # its length is the vocabulary when vocab_size is absent
 
 _INT_TYPES = ("UINT32", "INT32", "BOOL")  # get_arr's accepted elements for a uint32 array
 _GGUF_OF = {"u32": "UINT32", "f32": "FLOAT32", "str": "STRING", "bool": "BOOL",
-            "u32arr": "ARRAY[INT32]"}
+            "u32arr": "ARRAY[INT32]", "boolarr": "ARRAY[BOOL]"}
 
 
 class HParamError(InputError):
@@ -175,6 +177,14 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
         return HParamError(key, f"{name} must be {rule.range_text()}{extra}, got {shown}")
 
     gguf_type = gguf_type or None
+    if rule.kind == "boolarr":       # get_key_or_arr(key, arr, n_layer_all): one bool per layer
+        items = list(value) if isinstance(value, (list, tuple)) else None
+        if (items is None or not items or not all(isinstance(v, (bool, int)) and v in (0, 1)
+                                                  for v in items)
+                or n_layer is not None and len(items) != n_layer):
+            raise HParamError(key, f"{name} must be an array of {n_layer or 'block_count'} "
+                                   f"booleans, got {_shown(value)}")
+        return tuple(bool(v) for v in items)
     if rule.kind == "u32arr":        # get_key_or_arr(key, arr, 4): up to 4 integers, zero-padded
         items = list(value) if isinstance(value, (list, tuple, range)) else [value]
         if not 1 <= len(items) <= 4 or any(isinstance(v, bool) or not isinstance(v, int)

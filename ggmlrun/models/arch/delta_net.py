@@ -34,8 +34,13 @@ class DeltaNetHParams(LlamaHParams):
     ssm_n_group: int = 0            # ssm.group_count (key heads)
     full_attention_interval: int = 4
     rope_sections: tuple = (0, 0, 0, 0)
+    recurrent_layers: tuple = ()    # attention.recurrent_layers, when the file has it
 
     def is_recr(self, il: int) -> bool:
+        """attention.recurrent_layers where given (newer converters write it from the model's
+        layer_types), else every full_attention_interval-th layer is attention."""
+        if self.recurrent_layers:
+            return self.recurrent_layers[il]
         return (il + 1) % self.full_attention_interval != 0
 
     @property
@@ -60,7 +65,13 @@ CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
 
 
 def read_hparams(get, common: dict) -> DeltaNetHParams:
-    hp = DeltaNetHParams(**common,
+    nextn = get("nextn_predict_layers", 0)
+    if nextn:
+        # llama.cpp then loads block_count - nextn trunk layers and skips the MTP blocks, but
+        # counts them in -ngl and in the mapped range: not modelled (and not recorded) yet
+        raise InputError(f"nextn_predict_layers {nextn}: the MTP layers of a qwen35 file are not "
+                         f"built by ggmlrun yet; a file converted without them (--no-mtp) is")
+    hp = DeltaNetHParams(**common, recurrent_layers=get("attention.recurrent_layers", ()),
                          ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
                          ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
                          ssm_n_group=get("ssm.group_count"),
