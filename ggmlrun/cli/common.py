@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from ggmlrun import report
-from ggmlrun.core import engine
 
 
 @functools.cache
@@ -91,6 +90,8 @@ def forget_json() -> None:
 
 def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
              overrides=None, phases=None, ggml: str | None = None):
+    from ggmlrun.core import engine
+
     return engine.prepare(graph_path, backends_file, policy, ggml, overrides, phases)
 
 
@@ -182,6 +183,8 @@ def _fit_and_summary(sched, memory, phases, payload: dict | None = None):
 
 
 def _raise_unless_fits(sched, memory, fit) -> None:
+    from ggmlrun.core import engine
+
     engine.check_capacity(sched, memory, fit=fit)
 
 

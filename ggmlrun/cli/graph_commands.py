@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from ggmlrun import report
-from ggmlrun.core import engine
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
 from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_options import model_options, _model_input, _validate_model, _model_schedule, _measure_model, _run_model
@@ -57,6 +56,8 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
          **model_kw):
     """Schedule only: the splits, their inputs, and why every node went where it did; with the
     memory each backend would need (ggml's allocator) and whether it fits."""
+    from ggmlrun.core import engine
+
     phases = phase_timer(show_progress)
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
     if model:
@@ -107,6 +108,8 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
             show_progress, **model_kw):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound, and
     whether weights + arena fit each backend's memory and all of them the host's RAM."""
+    from ggmlrun.core import engine
+
     from ggmlrun import visual
     from ggmlrun.core.observe.occupancy import occupancy
 
@@ -145,6 +148,8 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
 
 
 def _layers_that_fit(graph, sched, policy: str, planner: str):
+    from ggmlrun.core import engine
+
     from ggmlrun.core.memory.fits import layer_weights, layers_that_fit
 
     backends = sched.backends
@@ -199,6 +204,8 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
         trace_file, show_profile, profile_by, profile_sort, profile_top, warmup, ggml, tokens,
         overrides, show_progress, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
+    from ggmlrun.core import engine
+
     from ggmlrun.core.util import host
 
     from ggmlrun import visual
@@ -266,6 +273,8 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
 @DEBUG
 def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     """The schedule as a Graphviz graph: nodes by backend, splits as clusters, copies dashed."""
+    from ggmlrun.core import engine
+
     import shutil
 
     from ggmlrun.core.observe.dot import RENDERED, render, to_dot

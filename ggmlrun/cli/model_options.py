@@ -8,9 +8,7 @@ from pathlib import Path
 import click
 
 from ggmlrun import report
-from ggmlrun.core import engine
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.frontend.loader import load_backends
 from ggmlrun.cli.common import stdout, emit_json
 
 
@@ -177,6 +175,8 @@ def _model_backends(backends_file, model_kw: dict, overrides):
         raise InputError("--gpu describes the devices and --backends lists them: give one of "
                          "the two (or --memory NAME=SIZE to resize a device of the file)")
     if backends_file:
+        from ggmlrun.core.frontend.backends_file import load_backends
+
         backends = load_backends(backends_file)
         given = _file_memory_keys(backends_file)
         sources = {b.name: (f"file {Path(backends_file).name}" if b.name in given
@@ -297,6 +297,8 @@ def _measure_model(model_input, as_json):
     model, backends, opts = model_input
 
     figures = measure_model(model, backends, opts)
+    from ggmlrun.core import engine
+
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     fit = model_fit(figures)
     from ggmlrun.models.command_line import llama_cpp_line

@@ -8,7 +8,7 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.frontend.loader import load_backends
+from ggmlrun.core.frontend.backends_file import load_backends
 from ggmlrun.cli.common import stdout, stderr, BACKENDS, JSON, DEBUG, emit_json, cli
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ggmlrun.core.frontend.loader import load_graph
 from ggmlrun.core.frontend.yamlfile import read_yaml
 from ggmlrun.core.ir.graph import Graph
 from ggmlrun.models.cards import card_model, is_card
@@ -18,7 +17,11 @@ from ggmlrun.models.modelfile import ModelFile, is_gguf, read_gguf
 
 def load_input(path: Path) -> Graph | ModelFile:
     model = load_model(path)
-    return model if model is not None else load_graph(path)
+    if model is not None:
+        return model
+    from ggmlrun.core.frontend.loader import load_graph   # graph files only: a model needs none of it
+
+    return load_graph(path)
 
 
 def load_model(path: Path) -> ModelFile | None:
