@@ -129,7 +129,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         n_kv = min(cells, max(KV_PAD, (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
         mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
                          placement.shared_copies(), rs_zero=0 if i == 0 else -1)
-        writes = cache_writes(mg) if len(chunks) > 1 else {}
+        writes = cache_writes(mg) if i < len(chunks) - 1 else {}   # what the next one reads
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
         plan, memory = plan_memory(sched, "ggml")
