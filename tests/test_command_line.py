@@ -53,6 +53,13 @@ CASES = {
     "tensor_split_odd": dict(tensor_split=split_proportions((0.3, 0.7)), ngl=4),
     "op_offload": dict(op_offload=False, ngl=2),
     "ggml": dict(ggml="0.15"),       # ggml's own rules: not a llama.cpp option
+    # ggml's GGML_SCHED_MAX_COPIES: a build option, not a command-line one (every layer over
+    # two devices is where it changes the figures)
+    "sched_copies": dict(sched_copies=1),
+    "no_mmap": dict(no_mmap=True, ngl=2),
+    "parallel": dict(parallel=3, kv_unified=True),
+    "parallel_streams": dict(parallel=2, ctx=600),      # a KV stream per sequence
+    "kv_unified": dict(kv_unified=True),
 }
 
 
@@ -74,7 +81,8 @@ def test_line_reproduces_the_figures(name):
     opts = ModelOptions(**CASES[name])
     first = measure_model(model, backends, opts)
     line = llama_cpp_line(opts, backends, ngl=first.ngl, ctx=first.ctx)
-    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml))
+    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml,
+                                                      sched_copies=opts.sched_copies))
     assert _figures(measure_model(model, backends, again)) == _figures(first), line
 
 
@@ -160,8 +168,11 @@ def test_every_cli_model_option_reaches_the_line():
                "--no-kv-offload": "-nkvo", "--kv-type f32": "-ctk f32 -ctv f32",
                "--override-tensor ffn_.*=CPU": "-ot 'ffn_.*=CPU'",
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
-               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1"}
-    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has"}
+               "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
+               "--no-mmap": "--no-mmap", "--parallel 2 --kv-unified": "-np 2 -kvu",
+               "--kv-unified": "-kvu"}
+    not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
+                 "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
 
     flags = {o.split()[0] for o in spelled}

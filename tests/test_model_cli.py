@@ -184,10 +184,35 @@ def test_fit_bad_options(args, words):
 def test_margins():
     from ggmlrun.cli import _parse_margins
 
-    assert _parse_margins(None) == (2**30, 0)
-    assert _parse_margins("0") == (0, 0)
-    assert _parse_margins("0GiB,2GiB") == (0, 2 * 2**30)
-    assert _parse_margins("512MiB") == (512 * 2**20, 0)
+    assert _parse_margins(None) == (2**30, 0, {})
+    assert _parse_margins("0") == (0, 0, {})
+    assert _parse_margins("0GiB,2GiB") == (0, 2 * 2**30, {})
+    assert _parse_margins("512MiB") == (512 * 2**20, 0, {})
+    assert _parse_margins("GPU0=1GiB,GPU1=512MiB") == (2**30, 0, {"GPU0": 2**30,
+                                                                 "GPU1": 512 * 2**20})
+    assert _parse_margins("CPU=0") == (2**30, 0, {"CPU": 0})
+
+
+@pytest.mark.parametrize("margin, words", [("GPU0=1GiB,512MiB", "every margin as NAME=SIZE"),
+                                           ("GPU0=1GiB,GPU0=2GiB", "each backend once"),
+                                           ("GPU7=1GiB", "no backend 'GPU7'")])
+def test_bad_named_margins(margin, words):
+    code, _, err = invoke("fit", CARD_8B, "--gpu", "8GiB,8GiB", "--ram", "32GiB",
+                          "--margin", margin)
+    assert code == 2 and words in err, err
+
+
+def test_a_margin_per_device_moves_the_answer():
+    """--margin GPU1=...: only that device keeps more free, so the answer can only shrink, and
+    each backend's margin is the one given (the others keep the default 1 GiB / 0)."""
+    base = ["--gpu", "5GiB,3GiB", "--ram", "32GiB", "--ctx", "8192", "--json"]
+    _, out, _ = invoke("fit", CARD_8B, *base)
+    plain = json.loads(out)
+    _, out, _ = invoke("fit", CARD_8B, *base, "--margin", "GPU1=2GiB,CPU=1GiB")
+    named = json.loads(out)
+    margins = {b["name"]: b["margin_bytes"] for b in named["backends"]}
+    assert margins == {"GPU0": 2**30, "GPU1": 2 * 2**30, "CPU": 2**30}
+    assert named["ngl"] < plain["ngl"]
 
 
 def test_fit_refuses_a_graph_file():

@@ -48,7 +48,8 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
               help="With --ctx auto: the context kept while layers are fitted (llama.cpp -fitc).")
 @click.option("--margin", metavar="SIZE", default=None,
               help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "
-                   "one SIZE for devices, or DEVICES,CPU (e.g. 512MiB,2GiB).")
+                   "one SIZE for devices, DEVICES,CPU (e.g. 512MiB,2GiB), or per backend "
+                   "NAME=SIZE,... (e.g. GPU0=1GiB,GPU1=512MiB; the others keep the default).")
 @GGML
 @click.option("--ngl", hidden=True, expose_value=False, callback=lambda ctx, param, value:
               _ngl_refused(value))
@@ -68,8 +69,13 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     if model is None:
         raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
                          "YAML file with `architecture:`); this is neither", file=str(model_path))
-    margin_device, margin_cpu = _parse_margins(margin)
+    margin_device, margin_cpu, by_name = _parse_margins(margin)
     model_file, backends, opts = model
+    names = [b.name for b in backends]
+    for name in by_name:
+        if name not in names:
+            raise InputError(f"--margin {name}=...: no backend '{name}'; backends: "
+                             f"{', '.join(names)}")
     planned = model
     if isinstance(fit_ctx, int):
         from dataclasses import replace
@@ -79,7 +85,7 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
         warn_past_training(model_file, fit_ctx)
         opts = replace(opts, ctx=fit_ctx)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
-                       min_ctx=min_ctx)
+                       min_ctx=min_ctx, margins=by_name)
     if as_json:
         emit_json({**report.model_fit_dict(model_file, result), **planned_for_dict(planned)})
     else:
@@ -88,6 +94,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
 
         report.print_tables(stdout(), report.fit_table(model_file, result))
         visual.print_memory_bars(stdout(), report.memory_bars(result.backends))
+        for line in report.host_lines(result.backends, opts.no_mmap, stdout().width):
+            click.echo(line)
         click.echo(report.fit_line(result))
     if not result.fits:
         raise RunError(result.advice)
@@ -101,24 +109,39 @@ def _ngl_refused(value) -> None:
                          f"{value}")
 
 
-def _parse_margins(text: str | None) -> tuple[int, int]:
-    """Device and CPU margins; unlike a memory size, a margin may be 0."""
+def _parse_margins(text: str | None) -> tuple[int, int, dict[str, int]]:
+    """Device and CPU margins, and per-backend ones (NAME=SIZE); unlike a memory size, a
+    margin may be 0."""
     from ggmlrun.core.frontend.backends_file import SIZE_RE, SIZE_UNITS
     from ggmlrun.core.frontend.loader import parse_size
     from ggmlrun.core.backends.spec import GiB
 
-    if text is None:
-        return GiB, 0
-    parts = text.split(",")
-    if len(parts) > 2:
-        raise InputError(f"--margin {text!r}: one SIZE, or DEVICES,CPU")
-    sizes = []
-    for part in parts:
+    def size(part: str) -> int:
         try:
             match = SIZE_RE.match(part)
             unit = match.group(2).lower() if match else ""
             zero = match and float(match.group(1)) == 0 and (not unit or unit in SIZE_UNITS)
-            sizes.append(0 if zero else parse_size(part.strip()))
+            return 0 if zero else parse_size(part.strip())
         except ValueError as err:
             raise InputError(f"--margin: {err}") from None
-    return sizes[0], sizes[1] if len(sizes) > 1 else 0
+
+    if text is None:
+        return GiB, 0, {}
+    parts = text.split(",")
+    named = ["=" in part for part in parts]
+    if any(named):
+        if not all(named):
+            raise InputError(f"--margin {text!r}: give every margin as NAME=SIZE "
+                             f"(GPU0=1GiB,GPU1=512MiB), or none")
+        by_name: dict[str, int] = {}
+        for part in parts:
+            name, _, value = part.partition("=")
+            name = name.strip()
+            if not name or name in by_name:
+                raise InputError(f"--margin {text!r}: each backend once, as NAME=SIZE")
+            by_name[name] = size(value)
+        return GiB, 0, by_name
+    if len(parts) > 2:
+        raise InputError(f"--margin {text!r}: one SIZE, DEVICES,CPU, or NAME=SIZE,...")
+    sizes = [size(part) for part in parts]
+    return sizes[0], sizes[1] if len(sizes) > 1 else 0, {}

@@ -95,6 +95,21 @@ MODEL_OPTIONS = {
     "tensor_split": click.option("--tensor-split", type=_SplitType(), default=None,
                                  help="[models] Layer proportions over the non-CPU backends in "
                                       "order (-ts); default by device memory."),
+    "no_mmap": click.option("--no-mmap", is_flag=True, default=False,
+                            help="[models] CPU weights allocated, not memory-mapped (llama.cpp "
+                                 "--no-mmap)."),
+    "parallel": click.option("--parallel", type=click.IntRange(min=1, max=256), default=None,
+                             help="[models] Sequences the context serves (-np, n_seq_max): an "
+                                  "output buffer each; with --kv-unified one shared cache; "
+                                  "default 1."),
+    "kv_unified": click.option("--kv-unified", is_flag=True, default=False,
+                               help="[models] One KV cache for all --parallel sequences (-kvu)."),
+    "sched_copies": click.option("--sched-copies", type=click.IntRange(min=1, max=64),
+                                 default=None,
+                                 help="[models] ggml's GGML_SCHED_MAX_COPIES: the copies of "
+                                      "every input the scheduler keeps when llama.cpp turns "
+                                      "on pipeline parallelism (every layer over 2+ devices); "
+                                      "default 4, 1 turns it off."),
     "gpu_sizes": click.option("--gpu", "gpu_sizes", metavar="SIZE[,SIZE...]", default=None,
                               help="[models] The devices, one per size (e.g. 24GiB,12GiB), named "
                                    "GPU0, GPU1, ... with the sim kind's defaults; instead of "
@@ -106,6 +121,8 @@ MODEL_OPTIONS = {
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
                "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
+               "sched_copies": "--sched-copies", "no_mmap": "--no-mmap",
+               "parallel": "--parallel", "kv_unified": "--kv-unified",
                "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens"}
 
 
@@ -254,7 +271,11 @@ def _model_setup(model, backends, kw: dict):
                         kv_type=kw.get("kv_type") or "f16",
                         overrides=tuple(kw.get("tensor_overrides") or ()), tensor_split=split,
                         op_offload=not kw.get("no_op_offload"),
-                        ggml=kw.get("ggml") or "0.25")
+                        ggml=kw.get("ggml") or "0.25",
+                        sched_copies=kw.get("sched_copies") or 4,
+                        no_mmap=bool(kw.get("no_mmap")),
+                        parallel=kw.get("parallel") or 1,
+                        kv_unified=bool(kw.get("kv_unified")))
     return backends, opts
 
 
@@ -313,6 +334,8 @@ def _measure_model(model_input, as_json):
 
         report.print_tables(stdout(), report.model_measure_table(model, figures))
         visual.print_memory_bars(stdout(), report.memory_bars(figures.backends))
+        for line in report.host_lines(figures.backends, opts.no_mmap, stdout().width):
+            click.echo(line)
         click.echo(f"llama.cpp: {command}")
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
@@ -331,7 +354,8 @@ def model_fit(figures):
         def host_bytes(self) -> int:
             return self.backends[-1].need_bytes
 
-    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.state_bytes, b.arena_bytes,
+    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.state_bytes + b.output_bytes,
+                       b.arena_bytes,
                        b.memory_bytes) for b in figures.backends]
     return ModelFit(rows, rows[-1].memory_bytes)
 

@@ -94,6 +94,8 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int, ctx: int) -> list[
     parallel = getattr(opts, "parallel", 1)
     if parallel and parallel != 1:
         args += ["-np", str(parallel)]
+    if getattr(opts, "kv_unified", False):
+        args.append("-kvu")
     if getattr(opts, "no_mmap", False):
         args.append("--no-mmap")
     return args
@@ -107,7 +109,7 @@ def llama_cpp_line(opts: ModelOptions, backends, *, ngl: int, ctx: int) -> str:
 # --- reading a line back --------------------------------------------------------------------
 _FLAGS = {"-nkvo": "no_kv_offload", "--no-kv-offload": "no_kv_offload",
           "--swa-full": "swa_full", "--cpu-moe": "cpu_moe", "-cmoe": "cpu_moe",
-          "--no-mmap": "no_mmap"}
+          "--no-mmap": "no_mmap", "-kvu": "kv_unified", "--kv-unified": "kv_unified"}
 _VALUES = {"-ngl": "ngl", "--gpu-layers": "ngl", "--n-gpu-layers": "ngl",
            "-c": "ctx", "--ctx-size": "ctx", "-ub": "ubatch", "--ubatch-size": "ubatch",
            "-b": "batch", "--batch-size": "batch", "-fa": "flash_attn", "--flash-attn": "flash_attn",
@@ -182,7 +184,7 @@ def options_from_line(line: str | list[str], base: ModelOptions | None = None) -
                "tensor_split": (split_proportions(fields["tensor_split"])
                                 if "tensor_split" in fields else None),
                "op_offload": fields.get("op_offload", True)}
-    for key in ("swa_full", "cpu_moe", "n_cpu_moe", "parallel", "no_mmap"):
+    for key in ("swa_full", "cpu_moe", "n_cpu_moe", "parallel", "no_mmap", "kv_unified"):
         if key in fields and hasattr(base, key):
             changes[key] = fields[key]
     return replace(base, **changes)

@@ -46,7 +46,7 @@ class Decoder:
     """The graph being built for one model and ubatch shape (llm_graph_context)."""
 
     def __init__(self, model, arch, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                 flash_attn: bool, kv_type: str, table: dict | None = None):
+                 flash_attn: bool, kv_type: str, table: dict | None = None, n_stream: int = 1):
         hp = self.hp = model.hparams
         self.model, self.arch = model, arch
         self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
@@ -57,7 +57,8 @@ class Decoder:
         self.ctx = LayerContext(b=b, n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv,
                                 kv_size=kv_size, flash_attn=flash_attn,
                                 norm_rms_eps=hp.norm_rms_eps)
-        self.cache = KVCache(kv_type=kv_type, kv_size=kv_size, v_trans=not flash_attn)
+        self.cache = KVCache(kv_type=kv_type, kv_size=kv_size, v_trans=not flash_attn,
+                             n_stream=n_stream)
         self.n_ctx = kv_size
         out_name = self.name(T.OUTPUT)
         self.output_w = self.weights.get(out_name)
@@ -85,7 +86,7 @@ class Decoder:
             "k_idxs": b.leaf("attn_inp_k_idxs", (T_,), "i64"),
             "v_idxs": b.leaf("attn_inp_v_idxs",
                              (T_ * hp.n_embd_v_gqa,) if not flash_attn else (T_,), "i64"),
-            "kq_mask": b.leaf("attn_inp_kq_mask", (1, 1, T_, n_kv),
+            "kq_mask": b.leaf("attn_inp_kq_mask", (n_stream, 1, T_ // n_stream, n_kv),
                               "f16" if flash_attn else "f32"),
             "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
         self.inputs.update(rotation_inputs(b, hp, kv_type))
@@ -266,16 +267,19 @@ class Decoder:
 
 
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                flash_attn: bool, kv_type: str, shared: tuple = (), rs_zero: int = 0) -> ModelGraph:
+                flash_attn: bool, kv_type: str, shared: tuple = (),
+                n_stream: int = 1, rs_zero: int = 0) -> ModelGraph:
     """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
     `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
-    (Placement.shared_copies); without it every layer gets its own copy."""
+    (Placement.shared_copies); without it every layer gets its own copy. `n_stream`: KV
+    streams (-np N without -kvu: one per sequence, kv_size cells each)."""
     from ggmlrun.models.arch import get_arch
 
     where = str(model.path) if model.path else None
     arch = get_arch(model.arch, where)
     table = check_tensors(arch, model.hparams, model.tensors, where)
-    d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table)
+    d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,
+                n_stream)
     d.shared = dict(shared)
     d.rs_zero = rs_zero
     return d.finish(arch.build(d))

@@ -28,7 +28,7 @@ from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.models.command_line import llama_cpp_line
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options import ModelOptions, kv_size, kv_streams
 from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
 
 CTX_STEP = 256                    # llama.cpp pads the KV cache to 256 cells
@@ -42,7 +42,8 @@ class FitBackend(BackendFigures):
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.state_bytes + self.arena_bytes
+        return (self.weights_bytes + self.kv_bytes + self.state_bytes + self.arena_bytes
+                + self.output_bytes)
 
     @property
     def free_bytes(self) -> int:
@@ -118,11 +119,13 @@ def _device_room(rows: list[FitBackend]) -> float:
 
 def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
               margin_device: int, margin_cpu: int, ctx_auto: bool, *,
-              min_ctx: int = MIN_CTX) -> FitResult:
+              min_ctx: int = MIN_CTX, margins: dict[str, int] | None = None) -> FitResult:
+    """`margins`: per backend name, over the device / CPU defaults (--margin GPU0=1GiB,...)."""
     start = time.perf_counter()
     hp = model.hparams
     n_max = hp.n_layer + 1
-    margins = [margin_cpu if b.kind == "cpu" else margin_device for b in backends]
+    margins = [(margins or {}).get(b.name, margin_cpu if b.kind == "cpu" else margin_device)
+               for b in backends]
     probe = _Prober(model, backends, opts, margins)
     costs = _layer_costs(model)
     ctx_top = _ctx_top(hp.n_ctx_train)
@@ -134,6 +137,14 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     ngl = device_ngl if device_ngl is not None and _all_fit(probe(device_ngl, ctx)) else None
     if ngl is not None and ctx_auto:
         ctx = _largest_ctx(probe, ngl, ctx, ctx_top)
+        streams = kv_streams(opts)
+        if streams > 1:
+            # a KV stream per sequence: every context up to streams x its per-stream cells
+            # has the same cache and graph, so the largest of them fits as this one does
+            from dataclasses import replace as _replace
+
+            ctx = max(ctx, min(ctx_top, streams * kv_size(_replace(opts, ctx=ctx),
+                                                          hp.n_ctx_train)))
     shown = ngl if ngl is not None else device_ngl or 0
     advice = "" if ngl is not None else _advice(probe, ctx, device_ngl, n_max, costs)
     rows, m = probe.full(shown, ctx)

@@ -164,7 +164,8 @@ class GraphBuilder:
         for t in outputs:
             t.is_output = True
         leafs = list(self.leafs) + [t for t in extra_leafs if t not in self._visited]
-        return Graph(name=name, leafs=leafs, nodes=list(self.nodes), outputs=list(outputs))
+        return Graph(name=name, leafs=leafs, nodes=list(self.nodes), outputs=list(outputs),
+                     ggml_leaf_order=True)
 
 
 @dataclass
@@ -192,8 +193,10 @@ class LayerContext:
 
 @dataclass
 class KVCache:
-    """llama_kv_cache for one stream: cache_k_l{il} / cache_v_l{il}, each [1, kv_size, n_embd_gqa]
-    (ggml ne [n_embd_gqa, kv_size, 1]); V is read transposed without flash attention.
+    """llama_kv_cache: cache_k_l{il} / cache_v_l{il}, each [n_stream, kv_size, n_embd_gqa]
+    (ggml ne [n_embd_gqa, kv_size, n_stream]); V is read transposed without flash attention.
+    One stream unless the context keeps one per sequence (-np N without -kvu): each stream
+    then has kv_size cells, and the graph attends per stream.
 
     A hybrid model's memory (llama_memory_hybrid) adds llama_memory_recurrent's state over its
     recurrent layers: cache_r_l{il} [rows, n_embd_r] and cache_s_l{il} [rows, n_embd_s], f32,
@@ -204,6 +207,7 @@ class KVCache:
     v_trans: bool
     k: dict[int, Tensor] = field(default_factory=dict)
     v: dict[int, Tensor] = field(default_factory=dict)
+    n_stream: int = 1
     r: dict[int, Tensor] = field(default_factory=dict)
     s: dict[int, Tensor] = field(default_factory=dict)
 
@@ -212,22 +216,29 @@ class KVCache:
         self.s[il] = GraphBuilder.leaf(f"cache_s_l{il}", (rows, n_embd_s), "f32", role="weight")
 
     def add_layer(self, il: int, n_embd_k_gqa: int, n_embd_v_gqa: int) -> None:
-        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", (1, self.kv_size, n_embd_k_gqa),
+        ns = self.n_stream
+        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", (ns, self.kv_size, n_embd_k_gqa),
                                        self.kv_type, role="weight")
-        self.v[il] = GraphBuilder.leaf(f"cache_v_l{il}", (1, self.kv_size, n_embd_v_gqa),
+        self.v[il] = GraphBuilder.leaf(f"cache_v_l{il}", (ns, self.kv_size, n_embd_v_gqa),
                                        self.kv_type, role="weight")
+
+    def _all_streams(self, b: GraphBuilder, cache: Tensor) -> Tensor:
+        """Several streams: the cache as one 2-D buffer (the row indices are global)."""
+        if self.n_stream == 1:
+            return cache
+        return b.reshape(cache, (self.kv_size * self.n_stream, cache.shape[-1]))
 
     def cpy_k(self, b: GraphBuilder, k_cur: Tensor, k_idxs: Tensor, il: int) -> Tensor:
         n_tokens, n_head, hd = k_cur.shape[-3:]
         rows = b.view(k_cur, (n_tokens, n_head * hd), (k_cur.strides[-3], k_cur.strides[-1]))
-        return b.set_rows(self.k[il], rows, k_idxs)
+        return b.set_rows(self._all_streams(b, self.k[il]), rows, k_idxs)
 
     def cpy_v(self, b: GraphBuilder, v_cur: Tensor, v_idxs: Tensor, il: int) -> Tensor:
         n_tokens, n_head, hd = v_cur.shape[-3:]
         gqa = n_head * hd
         if not self.v_trans:
             rows = b.view(v_cur, (n_tokens, gqa), (v_cur.strides[-3], v_cur.strides[-1]))
-            return b.set_rows(self.v[il], rows, v_idxs)
+            return b.set_rows(self._all_streams(b, self.v[il]), rows, v_idxs)
         if v_cur.strides[-3] == row_size(v_cur.dtype, gqa):     # dims 0, 1 and 2 merge
             v_cur = b.reshape(v_cur, (n_tokens, gqa))
         else:                 # a strided view (a fused QKV's V): a contiguous copy first
@@ -241,7 +252,7 @@ class KVCache:
         k = self.k[il]
         gqa = k.shape[-1]
         rs = lambda n: row_size(k.dtype, n)  # noqa: E731
-        return b.view(k, (1, n_kv, n_head_kv, hd),
+        return b.view(k, (self.n_stream, n_kv, n_head_kv, hd),
                       (rs(gqa * self.kv_size), rs(gqa), rs(hd), TYPES[k.dtype].type_size))
 
     def get_v(self, b: GraphBuilder, il: int, n_kv: int, n_head_kv: int, hd: int) -> Tensor:
@@ -249,9 +260,10 @@ class KVCache:
         gqa = v.shape[-1]
         rs = lambda n: row_size(v.dtype, n)  # noqa: E731
         item = TYPES[v.dtype].type_size
+        ns = self.n_stream
         if not self.v_trans:
-            return b.view(v, (1, n_kv, n_head_kv, hd), (rs(gqa * self.kv_size), rs(gqa), rs(hd), item))
-        return b.view(v, (1, hd, n_head_kv, n_kv),
+            return b.view(v, (ns, n_kv, n_head_kv, hd), (rs(gqa * self.kv_size), rs(gqa), rs(hd), item))
+        return b.view(v, (ns, hd, n_head_kv, n_kv),
                       (rs(self.kv_size * gqa), rs(self.kv_size), rs(self.kv_size * hd), item))
 
 
@@ -277,7 +289,9 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
     k = cache.get_k(b, il, ctx.n_kv, n_head_kv, hd)
     v = cache.get_v(b, il, ctx.n_kv, n_head_kv, v_cur.shape[-1])
     mask = inputs["kq_mask"]
-    q = b.view(q_cur, (1, T, n_head, hd), (q_cur.strides[-3] * T, *q_cur.strides[-3:]))
+    ns = cache.n_stream                  # the batch split into streams (one per sequence)
+    q = b.view(q_cur, (ns, T // ns, n_head, hd),
+               (q_cur.strides[-3] * (T // ns), *q_cur.strides[-3:]))
     q = b.permute(q, (0, 2, 1, 3))
     k = b.permute(k, (0, 2, 1, 3))
     v = b.permute(v, (0, 2, 1, 3))
@@ -286,7 +300,7 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
         k, v = (b.op("cast", [t], t.shape, "f16", f"{t.name} (copy)", dtype="f16")
                 if t.dtype == "f32" else t for t in (k, v))
         dv = v.shape[-1]
-        cur = b.op("flash_attn_ext", [q, k, v, mask], (1, T, n_head, dv), scale=kq_scale,
+        cur = b.op("flash_attn_ext", [q, k, v, mask], (ns, T // ns, n_head, dv), scale=kq_scale,
                    max_bias=0.0, logit_softcap=0.0, prec="f32")
         cur = b.reshape(cur, (T, n_head * dv))
     else:

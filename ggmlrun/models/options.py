@@ -21,6 +21,13 @@ class ModelOptions:
     tensor_split: tuple[float, ...] | None = None # over non-CPU backends in order
     op_offload: bool = True
     ggml: str = "0.25"
+    sched_copies: int = 4         # GGML_SCHED_MAX_COPIES: pipeline-parallel copies (1: off)
+    no_mmap: bool = False         # --no-mmap: CPU weights allocated, not mapped
+    parallel: int = 1             # -np: n_seq_max, the sequences the context serves
+    kv_unified: bool = False      # -kvu: one KV cache for all sequences (else one per sequence)
+
+
+SCHED_MAX_COPIES = 4              # ggml-backend.h: GGML_SCHED_MAX_COPIES
 
 
 def context_size(opts: ModelOptions, n_ctx_train: int) -> int:
@@ -28,10 +35,21 @@ def context_size(opts: ModelOptions, n_ctx_train: int) -> int:
     return opts.ctx if opts.ctx is not None else min(n_ctx_train, 4096)
 
 
+def kv_streams(opts: ModelOptions) -> int:
+    """KV streams: one, or with -np N and no -kvu one per sequence."""
+    return 1 if opts.kv_unified else max(1, opts.parallel)
+
+
 def kv_size(opts: ModelOptions, n_ctx_train: int) -> int:
-    """KV cells: the context rounded up to 256, as llama_context pads cparams.n_ctx."""
+    """KV cells per stream: the context rounded up to 256, as llama_context pads
+    cparams.n_ctx; with a stream per sequence, n_ctx_seq = n_ctx / n_seq_max rounded up to 256
+    (the whole cache then holds n_ctx_seq * n_seq_max cells)."""
     n = context_size(opts, n_ctx_train)
-    return (n + KV_PAD - 1) // KV_PAD * KV_PAD
+    n = (n + KV_PAD - 1) // KV_PAD * KV_PAD
+    streams = kv_streams(opts)
+    if streams > 1:
+        n = (n // streams + KV_PAD - 1) // KV_PAD * KV_PAD
+    return n
 
 
 def ubatch_size(opts: ModelOptions, n_ctx_train: int) -> int:
@@ -45,6 +63,7 @@ def gpu_layers(opts: ModelOptions, n_layer: int) -> int:
 
 
 # --- option bounds, as llama.cpp's types bound them ---------------------------------------------
+LLAMA_MAX_SEQ = 256               # llama-cparams.h: n_seq_max's bound
 U32_MAX = 2**32 - 1               # n_ctx, n_ubatch, n_batch are uint32_t in llama_context_params
 I32_MAX = 2**31 - 1               # n_gpu_layers is an int32_t in llama_model_params
 MAX_REPEAT = 1000                 # RE2's (and ECMAScript engines') largest counted repetition

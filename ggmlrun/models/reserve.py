@@ -28,7 +28,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import (KV_TYPES, U32_MAX, ModelOptions, context_size, gpu_layers,
+from ggmlrun.models.options import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions, kv_streams, context_size, gpu_layers,
                                      kv_size, ubatch_size)
 from ggmlrun.models.placement import Placement, place
 
@@ -43,6 +43,9 @@ class BackendFigures:
     kv_bytes: int
     arena_bytes: int
     memory_bytes: int
+    output_bytes: int = 0         # the CPU: the output (logits) buffer, host memory
+    mapped_bytes: int = 0         # the CPU: the mapped file range (--no-mmap: allocated)
+    repack_bytes: int = 0         # the CPU: ggml-cpu's CPU_REPACK buffer
     state_bytes: int = 0          # the recurrent state (llama_memory_recurrent), hybrid models
 
 
@@ -55,6 +58,7 @@ class ModelMeasure:
     ngl: int
     backends: list[BackendFigures]
     schedule: Schedule            # the last reserve's (pp)
+    n_copies: int = 1             # the scheduler's copies: > 1 with pipeline parallelism
 
 
 def _align(n: int, a: int) -> int:
@@ -65,17 +69,18 @@ _GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
-                flash_attn: bool, kv_type: str, shared: tuple = ()) -> ModelGraph:
+                flash_attn: bool, kv_type: str, shared: tuple = (),
+                n_stream: int = 1) -> ModelGraph:
     """The graph for one ubatch shape, built once per model and shape (and sharing of the
     per-layer duplicated tensors, Placement.shared_copies). Entries hold their model, so an id
     in a key always belongs to the model it was made for."""
-    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared)
+    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, n_stream)
     entry = _GRAPHS.get(key)
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
         entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
-                                                   flash_attn, kv_type, shared))
+                                                   flash_attn, kv_type, shared, n_stream))
     return entry[1]
 
 
@@ -121,11 +126,38 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
                          f"{opts.ubatch}")
     if not backends or backends[-1].kind != "cpu":
         raise InputError("the last backend must be a CPU")
+    if not 1 <= opts.parallel <= LLAMA_MAX_SEQ:
+        raise InputError(f"--parallel must be 1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ), "
+                         f"got {opts.parallel}")
+    if opts.parallel > 1 and getattr(model.hparams, "n_embd_s", 0):
+        # a hybrid model's recurrent layers with several sequences (n_seqs > 1 per ubatch,
+        # max(1, n_seq_max) state rows) are not built yet
+        raise InputError(f"--parallel {opts.parallel}: a {model.arch} model's recurrent state "
+                         f"with more than one sequence is not built by ggmlrun yet")
 
 
-def weights_bytes(model: ModelFile, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+@dataclass
+class WeightBytes:
+    """Model buffers per backend as llama.cpp allocates them; on the CPU, `mapped` (the file
+    range with mmap, or the allocated tensors with --no-mmap) plus `repack` (CPU_REPACK)."""
+    sizes: list[int]
+    mapped: int = 0
+    repack: int = 0
+
+
+def weights_bytes(model: ModelFile, placement: Placement, backends: list[BackendSpec],
+                  no_mmap: bool = False) -> WeightBytes:
+    """llama_model::load_tensors' buffers. A CPU matrix ggml-cpu repacks (its type and rows,
+    core/backends/repack.py) goes to CPU_REPACK (its bytes, aligned); every other CPU tensor
+    lives in the mapped file, whose buffer is the range from the first to the end of the last
+    of them (llama_model_loader::get_mapping_range: it spans tensors that live elsewhere, on a
+    device or repacked), or with --no-mmap is allocated, each aligned. A card has no offsets:
+    its mapped tensors count each padded to GGUF's 32 bytes, as in the real file."""
+    from ggmlrun.core.backends.repack import repacked
+
     sizes = [0] * len(backends)
     cpu_range: list[int] = []
+    mapped = repack = 0
     placed = list(placement.weights.items())
     # TENSOR_DUPLICATED tensors take bytes again in each other buffer they are copied into
     duplicates = set()
@@ -133,20 +165,34 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
         duplicates.add(("token_embd.weight", placement.output_weight))
     for name, copies in placement.layer_copies.items():   # rope factors: one copy per layer
         duplicates.update((name, b) for b in copies)
-    placed += sorted(d for d in duplicates if d not in set(placed))
+    placed_set = set(placed)
+    placed += sorted(d for d in duplicates if d not in placed_set)
     for name, b in placed:
         info = model.tensors[name]
         nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))
-        if backends[b].kind == "cpu" and info.offset is not None:
-            cpu_range += [info.offset, info.offset + nbytes]
-        elif backends[b].kind == "cpu":
-            sizes[b] += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
-        else:
-            spec = backends[b]
+        spec = backends[b]
+        if spec.kind != "cpu":
             sizes[b] += _align(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
+            continue
+        if name != "token_embd.weight" and repacked(spec.repack_kind, info.dtype, info.shape):
+            repack += _align(nbytes, spec.alignment)      # read by MUL_MAT: CPU_REPACK
+        elif no_mmap:
+            mapped += _align(nbytes, spec.alignment)
+        elif info.offset is not None:
+            cpu_range += [info.offset, info.offset + nbytes]
+        else:
+            mapped += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
+    # a tied output on the CPU: the duplicate of token_embd that the output's MUL_MAT reads
+    # (one tensor with token_embd on the CPU) is still offered to CPU_REPACK
+    if "output.weight" not in model.tensors and backends[placement.output_weight].kind == "cpu":
+        info = model.tensors["token_embd.weight"]
+        spec = backends[placement.output_weight]
+        if repacked(spec.repack_kind, info.dtype, info.shape):
+            repack += _align(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
     if cpu_range:
-        sizes[placement.cpu] += max(cpu_range) - min(cpu_range)
-    return sizes
+        mapped += max(cpu_range) - min(cpu_range)
+    sizes[placement.cpu] += mapped + repack
+    return WeightBytes(sizes, mapped, repack)
 
 
 def _elements(shape) -> int:
@@ -179,6 +225,31 @@ def state_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec
     return sizes
 
 
+def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> int:
+    """ggml_backend_sched's n_copies as llama_context makes it: GGML_SCHED_MAX_COPIES
+    (`--sched-copies`, 4) when llama.cpp turns pipeline parallelism on, else 1. On when the
+    model has more than one device, every layer is offloaded (-ngl past n_layer: the output
+    layer too), layers are split across devices (the only split ggmlrun has), the KV cache is
+    offloaded, no tensor override is given (-ot; --cpu-moe and --n-cpu-moe are overrides too),
+    and every device supports async compute and events (RPC and CUDA devices do; ggmlrun's
+    sim devices stand for those)."""
+    devices = [b for b in backends if b.kind != "cpu"]
+    on = (len(devices) > 1
+          and gpu_layers(opts, model.hparams.n_layer) > model.hparams.n_layer
+          and not opts.no_kv_offload
+          and not opts.overrides
+          and not getattr(opts, "cpu_moe", False) and not getattr(opts, "n_cpu_moe", 0)
+          and all(getattr(b, "async_events", True) for b in devices))
+    return max(1, opts.sched_copies) if on else 1
+
+
+def output_bytes(model: ModelFile, opts: ModelOptions) -> int:
+    """llama_context::output_reserve at creation: logits for max(n_outputs, n_seq_max) rows,
+    n_outputs being n_seq_max then: n_vocab floats per sequence, in host memory (the CPU's
+    buffer type, or the output device's pinned host buffer type, CUDA_Host)."""
+    return model.hparams.n_vocab * 4 * opts.parallel
+
+
 def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     check_options(model, backends, opts)
     with gc_paused():
@@ -190,28 +261,40 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     kv = kv_size(opts, hp.n_ctx_train)
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
-    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
+    n_copies = pipeline_copies(model, backends, opts)
+    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
+                          n_copies=n_copies)
     allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml,
                                sizers=[b.alloc_size if b.row_padding else None for b in backends])
     arena = [0] * len(backends)
     reserved = []
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
     # deterministic allocator sizes exactly as before, so its result is reused
-    for tokens in (n_tokens, 1):
-        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies())
+    # llama_context::graph_reserve with n_seqs = n_seq_max: pp rounds its tokens up to a
+    # multiple of the sequences (its outputs stay the ubatch's), tg is one token per sequence
+    n_seqs = opts.parallel
+    pp_tokens = -(-n_tokens // n_seqs) * n_seqs
+    for tokens, outputs in ((pp_tokens, n_tokens), (n_seqs, n_seqs)):
+        mg = model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
+                         placement.shared_copies(), kv_streams(opts))
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
         plan = allocator.plan(*allocation_sequence(sched))
         arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
         reserved.append((mg, sched))
     (pp, sched), _ = reserved
-    weights = weights_bytes(model, placement, backends)
+    wb = weights_bytes(model, placement, backends, no_mmap=opts.no_mmap)
+    weights = wb.sizes
     kvb = kv_bytes(pp, placement, backends)
     rsb = state_bytes(pp, placement, backends)
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
-                              arena_bytes=arena[i], memory_bytes=b.memory, state_bytes=rsb[i])
+                              arena_bytes=arena[i], memory_bytes=b.memory,
+                              output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
+                              mapped_bytes=wb.mapped if i == placement.cpu else 0,
+                              repack_bytes=wb.repack if i == placement.cpu else 0,
+                              state_bytes=rsb[i])
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
-                        ngl=gpu_layers(opts, hp.n_layer), backends=figures, schedule=sched)
+                        ngl=gpu_layers(opts, hp.n_layer), backends=figures, schedule=sched,
+                        n_copies=n_copies)

@@ -11,7 +11,7 @@ from ggmlrun.report.graph import (assignment_table, fits_dict, ggml_dump, host_l
                                   layer_fit_dict, layer_fit_line, measure_dict, measure_table,
                                   offload_note, ops_dict, ops_table, pack_table, plan_dict,
                                   policy_table, split_table, summary_dict, summary_table)
-from ggmlrun.report.model import (fit_line, fit_table, model_fit_dict, model_measure_dict,
+from ggmlrun.report.model import (fit_line, fit_table, host_lines, model_fit_dict, model_measure_dict,
                                   memory_bars, model_measure_table, model_run_dict, model_summary,
                                   planned_for_dict, planned_for_lines, ran_with_lines,
                                   top_tokens_table)
@@ -21,7 +21,7 @@ from ggmlrun.report.table import (Bytes, Column, Items, Table, clean, pack_line,
                                   seconds_text)
 
 __all__ = [
-    "assignment_table", "fits_dict", "ggml_dump", "host_line", "layer_fit_dict",
+    "assignment_table", "fits_dict", "ggml_dump", "host_line", "host_lines", "layer_fit_dict",
     "layer_fit_line", "measure_dict", "measure_table", "offload_note", "ops_dict", "ops_table",
     "pack_table", "plan_dict", "policy_table", "split_table", "summary_dict", "summary_table",
     "fit_line", "fit_table", "model_fit_dict", "model_measure_dict", "model_measure_table",

@@ -50,12 +50,16 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
     reserved graph (a pp graph), so it bounds that graph's arena, not the max over reserves."""
     lower = {m.name: m.lower_bound_bytes for m in memory}
     return {"model": model.name, "n_nodes": figures.n_nodes, "n_splits": figures.n_splits,
+            "n_copies": figures.n_copies,
             "ctx": figures.ctx, "ubatch": figures.ubatch, "ngl": figures.ngl,
             "backends": [{"name": b.name, "kind": b.kind, "arena_bytes": b.arena_bytes,
                           "weights_bytes": b.weights_bytes, "kv_bytes": b.kv_bytes,
                           "state_bytes": b.state_bytes,
                           "lower_bound_bytes": lower.get(b.name, 0),
-                          "memory_bytes": b.memory_bytes} for b in figures.backends]}
+                          "memory_bytes": b.memory_bytes,
+                          **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
+                              "output_bytes": b.output_bytes}
+                             if b.kind == "cpu" else {})} for b in figures.backends]}
 
 
 def _unit(values) -> tuple[str, int]:
@@ -76,7 +80,9 @@ def _in(n: int, size: int) -> str:
 def model_measure_table(model, figures) -> Table:
     table = Table(title=f"{model.name}: ctx {figures.ctx}, ubatch {figures.ubatch}, "
                         f"ngl {figures.ngl}; graph nodes {figures.n_nodes}, graph splits "
-                        f"{figures.n_splits}")
+                        f"{figures.n_splits}"
+                        + (f"; pipeline parallel ({figures.n_copies} copies of every input)"
+                           if getattr(figures, "n_copies", 1) > 1 else ""))
     table.add_column("backend")
     table.add_column("kind", drop=2)
     # a hybrid model's recurrent state sits with its KV cache (both per layer, on its device)
@@ -106,7 +112,10 @@ def model_fit_dict(model, result) -> dict:
                           "kv_bytes": b.kv_bytes, "state_bytes": b.state_bytes,
                           "arena_bytes": b.arena_bytes, "total_bytes": b.total_bytes, "memory_bytes": b.memory_bytes,
                           "margin_bytes": b.margin_bytes, "free_bytes": b.free_bytes,
-                          "fits": b.fits} for b in result.backends],
+                          "fits": b.fits,
+                          **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
+                              "output_bytes": b.output_bytes} if b.kind == "cpu" else {})}
+                         for b in result.backends],
             "probes": [{"ngl": n, "ctx": c} for n, c in result.probes],
             "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
@@ -132,6 +141,24 @@ def fit_table(model, result) -> Table:
                       _in(b.memory_bytes, size), _in(b.margin_bytes, size),
                       _in(b.free_bytes, size), "yes" if b.fits else "NO")
     return table
+
+
+def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
+    """What the host's share is made of: the model file mapped (page cache: the kernel may
+    drop and reread it, and processes mapping the same file share it; --no-mmap: allocated)
+    and the memory allocated for good (repacked weights, KV cache, compute and output
+    buffers)."""
+    cpu = next((b for b in backends if b.kind == "cpu"), None)
+    if cpu is None:
+        return []
+    other = cpu.weights_bytes - cpu.mapped_bytes - cpu.repack_bytes   # (a card: none)
+    allocated = cpu.repack_bytes + cpu.kv_bytes + cpu.arena_bytes + cpu.output_bytes + other
+    how = "allocated (--no-mmap)," if no_mmap else "mapped (page cache),"
+    items = [f"weights {human_bytes(cpu.mapped_bytes)}", how,
+             f"{human_bytes(allocated + (cpu.mapped_bytes if no_mmap else 0))} allocated in all:",
+             f"repacked {human_bytes(cpu.repack_bytes)},", f"KV {human_bytes(cpu.kv_bytes)},",
+             f"compute {human_bytes(cpu.arena_bytes)},", f"output {human_bytes(cpu.output_bytes)}"]
+    return pack_line(f"host {plain(cpu.name)}:", items, width)
 
 
 def fit_line(result) -> str:

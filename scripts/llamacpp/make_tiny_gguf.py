@@ -108,7 +108,9 @@ MODELS = [
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
-              "q8_0": LlamaFileType.MOSTLY_Q8_0}
+              "q8_0": LlamaFileType.MOSTLY_Q8_0,
+              # record_devices.py's repack model (not bundled)
+              "q4_0": LlamaFileType.MOSTLY_Q4_0}
 
 
 def vocabulary() -> tuple[list[bytes], list[float], list[int]]:

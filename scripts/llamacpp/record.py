@@ -89,6 +89,18 @@ EXTRAS: list[tuple[str, str, dict]] = [
     for model in ("tiny-llama-f16", "tiny-llama-q8_0") for split in ([1, 1], [3, 1]) for ngl in (3, 4)
 ] + [
     ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1]}),
+    # pipeline parallelism (issue 23): on for ngl all over two devices, in each of these but
+    # the -nkvo and -ot ones, which turn it off
+    ("tiny-llama-f16", "ts3-1", {"ngl": "all", "tensor_split": [3, 1]}),
+    ("tiny-llama-q8_0", "ts1-1", {"ngl": "all", "tensor_split": [1, 1]}),
+    ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "flash_attn": True}),
+    ("tiny-llama-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "ubatch": 512}),
+    ("tiny-llama-f32", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "ctx": 1024}),
+    ("tiny-llama-f16", "ts1-1-nkvo", {"ngl": "all", "tensor_split": [1, 1], "no_kv_offload": True}),
+    ("tiny-llama-f16", "ts1-1-ot-ffn-cpu", {"ngl": "all", "tensor_split": [1, 1],
+                                             "overrides": [["ffn_.*", "CPU"]]}),
+    ("tiny-qwen3-f16", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "flash_attn": True}),
+    ("tiny-phi3-q8_0", "ts1-1", {"ngl": "all", "tensor_split": [1, 1], "ubatch": 512}),
 ] + [
     # the other architectures: their own tensors under the placement options (qwen3's heads of
     # 32 take a q8_0 cache; phi3's rope factors are duplicated per layer, -ot moves the copies)
@@ -230,6 +242,8 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     overrides = buffer_overrides(ggml, cfg["overrides"])
     if cfg["overrides"]:
         mparams.tensor_buft_overrides = ctypes.addressof(overrides)
+    if not cfg.get("use_mmap", True):                      # --no-mmap: allocated, not mapped
+        mparams.load_mode = 0                              # LLAMA_LOAD_MODE_NONE (0.3.36's field)
     shim.shim_mark(b"load")
     model = llama_cpp.llama_model_load_from_file(cfg["path"].encode(), mparams)
     if not model:
@@ -242,6 +256,8 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
     cparams.offload_kqv = not cfg["no_kv_offload"]
     cparams.type_k = cparams.type_v = KV_TYPES[cfg["kv_type"]]
+    cparams.n_seq_max = cfg.get("parallel", 1)             # -np
+    cparams.kv_unified = cfg.get("kv_unified", False)      # -kvu (llama.cpp's CLI default: off)
     shim.shim_mark(b"context")
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:

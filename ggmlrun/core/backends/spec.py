@@ -17,7 +17,7 @@ def physical_memory() -> int:
 @dataclass
 class BackendSpec:
     name: str
-    kind: str                              # "cpu" | "sim"
+    kind: str                              # "cpu" | "sim" | "rpc"
     memory: int                            # capacity in bytes: weights + arena
     alignment: int
     threads: int | None = None             # cpu: caps BLAS threads
@@ -37,7 +37,23 @@ class BackendSpec:
     # head sizes (K's, V's) FLASH_ATTN_EXT runs with on this device; None: any
     flash_attn_head_sizes: frozenset[tuple[int, int]] | None = None
     profile: str | None = None             # the device profile the defaults came from
+    # cpu: which weight types ggml-cpu repacks into CPU_REPACK (core/backends/repack.py):
+    # avx2 | avx512 | neon | none; None: this host's CPU flags
+    repack: str | None = None
+    # rpc: the ggml rpc-server (host:port) and its device index; its largest buffer
+    endpoint: str | None = None
+    rpc_device: int = 0
+    max_buffer_size: int | None = None
     line: int | None = None
+
+    @property
+    def repack_kind(self) -> str:
+        """The repack in force: the backend's own, else the host's CPU flags'."""
+        if self.repack is not None:
+            return self.repack
+        from ggmlrun.core.backends.repack import host_repack
+
+        return host_repack()
 
     @classmethod
     def of_kind(cls, name: str, kind: str, line: int | None = None) -> "BackendSpec":
@@ -50,6 +66,10 @@ class BackendSpec:
         if kind == "cpu":
             return cls(name=name, kind=kind, memory=physical_memory(), alignment=64,
                        flops=100e9, mem_bw=20e9, line=line)
+        if kind == "rpc":    # no op offload (the RPC backend has no offload_op)
+            # copies cross the network: 1 Gbit/s Ethernet and a LAN round trip by default
+            return cls(name=name, kind=kind, memory=16 * GiB, alignment=32,
+                       offload_min_batch=2**62, link_bw=125e6, link_latency=200e-6, line=line)
         return cls(name=name, kind=kind, memory=16 * GiB, alignment=128, line=line)
 
     def supports_op(self, op: str, src_dtypes: tuple[str, ...] = ()) -> bool:

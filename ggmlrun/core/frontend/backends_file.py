@@ -9,7 +9,7 @@ import ggmlrun.core.ir.ops  # noqa: F401  (registers every op: op lists are chec
 from ggmlrun.core.backends.profiles import PROFILES, apply_profile
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util import host
-from ggmlrun.core.util.errors import did_you_mean
+from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.core.util.fmt import clip
 from ggmlrun.core.util.notes import note
 from ggmlrun.core.util.numbers import INT64_MAX, MAX_BYTES, checked_float, checked_int
@@ -25,12 +25,18 @@ from ggmlrun.core.frontend.yamlfile import (
     unknown_keys,
 )
 
-BACKEND_KEYS = ("name", "kind", "profile", "memory", "alignment", "threads", "supports",
-                "unsupported", "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency")
-CPU_ONLY_KEYS = ("threads",)
+BACKEND_KEYS = ("name", "kind", "profile", "memory", "alignment", "threads", "repack", "supports",
+                "unsupported", "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency",
+                "endpoint", "device")
+RPC_ONLY_KEYS = ("endpoint", "device")
+# an rpc device's alignment is asked of the server, its op support is every op (ggml-rpc runs
+# the server's backend), and it has no op offload
+NOT_RPC_KEYS = ("threads", "repack", "alignment", "supports", "unsupported", "offload_min_batch",
+                "profile")
+CPU_ONLY_KEYS = ("threads", "repack")
 SIM_ONLY_KEYS = ("profile", "supports", "unsupported", "offload_min_batch", "link_bw",
                  "link_latency")
-KINDS = ("cpu", "sim")
+KINDS = ("cpu", "sim", "rpc")
 MAX_THREADS = 4096
 RATE_RANGE = {key: (1.0, 1e30) for key in ("flops", "mem_bw", "link_bw")}   # per second
 MAX_LATENCY = 3600.0
@@ -92,10 +98,15 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
     if not isinstance(kind, str) or kind not in KINDS:
         raise doc.error(f"unknown kind {shown(kind)}; known: {', '.join(KINDS)}",
                         path + ("kind",), culprit)
-    wrong = SIM_ONLY_KEYS if kind == "cpu" else CPU_ONLY_KEYS
+    wrong = (SIM_ONLY_KEYS if kind == "cpu" else NOT_RPC_KEYS if kind == "rpc"
+             else CPU_ONLY_KEYS) + (() if kind == "rpc" else RPC_ONLY_KEYS)
     for key in item:
         if key in wrong:
-            other = "sim" if kind == "cpu" else "cpu"
+            if kind == "rpc":
+                raise doc.error(f"'{key}' does not apply to an rpc backend: its alignment and "
+                                f"memory are asked of the server, it runs every op and takes "
+                                f"no offloaded ones", path + (key,), culprit)
+            other = ("rpc" if key in RPC_ONLY_KEYS else "sim" if kind == "cpu" else "cpu")
             raise doc.error(f"'{key}' applies to {other} backends only", path + (key,),
                             culprit)
 
@@ -108,6 +119,8 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
             raise doc.error(f"unknown profile {shown(item['profile'])}; known: "
                             f"{', '.join(PROFILES)}", at("profile"), culprit)
         apply_profile(spec, item["profile"])
+    if kind == "rpc":
+        _ask_rpc_server(doc, item, spec, at, culprit)
     if "memory" in item:
         try:
             spec.memory = parse_size(item["memory"])
@@ -132,6 +145,14 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
                      f"{host.cores()} cores of this machine")
                 value = host.cores()
             setattr(spec, key, value)
+    if "repack" in item:
+        from ggmlrun.core.backends.repack import REPACK_KINDS
+
+        if not isinstance(item["repack"], str) or item["repack"] not in REPACK_KINDS:
+            raise doc.error(f"repack must be one of {', '.join(REPACK_KINDS)} (which weight "
+                            f"types ggml-cpu repacks), got {describe_value(item['repack'])}",
+                            at("repack"), culprit)
+        spec.repack = item["repack"]
     if "supports" in item and "unsupported" in item:
         raise doc.error("give supports or unsupported, not both", at("unsupported"), culprit)
     for key in ("supports", "unsupported"):
@@ -153,6 +174,33 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
                 raise doc.error(str(err), at(key), culprit) from None
             setattr(spec, key, value)
     return spec
+
+
+def _ask_rpc_server(doc, item, spec, at, culprit) -> None:
+    """An rpc backend: the live server's alignment, largest buffer and free memory (a `memory`
+    key beside them overrides the memory), asked over ggml's RPC protocol."""
+    from ggmlrun.core.backends.rpc import query
+
+    endpoint = item.get("endpoint")
+    if not isinstance(endpoint, str) or not endpoint:
+        raise doc.error("an rpc backend needs 'endpoint: host:port' (its ggml rpc-server)",
+                        at("endpoint") if "endpoint" in item else at("kind"), culprit)
+    device = item.get("device", 0)
+    try:
+        device = checked_int(device, "device", 0, 2**31 - 1)
+    except ValueError as err:
+        raise doc.error(str(err), at("device"), culprit) from None
+    try:
+        server = query(endpoint)
+    except InputError as err:
+        raise doc.error(err.message if hasattr(err, "message") else str(err), at("endpoint"),
+                        culprit) from None
+    if device >= len(server.devices):
+        raise doc.error(f"rpc-server {endpoint} has {len(server.devices)} device(s); device "
+                        f"{device} is not one", at("device"), culprit)
+    dev = server.devices[device]
+    spec.endpoint, spec.rpc_device = endpoint, device
+    spec.alignment, spec.max_buffer_size, spec.memory = dev.alignment, dev.max_size, dev.free
 
 
 def _parse_op_list(doc, ops, where, culprit, key) -> list[str]:

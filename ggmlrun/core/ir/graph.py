@@ -155,6 +155,9 @@ class Graph:
     backends: list | None = None          # BackendSpec list from the file, if it gave one
     path: Path | None = None
     backends_line: int | None = None
+    # the leafs are in ggml's own graph order (ggml_visit_parents from the roots, as a model's
+    # builder expands them), not a file's: ggml 0.25.3's allocator places them in that order
+    ggml_leaf_order: bool = False
 
     def __post_init__(self):
         self._by_name = {t.name: t for t in self.leafs + self.nodes}

@@ -371,4 +371,10 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
             seq.extend(nodes, [replaced.get(node, node.src) for node in nodes],
                        [where[node.index] for node in nodes])
         leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
+        if sched.parallel_leafs:
+            # n_copies > 1: the copies of every graph input and split input come first, flagged
+            # INPUT and OUTPUT (never freed, never reused in place); the graph's own leafs after
+            for tensor in sched.parallel_leafs:
+                seq.pin(tensor)
+            leafs = [(t, where[t.index]) for t in sched.parallel_leafs] + leafs
     return leafs, seq

@@ -66,6 +66,11 @@ class Schedule:
     reasons: dict[Tensor, str] = field(default_factory=dict)   # why a policy moved a node
     policy: object | None = None              # the PolicyOutcome, under --policy cost
     ggml: GgmlVersion = field(default_factory=lambda: ggml_version(None))   # whose rules
+    # pipeline parallelism (ggml_backend_sched's n_copies > 1): every graph input and split
+    # input copy, n_copies of each, in the order ggml's graph copy lists them as leafs; the
+    # allocator places them first and never frees them. Empty when n_copies is 1.
+    n_copies: int = 1
+    parallel_leafs: list[Tensor] = field(default_factory=list)
 
     @cached_property
     def srcs_of(self) -> dict[Tensor, list[Tensor]]:

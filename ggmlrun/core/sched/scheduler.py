@@ -53,7 +53,12 @@ WEIGHT_CAUSES = tuple(f"1.wgt{i}" for i in range(16))   # one string each, not o
 
 class Scheduler:
     def __init__(self, backends: list[BackendSpec], op_offload: bool = True,
-                 ggml: GgmlVersion | str | None = None):
+                 ggml: GgmlVersion | str | None = None, n_copies: int = 1):
+        """`n_copies` is ggml_backend_sched's: 1, or GGML_SCHED_MAX_COPIES when the scheduler
+        was made with `parallel` (llama.cpp's pipeline parallelism, models/reserve.py)."""
+        if n_copies < 1:
+            raise InputError(f"the scheduler needs at least one copy, got {n_copies}")
+        self.n_copies = n_copies
         self.backends = backends
         self.ggml = ggml_version(ggml)
         self.n = len(backends)
@@ -98,9 +103,11 @@ class Scheduler:
         self._pass3_best_and_upgrade(compute)
         self._pass4_remaining(graph.nodes)
         splits, replaced = self._pass5_split(graph.nodes)
+        parallel = self._pipeline_copies(splits, leaf_order) if self.n_copies > 1 else []
         return Schedule(graph=graph, backends=self.backends, splits=splits, replaced=replaced,
                         leaf_order=leaf_order, copies=self.copies, where=self.where, why=self.why,
-                        assigned=self.order, stamp=self.stamp, ggml=self.ggml)
+                        assigned=self.order, stamp=self.stamp, ggml=self.ggml,
+                        n_copies=self.n_copies, parallel_leafs=parallel)
 
     # --- facts the passes use ---------------------------------------------------------------
     def _backend_index(self, name: str, tensor: Tensor, what: str) -> int:
@@ -213,7 +220,10 @@ class Scheduler:
                 b, cause = self._from_current(node)
                 if b != -1:
                     choices.append((i, b, cause))
-        leaf_order = first_use + [t for t in graph.leafs if not seen[t.index]]
+        if self.ggml.leafs_first and graph.ggml_leaf_order:
+            leaf_order = list(graph.leafs)      # ggml 0.25.3 allocates leafs in graph order
+        else:
+            leaf_order = first_use + [t for t in graph.leafs if not seen[t.index]]
         return compute, leaf_order, choices
 
     def _pass1_leafs(self, leaf_order: list[Tensor]) -> None:
@@ -353,8 +363,35 @@ class Scheduler:
             splits.pop(0)
         return splits, replaced
 
-    def _new_copy(self, src: Tensor, b: int) -> Tensor:
-        copy = Tensor(name=f"{self.backends[b].name}#{src.name}", shape=src.shape,
+    # --- pipeline parallelism: n_copies of every split input and graph input ----------------
+    def _pipeline_copies(self, splits: list[Split], leaf_order: list[Tensor]) -> list[Tensor]:
+        """ggml_backend_sched with n_copies > 1 (pass 5's copies and pass 6): every split input
+        has n_copies copies on its split's backend (`BACKEND#name#c`; the one the nodes read,
+        copy 0, is pass 5's `BACKEND#name`), and every graph INPUT leaf n_copies on its own
+        backend (copy 0 is the leaf itself), all flagged INPUT and OUTPUT: the allocator places
+        them before anything else and never frees or reuses them. Returns them in the order
+        ggml's graph copy lists them as leafs: the graph inputs' copies (in graph leaf order),
+        then each split's inputs' copies."""
+        n, where = self.n_copies, self.where
+        leafs: list[Tensor] = []
+        for leaf in leaf_order if self.ggml.copies_graph_inputs else ():
+            if leaf.role != "input":
+                continue
+            b = where[leaf.index]
+            leafs.append(leaf)
+            leafs += [self._spare(leaf, b, c, "6.cpy") for c in range(1, n)]
+        for split in splits:
+            for src, copy in split.copy_of.items():
+                leafs.append(copy)
+                leafs += [self._spare(src, split.backend, c, "4.cpy") for c in range(1, n)]
+        return leafs
+
+    def _spare(self, src: Tensor, b: int, c: int, cause: str) -> Tensor:
+        return self._new_copy(src, b, f"{self.backends[b].name}#{src.name}#{c}", cause)
+
+    def _new_copy(self, src: Tensor, b: int, name: str | None = None,
+                  cause: str = "4.cpy") -> Tensor:
+        copy = Tensor(name=name or f"{self.backends[b].name}#{src.name}", shape=src.shape,
                       dtype=src.dtype, strides=src.strides, role="copy")
         copy.index = len(self.tensors)
         self.tensors.append(copy)
@@ -363,7 +400,7 @@ class Scheduler:
         self.why.append(None)
         self.mask.append(self._all)
         self.location.append(-1)
-        self._set(copy.index, b, "4.cpy")
+        self._set(copy.index, b, cause)
         return copy
 
     def _needs_new_split(self, node: Tensor, split: Split, current: int, copy_of) -> bool:

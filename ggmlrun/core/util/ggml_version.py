@@ -11,10 +11,16 @@ in a few rules, and each difference is one field here, read where the rule is ap
   sinks tensor is as small).
 - `max_split_inputs`: 0.15.3 starts a new split when one reaches 30 inputs
   (GGML_SCHED_MAX_SPLIT_INPUTS); 0.25.3 grows the input array instead (None: no limit).
+- `leafs_first`: 0.25.3's ggml_gallocr_alloc_graph_impl allocates every leaf of the graph, in
+  the graph's own leaf order (ggml_visit_parents' discovery order), before anything else;
+  0.15.3 allocates the INPUT tensors as the nodes meet them (first use). For a graph built
+  node by node in execution order the two orders are the same; for llama.cpp's graphs
+  (expanded from a few roots, depth first) they are not.
 
-What else moved (pipeline-parallel input copies over every INPUT leaf, backends adding
-allocation dependencies in graph_optimize, the failed-reserve return) changes nothing that
-ggmlrun models: see docs/format.md, "ggml versions".
+Pipeline-parallel copies (n_copies > 1) are the scheduler's (`Scheduler(n_copies=...)`);
+0.25.3 copies every INPUT leaf too (its pass 6), which is what models use. What else moved
+(backends adding allocation dependencies in graph_optimize, the failed-reserve return)
+changes nothing that ggmlrun models: see docs/format.md, "ggml versions".
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ class GgmlVersion:
     not_inplace: frozenset[str]
     weight_rule_skips: frozenset[str]
     max_split_inputs: int | None
+    leafs_first: bool = False
+    # pipeline parallelism (n_copies > 1) copies every INPUT leaf too (0.25.3's pass 6), not
+    # only the split inputs
+    copies_graph_inputs: bool = False
 
 
 GGML_VERSIONS = {
@@ -38,7 +48,7 @@ GGML_VERSIONS = {
                         weight_rule_skips=frozenset({"rope"}), max_split_inputs=30),
     "0.25": GgmlVersion("0.25", "0.25.3", not_inplace=frozenset(),
                         weight_rule_skips=frozenset({"rope", "flash_attn_ext"}),
-                        max_split_inputs=None),
+                        max_split_inputs=None, leafs_first=True, copies_graph_inputs=True),
 }
 DEFAULT_GGML = GGML_VERSIONS["0.25"]
 
