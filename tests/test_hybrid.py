@@ -78,7 +78,7 @@ def test_27b_card_fits_under_a_second_counting_the_state():
     state = 48 * 4 * (hp.n_embd_r + hp.n_embd_s)
     assert sum(b["state_bytes"] for b in rows.values()) == state
     assert all(b["total_bytes"] == b["weights_bytes"] + b["kv_bytes"] + b["state_bytes"]
-               + b["arena_bytes"] for b in rows.values())
+               + b["arena_bytes"] + b.get("output_bytes", 0) for b in rows.values())
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen35-f16", "tiny-qwen35-q8_0"])

@@ -152,11 +152,13 @@ def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
     if cpu is None:
         return []
     other = cpu.weights_bytes - cpu.mapped_bytes - cpu.repack_bytes   # (a card: none)
-    allocated = cpu.repack_bytes + cpu.kv_bytes + cpu.arena_bytes + cpu.output_bytes + other
+    allocated = (cpu.repack_bytes + cpu.kv_bytes + cpu.state_bytes + cpu.arena_bytes
+                 + cpu.output_bytes + other)
     how = "allocated (--no-mmap)," if no_mmap else "mapped (page cache),"
     items = [f"weights {human_bytes(cpu.mapped_bytes)}", how,
              f"{human_bytes(allocated + (cpu.mapped_bytes if no_mmap else 0))} allocated in all:",
              f"repacked {human_bytes(cpu.repack_bytes)},", f"KV {human_bytes(cpu.kv_bytes)},",
+             *([f"state {human_bytes(cpu.state_bytes)},"] if cpu.state_bytes else []),
              f"compute {human_bytes(cpu.arena_bytes)},", f"output {human_bytes(cpu.output_bytes)}"]
     return pack_line(f"host {plain(cpu.name)}:", items, width)
 
