@@ -271,12 +271,10 @@ def test_nothing_fits_names_the_largest_context_that_would(tmp_path):
                                   f"(the most layers at that context)")
 
 
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.xfail(
-    strict=True, reason="a hybrid model's layers differ (delta-net: weights and a state; "
-    "attention: a KV cache), so over two devices a device's total need not grow with -ngl (the "
-    "split moves a heavier layer onto it): here -ngl 5 misses where 6 fits, and the search, "
-    "which assumes growth, answers 4")) if a == "qwen35" else a for a in ARCHS])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_two_devices_exact_against_every_ngl(tmp_path, arch):
+    """(qwen35: its layers differ, so over two devices -ngl 5 can miss where 6 fits; the search
+    tries the -ngl above its edge for a hybrid model, fit._above_the_edge)"""
     """Layers shared by device memory: the device that fills first decides."""
     model = read_card(write_small(tmp_path, arch))
     opts = ModelOptions(ctx=512, ubatch=16)

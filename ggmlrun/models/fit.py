@@ -199,7 +199,37 @@ def _device_ngl(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int]) -> 
             else:
                 miss_hi = ngl
                 break
-    return fit_lo if fit_lo >= 0 else None
+    return _above_the_edge(probe, ctx, n_max, fit_lo) if fit_lo >= 0 else None
+
+
+def _above_the_edge(probe: _Prober, ctx: int, n_max: int, fit_lo: int) -> int:
+    """The search assumes a device's total grows with -ngl. A hybrid model's layers differ (a
+    delta-net layer: weights and a fixed state; an attention layer: a KV cache), so over two
+    devices or more the split can hand one device a heavier layer at N than at N + 1, and an
+    -ngl above the edge found may fit again. Those are tried from the top, each first against
+    a bound that needs no reserve (a device's weights alone, placed as llama.cpp places them,
+    already past its room rule it out), so the answer stays exact."""
+    from ggmlrun.models.arch import get_arch
+    from ggmlrun.models.placement import place
+    from ggmlrun.models.reserve import weights_bytes
+
+    model, backends = probe.model, probe.backends
+    devices = [i for i, b in enumerate(backends) if b.kind != "cpu"]
+    if len(devices) < 2 or not get_arch(model.arch).hybrid:
+        return fit_lo
+    for ngl in range(n_max - 1, fit_lo + 1, -1):
+        if (ngl, ctx) in probe.seen:
+            if _devices_fit(probe(ngl, ctx)):
+                return ngl
+            continue
+        opts = replace(probe.opts, ngl=ngl, ctx=ctx)
+        sizes = weights_bytes(model, place(model.hparams, model.tensors, backends, opts),
+                              backends, no_mmap=opts.no_mmap).sizes
+        if any(sizes[i] > backends[i].memory - probe.margins[i] for i in devices):
+            continue
+        if _devices_fit(probe(ngl, ctx)):
+            return ngl
+    return fit_lo
 
 
 def _guess(ngl: int, rows: list[FitBackend], costs: dict[int, int], kv: float, n_max: int) -> int:
