@@ -19,6 +19,7 @@ from ggmlrun.models.reserve import measure_model
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples/models/tiny-llama-f16.gguf"
+TINY_SWA = ROOT / "examples/models/tiny-gemma3-f16.gguf"     # sliding-window layers
 # a q8_0 cache needs a head size its 32-value blocks divide: tiny qwen3's heads are 32 wide
 # (the tiny llama's 16, which llama.cpp refuses)
 TINY_HEAD_32 = ROOT / "examples/models/tiny-qwen3-f16.gguf"
@@ -60,7 +61,9 @@ CASES = {
     "parallel": dict(parallel=3, kv_unified=True),
     "parallel_streams": dict(parallel=2, ctx=600),      # a KV stream per sequence
     "kv_unified": dict(kv_unified=True),
+    "swa_full": dict(swa_full=True, ctx=1024, ubatch=32),
 }
+MODEL_OF = {"swa_full": TINY_SWA}   # a case whose option needs a model that has it
 
 
 def test_every_option_has_a_case():
@@ -76,10 +79,14 @@ def _figures(m):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_line_reproduces_the_figures(name):
-    model = load_model(TINY_HEAD_32 if CASES[name].get("kv_type") == "q8_0" else TINY)
+    model = load_model(MODEL_OF.get(name, TINY_HEAD_32 if CASES[name].get("kv_type") == "q8_0"
+                                    else TINY))
     backends = two_devices()
     opts = ModelOptions(**CASES[name])
     first = measure_model(model, backends, opts)
+    if name in MODEL_OF:       # the option changes this model's figures
+        plain = dataclasses.replace(opts, **{name: ModelOptions.__dataclass_fields__[name].default})
+        assert _figures(measure_model(model, backends, plain)) != _figures(first)
     line = llama_cpp_line(opts, backends, ngl=first.ngl, ctx=first.ctx)
     again = options_from_line(line, base=ModelOptions(ggml=opts.ggml,
                                                       sched_copies=opts.sched_copies))
@@ -170,7 +177,7 @@ def test_every_cli_model_option_reaches_the_line():
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
                "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
                "--no-mmap": "--no-mmap", "--parallel 2 --kv-unified": "-np 2 -kvu",
-               "--kv-unified": "-kvu"}
+               "--kv-unified": "-kvu", "--swa-full": "--swa-full"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS

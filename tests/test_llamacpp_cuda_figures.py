@@ -146,8 +146,8 @@ def test_the_profile_in_a_backends_file(tmp_path):
     f.write_text("backends:\n  - {name: G, kind: sim, profile: cuda, alignment: 256}\n"
                  "  - {name: CPU, kind: cpu}\n")
     assert load_backends(f)[0].alignment == 256
-    for entries, said in (("{name: G, kind: sim, profile: metal}\n  - {name: CPU, kind: cpu}",
-                           "unknown profile 'metal'; known: cuda"),
+    for entries, said in (("{name: G, kind: sim, profile: rocm}\n  - {name: CPU, kind: cpu}",
+                           "unknown profile 'rocm'; known: cuda, metal, vulkan, rpc"),
                           ("{name: G, kind: sim}\n  - {name: CPU, kind: cpu, profile: cuda}",
                            "sim backends only")):
         f.write_text(f"backends:\n  - {entries}\n")

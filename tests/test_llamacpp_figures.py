@@ -31,7 +31,10 @@ QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K")
 GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
                "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
                "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
+               "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
                "tiny-qwen35-f16", "tiny-qwen35-q8_0")
+# the sliding-window ones, recorded on the grid again with --swa-full
+SWA_MODELS = ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0")
 
 
 def model_options(cfg: dict) -> list[str]:
@@ -45,6 +48,8 @@ def model_options(cfg: dict) -> list[str]:
         args += ["--tensor-split", ",".join(map(str, split))]
     if opts["no_kv_offload"]:
         args.append("--no-kv-offload")
+    if opts.get("swa_full"):
+        args.append("--swa-full")
     for pattern, backend in opts["overrides"]:
         args += ["--override-tensor", f"{pattern}={backend}"]
     return args
@@ -81,7 +86,7 @@ def compare_measure(cfg: dict, got: dict) -> list[str]:
 
 
 def run_logits(cfg: dict, out_file: Path) -> np.ndarray:
-    tokens = ",".join(str(t) for t in cfg.get("tokens", FIGURES["tokens"]))   # t40: two ubatches
+    tokens = ",".join(str(t) for t in cfg.get("tokens", FIGURES["tokens"]))   # long prompts, two ubatches
     code, out, err = invoke("run", model_path(cfg), "--tokens", tokens, "--json", "--out", out_file,
                             *model_options(cfg))
     assert code == 0, err
@@ -107,8 +112,11 @@ def test_the_recording_covers_the_whole_grid():
              if not cfg["options"]["no_kv_offload"] and cfg["options"]["kv_type"] == "f16"
              and not cfg["options"]["overrides"]]
     seen = {(o["model"].removesuffix(".gguf"), o["ctx"], o["ubatch"], o["flash_attn"], str(o["ngl"]))
-            for o in plain}
+            for o in plain if not o.get("swa_full")}
     assert grid <= seen
+    swa_grid = {g for g in grid if g[0] in SWA_MODELS}
+    assert swa_grid <= {(o["model"].removesuffix(".gguf"), o["ctx"], o["ubatch"], o["flash_attn"],
+                         str(o["ngl"])) for o in plain if o.get("swa_full")}
     assert {cfg["model"].removesuffix(".gguf") for cfg in CONFIGS} == set(GRID_MODELS)
     assert (FIGURES["llama_cpp_python"], FIGURES["ggml"]) == ("0.3.36", "0.25.3")
     assert all(set(cfg["backends"]) == ({"RPC0", "RPC1", "CPU"} if "tensor_split" in cfg["options"]

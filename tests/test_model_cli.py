@@ -33,9 +33,45 @@ def type_counts(model) -> dict[str, int]:
 
 # --- cards --------------------------------------------------------------------------------------
 def test_bundled_cards_are_llama3_and_qwen3():
-    assert [p.name for p in bundled_cards()] == ["llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml",
-                                                 "qwen3-32b-q4_k_m.yaml", "qwen3-8b-q4_k_m.yaml",
-                                                 "qwen3.5-27b-q4_k_m.yaml"]
+    names = [p.name for p in bundled_cards()]
+    assert {"llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml", "qwen3-32b-q4_k_m.yaml",
+            "qwen3-8b-q4_k_m.yaml", "gemma-3-27b-q4_k_m.yaml", "gemma-4-31b-q4_k_m.yaml",
+            "mistral-small-3.2-24b-q4_k_m.yaml", "qwen3.5-27b-q4_k_m.yaml"} <= set(names)
+
+
+@pytest.mark.parametrize("card,gib,params", [("gemma-3-27b-q4_k_m.yaml", 15.40, 27.01),
+                                             ("mistral-small-3.2-24b-q4_k_m.yaml", 13.34, 23.57)])
+def test_gemma3_and_mistral_small_cards_match_llama_cpps_sizes(card, gib, params):
+    """llama-bench reports "gemma3 27B Q4_K - Medium | 15.40 GiB | 27.01 B" and
+    "13.34 GiB | 23.57 B" for Mistral-Small-3.x-24B Q4_K_M."""
+    import math
+
+    model = read_card(CARD_8B.parent / card)
+    assert round(weight_bytes(model) / 2**30, 2) == gib
+    assert round(sum(math.prod(t.shape) for t in model.tensors.values()) / 1e9, 2) == params
+
+
+def test_gemma3_card_slides_five_layers_of_six_and_fits_fast():
+    import time
+
+    from ggmlrun.core.backends.spec import BackendSpec
+    from ggmlrun.models.fit import fit_model
+    from ggmlrun.models.options import ModelOptions
+
+    model = read_card(CARD_8B.parent / "gemma-3-27b-q4_k_m.yaml")
+    hp = model.hparams
+    assert hp.n_swa == 1024 and sum(hp.swa_layers) == 52
+    assert [il for il in range(hp.n_layer) if not hp.is_swa(il)] == list(range(5, 62, 6))
+    assert model.tensors["token_embd.weight"].dtype == "q6_K"     # tied: the output's type
+    assert "output.weight" not in model.tensors
+    backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30, alignment=128),
+                BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30, alignment=32)]
+    started = time.monotonic()
+    result = fit_model(model, backends, ModelOptions(ctx=8192), 2**30, 0, False)
+    assert time.monotonic() - started < 1.0
+    assert result.ngl == 63
+    # KV: 10 full layers x 8192 cells + 52 sliding layers x PAD(1024 + 512) cells, K and V f16
+    assert result.backends[0].kv_bytes == (10 * 8192 + 52 * 1536) * 16 * 128 * 2 * 2
 
 
 def test_8b_q4_k_m_matches_llama_cpp_model_size():
@@ -301,3 +337,34 @@ def test_run_rejects_bad_tokens():
         extra = ["--ctx", "16"] if "context" in words else []
         code, _, err = invoke("run", gguf, "--tokens", tokens, *extra)
         assert code == 2 and words in err, err
+
+
+def test_gemma4_card_has_its_real_shapes_and_fits_fast():
+    """Gemma-4-31B: 30.70 B parameters (Google's 30.7B); attn_v only on the 50 sliding layers,
+    the quantizer's attn_v counter over those 50; K as V on the 10 full layers."""
+    import time
+
+    from ggmlrun.core.backends.spec import BackendSpec
+    from ggmlrun.models.fit import fit_model
+    from ggmlrun.models.options import ModelOptions
+
+    model = read_card(CARD_8B.parent / "gemma-4-31b-q4_k_m.yaml")
+    hp = model.hparams
+    assert round(sum(math.prod(t.shape) for t in model.tensors.values()) / 1e9, 2) == 30.70
+    assert sum(name.endswith("attn_v.weight") for name in model.tensors) == 50
+    assert "blk.5.attn_v.weight" not in model.tensors and hp.heads_kv(5) == 4
+    assert model.tensors["blk.5.attn_k.weight"].shape == (4 * 512, 5376)
+    assert model.tensors["rope_freqs.weight"].shape == (256,)
+    backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30, alignment=128),
+                BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30, alignment=32)]
+    for flash_attn in (False, True):
+        started = time.monotonic()
+        result = fit_model(model, backends, ModelOptions(ctx=8192, flash_attn=flash_attn),
+                           2**30, 0, False)
+        assert time.monotonic() - started < 1.0
+        assert result.ngl == 61
+        # K: each layer's own width; V: without flash attention every layer's rows are the
+        # widest (16 x 256), the full layers' 4 x 512 padded to it
+        k = 10 * 8192 * 2048 + 50 * 1536 * 4096
+        v = 10 * 8192 * (2048 if flash_attn else 4096) + 50 * 1536 * 4096
+        assert result.backends[0].kv_bytes == 2 * (k + v)

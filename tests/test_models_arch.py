@@ -36,7 +36,8 @@ TINY = sorted(MODELS.glob("tiny-*.gguf"))
 
 def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
-    assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "qwen35"}
+    assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
+                                  "gemma4", "qwen35"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -57,7 +58,15 @@ def test_unknown_architecture_exits_2_listing_the_supported_ones(tmp_path):
     assert code == 2 and "architecture 'mamba' is not supported" in err
     assert ", ".join(ARCHITECTURES) in err
     with pytest.raises(InputError, match="not supported"):
-        get_arch("gemma3")
+        get_arch("mamba")
+
+
+# keys an architecture requires beyond the common ones (its load_arch_hparams reads them
+# without a default)
+REQUIRED_KEYS = {"gemma4": {"attention.sliding_window_pattern": [True, False],
+                            "attention.sliding_window": 64, "attention.key_length_swa": 16,
+                            "attention.value_length_swa": 16,
+                            "embedding_length_per_layer_input": 0}}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -71,7 +80,7 @@ def test_tensor_tables_use_gguf_names(arch):
     hp = from_metadata({f"{arch}.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, **{"attention.head_count": 4}, feed_forward_length=96,
         vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5},
-        **ssm).items()}, arch)
+        **ssm, **REQUIRED_KEYS.get(arch, {})).items()}, arch)
     table = get_arch(arch).tensors(hp)
     assert "token_embd.weight" in table and table["output.weight"].required is False
     # LLM_TENSOR_SSM_A_NOSCAN is the one name without a suffix ("blk.N.ssm_a")

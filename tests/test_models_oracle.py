@@ -13,14 +13,14 @@ import pytest
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options import ModelOptions, kv_size, ubatch_size
+from ggmlrun.models.options import ModelOptions, kv_size, swa_kv_size, ubatch_size
 from ggmlrun.models.placement import place
 from ggmlrun.models.reserve import apply_placement, model_graph
 
 ROOT = Path(__file__).parents[1]
 DUMPS = sorted((ROOT / "tests" / "data" / "llamacpp" / "graphs").glob("*.json*"))
 GiB = 1 << 30
-GGML_OPS = {"SWIGLU": "glu"}   # and CPY: ggml_cast (its own result a source) or ggml_cpy
+GGML_OPS = {"SWIGLU": "glu", "GEGLU": "glu"}   # and CPY: ggml_cast (its own result a source) or ggml_cpy
 
 
 def options(o: dict) -> ModelOptions:
@@ -29,7 +29,8 @@ def options(o: dict) -> ModelOptions:
                         ngl=None if o["ngl"] in ("all", None, -1) else o["ngl"],
                         kv_type=o.get("kv_type", "f16"),
                         no_kv_offload=o.get("no_kv_offload", False),
-                        overrides=tuple(tuple(x) for x in o.get("overrides", [])))
+                        overrides=tuple(tuple(x) for x in o.get("overrides", [])),
+                        swa_full=o.get("swa_full", False))
 
 
 def _load(path: Path) -> dict:
@@ -68,7 +69,8 @@ def test_graph_equals_llama_cpps(path):
     assert [g["label"] for g in reserves] == ["pp", "tg", "pp_again"]
     for g in reserves:
         tokens = 1 if g["label"] == "tg" else n_tokens
-        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type)
+        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type,
+                         swa=swa_kv_size(opts, hp))
         apply_placement(mg, placement, backends)
         sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
         assert (len(mg.graph.nodes), len(sched.splits)) == (g["n_nodes"], g["n_splits"])

@@ -343,9 +343,29 @@ def test_flash_attn_ext_checks():
 
 # --- glu -----------------------------------------------------------------------------------
 
+def exact_gelu(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def table_gelu(x):
+    """ggml-cpu's f32 geglu: GELU looked up in its f16 table (ggml_table_gelu_f16) at x rounded
+    to f16, 0 at x <= -10, x at x >= 10."""
+    table = exact_gelu(np.asarray(x, np.float16).astype(np.float64)).astype(np.float16)
+    return np.where(x <= -10, 0.0, np.where(x >= 10, x, table.astype(np.float64)))
+
+
 GATES = {"swiglu": lambda x: x / (1 + np.exp(-x)),
-         "geglu": lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),
+         "geglu": table_gelu,
          "reglu": lambda x: np.maximum(x, 0)}
+
+
+def test_geglu_follows_ggml_cpus_f16_table():
+    x = np.concatenate([np.linspace(-12, 12, 4001), [-10.0, 10.0, 0.0]]).astype(F32)
+    g = np.ones_like(x)
+    got = run("glu", [x.reshape(1, -1), g.reshape(1, -1)], {"op": "geglu", "swapped": False})[0]
+    np.testing.assert_allclose(got, table_gelu(x.astype(F64)), rtol=1e-3, atol=1e-6)
+    assert np.abs(got - exact_gelu(x.astype(F64))).max() < 1e-2      # the table's rounding
+    assert got[x <= -10].max() == 0 and np.array_equal(got[x >= 10], x[x >= 10])
 
 
 @pytest.mark.parametrize("op", sorted(GATES))
@@ -448,3 +468,17 @@ def test_cast_to_f16_rounds_like_numpy_half_and_owns_its_memory():
     np.testing.assert_array_equal(got, x.astype(F16))
     with pytest.raises(InputError, match="dtype"):
         node_for("cast", [x], {"dtype": "f8"})
+
+
+# --- pad -----------------------------------------------------------------------------------
+
+def test_pad_appends_zeros_per_dim():
+    a = randn(3, 5)
+    got = run("pad", [a], {"pad": [1, 3]})
+    want = np.zeros((4, 8), np.float32)
+    want[:3, :5] = a
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(InputError, match="one integer >= 0 per dim"):
+        node_for("pad", [a], {"pad": [1]})
+    with pytest.raises(InputError, match="one integer >= 0 per dim"):
+        node_for("pad", [a], {"pad": [0, -1]})

@@ -86,6 +86,9 @@ MODEL_OPTIONS = {
                              "the output layer counts as one."),
     "no_kv_offload": click.option("--no-kv-offload", is_flag=True, default=False,
                                   help="[models] Keep the KV cache on the CPU (-nkvo)."),
+    "swa_full": click.option("--swa-full", is_flag=True, default=False,
+                             help="[models] Sliding-window layers get a full-size KV cache "
+                                  "(--swa-full); default a window's worth plus one ubatch."),
     "kv_type": click.option("--kv-type", type=click.Choice(["f16", "f32", "q8_0"]), default=None,
                             help="[models] KV cache type (-ctk/-ctv); default f16."),
     "tensor_overrides": click.option("--override-tensor", "tensor_overrides",
@@ -120,6 +123,7 @@ MODEL_OPTIONS = {
 }
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
+               "swa_full": "--swa-full",
                "tensor_overrides": "--override-tensor", "tensor_split": "--tensor-split",
                "sched_copies": "--sched-copies", "no_mmap": "--no-mmap",
                "parallel": "--parallel", "kv_unified": "--kv-unified",
@@ -275,7 +279,8 @@ def _model_setup(model, backends, kw: dict):
                         sched_copies=kw.get("sched_copies") or 4,
                         no_mmap=bool(kw.get("no_mmap")),
                         parallel=kw.get("parallel") or 1,
-                        kv_unified=bool(kw.get("kv_unified")))
+                        kv_unified=bool(kw.get("kv_unified")),
+                        swa_full=bool(kw.get("swa_full")))
     return backends, opts
 
 

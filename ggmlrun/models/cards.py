@@ -172,22 +172,32 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
     overrides = _type_overrides(doc, data.get("types", {}))
     hparams = _build_hparams(doc, arch, values, keys)
     is_70b = spec.is_70b(hparams)
-    tensors = {}
+    kept = {}
     for tname, tspec in spec.tensors(hparams).items():
-        shape = tspec.shape
-        match = _CLASS_RE.match(tname)
         carried = (_LAYER_RE.sub("", tname) in spec.card_tensors
+                   or spec.card_tensor is not None and spec.card_tensor(tname, hparams)
                    or tname.startswith("rope_factors") and hparams.rope_scaling == "longrope"
                    # required unless its alternative is there (Q/K/V unless a fused attn_qkv)
-                   or isinstance(tspec.required, str) and tspec.required not in tensors)
+                   or isinstance(tspec.required, str) and tspec.required not in kept)
         if tspec.required is not True and (tied and tname == "output.weight" or not carried):
             continue      # optional: only those the real files of the architecture have
+        kept[tname] = tspec
+    # llama-quant.cpp counts attn_v tensors (i_attention_wv of n_attention_wv), which is the
+    # layer index only where every layer has one
+    n_attn_v = sum(1 for t in kept if _CLASS_RE.match(t).group(2) == "attn_v")
+    i_attn_v = 0
+    tensors = {}
+    for tname, tspec in kept.items():
+        shape = tspec.shape
+        match = _CLASS_RE.match(tname)
         cls, layer = match.group(2), int(match.group(1) or 0)
+        count = values["n_layer"]
+        if cls == "attn_v":
+            layer, count, i_attn_v = i_attn_v, n_attn_v, i_attn_v + 1
         if len(shape) == 1:             # llama.cpp's quantizer never quantizes 1-D tensors
             dtype = "f32"
         else:
-            dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, values["n_layer"],
-                                                       is_70b=is_70b)
+            dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, count, is_70b=is_70b)
         if tied and cls == "token_embd" and "token_embd" not in overrides:
             dtype = mixture_type(ftype, "output", 0, values["n_layer"], is_70b=is_70b)
         tensors[tname] = TensorInfo(name=tname, shape=tuple(shape), dtype=fit_row(dtype, shape[-1]),
@@ -209,11 +219,16 @@ def _hparams(doc, raw, keys: dict = HPARAMS, arch: str = "llama") -> dict:
         if required and key not in raw:
             raise doc.error(f"missing hyperparameter '{key}'", path)
     card_key = {gguf: key for key, (gguf, _, _) in keys.items()}
+    per_layer = get_arch(arch).per_layer if arch in ARCHITECTURES else frozenset()
     try:
-        checked = rules.check({keys[k][0]: v for k, v in raw.items()}, names=card_key)
+        checked = rules.check({keys[k][0]: v for k, v in raw.items()}, names=card_key,
+                              per_layer=per_layer)
     except rules.HParamError as err:
         raise doc.error(err.message, path + (card_key[err.key],)) from None
     values = {key: checked.get(gguf, default) for key, (gguf, _, default) in keys.items()}
+    arrays = {key: v for key, v in values.items() if isinstance(v, tuple)
+              and keys[key][0] in per_layer}          # per-layer values: layer 0's for checks
+    values.update((key, v[0]) for key, v in arrays.items())
     if values["n_head_kv"] is None:
         values["n_head_kv"] = values["n_head"]
     if values["n_embd_head_k"] is None and values["n_embd"] % values["n_head"]:
@@ -231,6 +246,7 @@ def _hparams(doc, raw, keys: dict = HPARAMS, arch: str = "llama") -> dict:
                           n_rot=values["n_rot"], names=card_key)
     except rules.HParamError as err:
         raise doc.error(err.message, path + (card_key.get(err.key, "n_head"),)) from None
+    values.update(arrays)
     return values
 
 

@@ -40,13 +40,25 @@ class ModelGraph:
     rope_freqs_name: str = "rope_freqs.weight"   # the GGUF tensor rope_freqs' leaves hold
     # inputs an architecture adds, each with how run fills it from the token positions
     extra_inputs: dict[Tensor, Callable] = field(default_factory=dict)
+    # llama_kv_cache_iswa: the sliding-window layers' cache and its own attention inputs
+    # (k_idxs, v_idxs, kq_mask, named as the full cache's); None / {} without SWA layers
+    swa_cache: KVCache | None = None
+    swa_inputs: dict[str, Tensor] = field(default_factory=dict)
+    swa_n_kv: int = 0                      # cells the SWA layers attend over
+    n_swa: int = 0                         # the window (the SWA mask's rule)
+
+    @property
+    def caches(self) -> list[KVCache]:
+        """Every attention cache: the full one, then the SWA one."""
+        return [self.cache] + ([self.swa_cache] if self.swa_cache is not None else [])
 
 
 class Decoder:
     """The graph being built for one model and ubatch shape (llm_graph_context)."""
 
     def __init__(self, model, arch, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                 flash_attn: bool, kv_type: str, table: dict | None = None, n_stream: int = 1):
+                 flash_attn: bool, kv_type: str, table: dict | None = None, n_stream: int = 1,
+                 swa_size: int = 0, swa_n_kv: int = 0):
         hp = self.hp = model.hparams
         self.model, self.arch = model, arch
         self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
@@ -97,6 +109,22 @@ class Decoder:
         # sees (n_rs: the whole memory in a reserve) and the one it clears first (rs_z; -1:
         # none, as after a sequence's first ubatch)
         self.n_rs, self.rs_zero = 1, 0
+        # llama_kv_cache_iswa (build_attn_inp_kv_iswa): a second cache for the sliding-window
+        # layers, of swa_size cells (default: the full cache's), with its own idxs and mask
+        self.swa_cache, self.swa_inputs, self.swa_n_kv = None, {}, 0
+        if hp.has_swa:
+            self.swa_n_kv = swa_n_kv or n_kv
+            swa_size = swa_size or kv_size
+            self.swa_cache = KVCache(kv_type=kv_type, kv_size=swa_size, v_trans=not flash_attn,
+                                     n_stream=n_stream)
+            self.swa_inputs = {
+                "k_idxs": b.leaf("attn_inp_k_idxs", (T_,), "i64"),
+                "v_idxs": b.leaf("attn_inp_v_idxs",
+                                 (T_ * hp.n_embd_v_gqa,) if not flash_attn else (T_,), "i64"),
+                "kq_mask": b.leaf("attn_inp_kq_mask", (n_stream, 1, T_ // n_stream,
+                                                       self.swa_n_kv),
+                                  "f16" if flash_attn else "f32")}
+            self.swa_inputs.update(rotation_inputs(b, hp, kv_type))
 
     # --- weights by gguf's names --------------------------------------------------------------
     def _lists(self, t) -> bool:
@@ -187,25 +215,52 @@ class Decoder:
             return None
         rep = self.shared.get(first.name, range(il + 1))[il]    # the layer whose tensor it reads
         leaf = self.rope_freqs.get(rep) if rep != il else None
-        if leaf is None:
-            leaf = first if il == 0 else GraphBuilder.leaf(first.name, first.shape, first.dtype,
-                                                           role="weight")
+        origin = rope_freqs_layers(self.hp)[0]     # the layer that creates it (gemma4: the
+        if leaf is None:                           # first full one), duplicated in the others
+            leaf = first if il == origin else GraphBuilder.leaf(first.name, first.shape,
+                                                                first.dtype, role="weight")
         self.rope_freqs[il] = leaf
         return leaf
 
-    def rope_ext(self, x: Tensor, factors: Tensor | None) -> Tensor:
+    def rope_ext(self, x: Tensor, factors: Tensor | None, rope: dict | None = None) -> Tensor:
+        """ggml_rope_ext with the context's parameters, or `rope` (a layer's own, e.g. an SWA
+        layer's frequency base: rope_for)."""
         srcs = [x, self.inputs["pos"]] + ([factors] if factors is not None else [])
-        return self.b.op("rope", srcs, x.shape, **self.rope)
+        return self.b.op("rope", srcs, x.shape, **(rope or self.rope))
 
-    def attn(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float) -> Tensor:
-        """build_attn over the KV cache, then wo and its optional bias."""
-        cur = build_attn_kv(self.ctx, self.cache, self.inputs, self.weight(T.ATTN_OUT, il),
-                            q, k, v, kq_scale, il)
+    def rope_for(self, il: int) -> dict:
+        """llama_model::get_rope_freq_base / _scale: an SWA layer's own base and scale
+        (rope.freq_base_swa, default 10000, and a scale of 1), the context's otherwise."""
+        if not self.hp.is_swa(il):
+            return self.rope
+        return dict(self.rope, freq_base=self.hp.rope_freq_base_swa,
+                    freq_scale=self.hp.rope_freq_scale_swa)
+
+    def kv_cache(self, il: int) -> KVCache:
+        """The cache layer il stores to: the SWA cache for a sliding-window layer."""
+        return self.swa_cache if self.hp.is_swa(il) else self.cache
+
+    def add_kv_layer(self, il: int) -> None:
+        self.kv_cache(il).add_layer(il, self.hp.n_embd_k_gqa, self.hp.n_embd_v_gqa)
+
+    def attn(self, il: int, q: Tensor, k: Tensor | None, v: Tensor | None, kq_scale: float,
+             kv_layer: int | None = None) -> Tensor:
+        """build_attn over the KV cache (an SWA layer's over the SWA cache, with its own
+        inputs), then wo and its optional bias. Without k and v, over layer `kv_layer`'s cache
+        (a KV-shared layer)."""
+        if self.swa_cache is not None and self.hp.is_swa(il):
+            cache, inputs, n_kv = self.swa_cache, self.swa_inputs, self.swa_n_kv
+        else:
+            cache, inputs, n_kv = self.cache, self.inputs, self.ctx.n_kv
+        cur = build_attn_kv(self.ctx, cache, inputs, self.weight(T.ATTN_OUT, il),
+                            q, k, v, kq_scale, il, n_kv=n_kv, iswa=self.swa_cache is not None,
+                            kv_layer=kv_layer)
         bias = self.optional(T.ATTN_OUT, il, "bias")
         return self.add_bias(cur, bias)
 
-    def ffn_swiglu(self, il: int, cur: Tensor) -> Tensor:
-        """build_ffn(up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR), each with its optional bias."""
+    def ffn_swiglu(self, il: int, cur: Tensor, glu: str = "swiglu") -> Tensor:
+        """build_ffn(up, gate, down, LLM_FFN_SILU (or GELU: glu "geglu"), LLM_FFN_PAR), each
+        with its optional bias."""
         b, cb, ctx = self.b, self.b.cb, self.ctx
         tmp = cb(ctx.mul_mat(self.weight(T.FFN_UP, il), cur), "ffn_up", il)
         bias = self.optional(T.FFN_UP, il, "bias")
@@ -215,8 +270,7 @@ class Decoder:
         bias = self.optional(T.FFN_GATE, il, "bias")
         if bias is not None:
             gate = cb(self.add_bias(gate, bias), "ffn_gate_b", il)
-        act = cb(b.op("glu", [gate, tmp], gate.shape, op="swiglu", swapped=False),
-                 "ffn_swiglu", il)
+        act = cb(b.op("glu", [gate, tmp], gate.shape, op=glu, swapped=False), f"ffn_{glu}", il)
         cur = ctx.mul_mat(self.weight(T.FFN_DOWN, il), act)
         bias = self.optional(T.FFN_DOWN, il, "bias")
         if bias is not None:
@@ -236,23 +290,32 @@ class Decoder:
         return self.b.op("add", [a, c], a.shape)
 
     # --- the output head -----------------------------------------------------------------------
-    def finish(self, inpL: Tensor) -> ModelGraph:
-        """result_norm, the lm_head (plus output.bias where the architecture has one) as
-        result_output, and the graph."""
+    def finish(self, inpL: Tensor, softcap: float | None = None,
+               rows_after_norm: bool = False) -> ModelGraph:
+        """result_norm, the lm_head (plus output.bias where the architecture has one; with
+        `softcap`, the final logit softcapping scale, tanh, scale) as result_output, and the
+        graph."""
         b = self.b
         outputs = []
-        if self.arch.rows_after_norm:       # the norm is an output ("h_nextn"), then the rows
-            cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "h_nextn", -1)
-            outputs.append(cur)
-            cur = b.op("get_rows", [cur, self.inputs["out_ids"]], (self.n_outputs, cur.shape[-1]))
+        if rows_after_norm:    # gemma4: every row normed (h_nextn, an output), then out_ids'
+            h = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "h_nextn", -1)
+            outputs.append(h)
+            cur = b.cb(b.op("get_rows", [h, self.inputs["out_ids"]], (self.n_outputs, h.shape[-1])),
+                       "result_norm", -1)
         else:
-            cur = self.norm(inpL, self.weight(T.OUTPUT_NORM), -1)
-        cur = b.cb(cur, "result_norm", -1)
+            cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
         result_norm = cur
         cur = self.ctx.mul_mat(self.output_w, cur)
         bias = self.optional(T.OUTPUT, None, "bias")
         if bias is not None:
             cur = self.add_bias(cur, bias)
+        if softcap is None:
+            softcap = getattr(self.hp, "f_final_logit_softcapping", 0.0)
+        if softcap:
+            from ggmlrun.models.hparam_rules import as_f32     # 1.0f / softcap, in float
+            cur = b.op("scale", [cur], cur.shape, s=as_f32(1.0 / as_f32(softcap)))
+            cur = b.op("tanh", [cur], cur.shape)
+            cur = b.op("scale", [cur], cur.shape, s=softcap)
         cur = b.cb(cur, "result_output", -1)
         b.expand(cur)
         graph = b.graph(self.model.name, outputs=outputs + [result_norm, cur])
@@ -263,26 +326,31 @@ class Decoder:
                           kqv_outs=list(b.kqv_outs), rope_freqs=self.rope_freqs,
                           n_tokens=self.T, n_outputs=self.n_outputs,
                           rope_freqs_name=self.rope_freqs_name or "rope_freqs.weight",
-                          extra_inputs=self.extra_inputs)
+                          extra_inputs=self.extra_inputs, swa_cache=self.swa_cache,
+                          swa_inputs=self.swa_inputs, swa_n_kv=self.swa_n_kv,
+                          n_swa=self.hp.n_swa)
 
 
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                 flash_attn: bool, kv_type: str, shared: tuple = (),
-                n_stream: int = 1, rs_zero: int = 0) -> ModelGraph:
+                n_stream: int = 1, swa_size: int = 0, swa_n_kv: int = 0,
+                rs_zero: int = 0) -> ModelGraph:
     """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
     `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
     (Placement.shared_copies); without it every layer gets its own copy. `n_stream`: KV
-    streams (-np N without -kvu: one per sequence, kv_size cells each)."""
+    streams (-np N without -kvu: one per sequence, kv_size cells each). `swa_size`,
+    `swa_n_kv`: the SWA cache's cells per stream and those attended over (models with SWA
+    layers; options.swa_kv_size; default the full cache's)."""
     from ggmlrun.models.arch import get_arch
 
     where = str(model.path) if model.path else None
     arch = get_arch(model.arch, where)
     table = check_tensors(arch, model.hparams, model.tensors, where)
     d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,
-                n_stream)
+                n_stream, swa_size=swa_size, swa_n_kv=swa_n_kv)
     d.shared = dict(shared)
     d.rs_zero = rs_zero
-    return d.finish(arch.build(d))
+    return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm)
 
 
 MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down
@@ -350,6 +418,13 @@ def rope_params(hp) -> dict:
     return dict(n_ctx_orig=hp.n_ctx_orig_yarn, freq_base=hp.rope_freq_base,
                 freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,
                 beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+
+
+def rope_freqs_layers(hp) -> tuple[int, ...]:
+    """The layers that read rope_freqs: the first creates it, the others hold a duplicate
+    (every layer, or gemma4's full-attention ones: hp.rope_freqs_layers)."""
+    layers = getattr(hp, "rope_freqs_layers", None)
+    return tuple(layers) if layers is not None else tuple(range(hp.n_layer))
 
 
 def default_kq_scale(hp) -> float:

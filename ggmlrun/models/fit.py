@@ -289,8 +289,8 @@ def _kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
         room = r.memory_bytes - r.margin_bytes - r.total_bytes
         if room < 0:
             return ctx
-        if r.kv_bytes > 0:
-            steps = min(steps, ((room + 1) * ctx - 1) // r.kv_bytes // CTX_STEP)
+        if r.kv_linear > 0:   # an SWA cache grows less than in proportion: left out
+            steps = min(steps, ((room + 1) * ctx - 1) // r.kv_linear // CTX_STEP)
     return ctx + max(steps, 0) * CTX_STEP
 
 
@@ -350,9 +350,9 @@ def _ctx_ceiling(model: ModelFile, rows: list[FitBackend], ctx: int) -> int:
 
     weights = sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
     cells = (ctx + CTX_STEP - 1) // CTX_STEP * CTX_STEP
-    kv = sum(r.kv_bytes for r in rows)
+    kv = sum(r.kv_linear for r in rows)   # an SWA cache stops growing: only the full ones
     room = (sum(r.memory_bytes - r.margin_bytes for r in rows) - weights
-            - sum(r.state_bytes for r in rows))
+            - sum(r.state_bytes for r in rows))      # a recurrent state does not grow either
     if kv <= 0:
         return 2**63
     return max(0, room) * cells // kv // CTX_STEP * CTX_STEP

@@ -154,6 +154,8 @@ class GraphBuilder:
                     stack.append((src, 0))
                 continue
             if t.op is None:
+                if not t.name:                 # ggml_visit_parents names an unnamed leaf
+                    t.name = f"leaf_{len(leafs)}"
                 leafs.append(t)
             else:
                 if not t.name:
@@ -244,6 +246,9 @@ class KVCache:
         else:                 # a strided view (a fused QKV's V): a contiguous copy first
             v_cur = b.cont(v_cur, (n_tokens, gqa))
         cache = self.v[il]
+        width = cache.shape[-1]
+        if gqa < width:       # [TAG_V_CACHE_VARIABLE]: rows padded to the widest layer's
+            v_cur = b.op("pad", [v_cur], (n_tokens, width), pad=[0, width - gqa])
         v_view = b.reshape(cache, (cache.n_elements, 1))
         v_cur = b.reshape(v_cur, (v_cur.n_elements, 1))
         return b.set_rows(v_view, v_cur, v_idxs)
@@ -268,26 +273,40 @@ class KVCache:
 
 
 def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor | None,
-                  q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, kq_scale: float, il: int) -> Tensor:
+                  q_cur: Tensor, k_cur: Tensor | None, v_cur: Tensor | None, kq_scale: float,
+                  il: int, n_kv: int | None = None, iswa: bool = False,
+                  kv_layer: int | None = None) -> Tensor:
     """llm_graph_context::build_attn for llm_graph_input_attn_kv, with build_attn_mha inside:
-    store K and V through set_rows, then attend over the whole cache view (and multiply by wo
-    unless it is None: a gated attention applies it after its gate)."""
+    store K and V through set_rows, then attend over the whole cache view (`n_kv` cells,
+    default the context's). `iswa`: the build_attn of llm_graph_input_attn_kv_iswa, which
+    expands Q, K, V in that order (the plain one expands Q, V, K). Without K and V (None): no
+    store, and the attention reads layer `kv_layer`'s cache (gemma4's KV-shared layers). `wo`
+    None: no output projection (a gated attention applies it after its gate)."""
     b = ctx.b
     k_rot, v_rot = inputs.get("k_rot"), inputs.get("v_rot")
     if k_rot is not None:
         q_cur = mul_mat_hadamard(ctx, q_cur, k_rot)
-        k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
-    if v_rot is not None:
+        if k_cur is not None:
+            k_cur = mul_mat_hadamard(ctx, k_cur, k_rot)
+    if v_rot is not None and v_cur is not None:
         v_cur = mul_mat_hadamard(ctx, v_cur, v_rot)
     b.expand(q_cur)
-    b.expand(v_cur)
-    b.expand(k_cur)
-    b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
-    b.expand(cache.cpy_v(b, v_cur, inputs["v_idxs"], il))
+    for t in ((k_cur, v_cur) if iswa else (v_cur, k_cur)):
+        if t is not None:
+            b.expand(t)
     T, n_head, hd = q_cur.shape[-3:]
-    n_head_kv = k_cur.shape[-2]
-    k = cache.get_k(b, il, ctx.n_kv, n_head_kv, hd)
-    v = cache.get_v(b, il, ctx.n_kv, n_head_kv, v_cur.shape[-1])
+    n_kv = ctx.n_kv if n_kv is None else n_kv
+    if k_cur is None:       # a layer reading an earlier layer's cache (llama_kv_cache reuse)
+        src = kv_layer if kv_layer is not None else il
+        n_head_kv = cache.k[src].shape[-1] // hd
+        k = cache.get_k(b, src, n_kv, n_head_kv, hd)
+        v = cache.get_v(b, src, n_kv, n_head_kv, hd)
+    else:
+        b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
+        b.expand(cache.cpy_v(b, v_cur, inputs["v_idxs"], il))
+        n_head_kv = k_cur.shape[-2]
+        k = cache.get_k(b, il, n_kv, n_head_kv, hd)
+        v = cache.get_v(b, il, n_kv, n_head_kv, v_cur.shape[-1])
     mask = inputs["kq_mask"]
     ns = cache.n_stream                  # the batch split into streams (one per sequence)
     q = b.view(q_cur, (ns, T // ns, n_head, hd),

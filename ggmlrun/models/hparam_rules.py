@@ -59,6 +59,7 @@ class Rule:
     hi: float = MAX_DIM           # inclusive upper bound
     lo_open: bool = False         # floats: value > lo rather than >= lo
     per_layer: bool = False       # get_key_or_arr: a value, or one per layer
+    keep_array: bool = False      # get_arr: an array kept as one flag per layer (a pattern)
     choices: tuple = ()           # strings: the accepted values
     why: str = ""                 # what the range is for, in a message
 
@@ -102,6 +103,20 @@ RULES: dict[str, Rule] = {
     "rope.scaling.yarn_beta_slow": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.yarn_log_multiplier": Rule("f32", 0.0, F32_MAX),
     "attention.temperature_scale": Rule("f32", 0.0, F32_MAX, why="0: no temperature"),
+    # sliding-window attention (gemma3): the window, which layers use it (a period n: layer il
+    # slides unless il % n == n - 1; or one BOOL per layer), its own rope base; and the final
+    # logits' softcap
+    "attention.sliding_window": Rule("u32", 0, U32_MAX, why="0: no sliding window"),
+    "attention.sliding_window_pattern": Rule("u32", 0, U32_MAX, per_layer=True, keep_array=True),
+    "rope.freq_base_swa": Rule("f32", 0.0, F32_MAX, lo_open=True),
+    "final_logit_softcapping": Rule("f32", 0.0, F32_MAX, why="0: none"),
+    # gemma4: the sliding layers' own head sizes and rotary dimensions, the layers that read
+    # an earlier layer's cache, the per-layer embeddings' width
+    "attention.key_length_swa": Rule("u32"),
+    "attention.value_length_swa": Rule("u32"),
+    "rope.dimension_count_swa": Rule("u32"),
+    "attention.shared_kv_layers": Rule("u32", 0, LLAMA_MAX_LAYERS),
+    "embedding_length_per_layer_input": Rule("u32", 0, MAX_DIM, why="0: none"),
     # recurrent (gated delta-net) layers of the hybrid qwen35 / qwen35moe
     "ssm.conv_kernel": Rule("u32", 2, 64),
     "ssm.inner_size": Rule("u32"),
@@ -205,6 +220,10 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
                                    f"is {n_layer}")
         if not items:
             raise wrong("an empty array")
+        if rule.keep_array:
+            if any(isinstance(v, float) or not isinstance(v, (bool, int)) for v in items):
+                raise wrong("an array holding a non-integer")
+            return tuple(bool(v) for v in items)
         first = None
         for i, v in enumerate(items):
             if isinstance(v, bool) and elem == "BOOL":
@@ -246,14 +265,16 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
 
 
 def check(values: dict, *, prefix: str = "", types: dict | None = None,
-          names: dict | None = None) -> dict:
+          names: dict | None = None, per_layer: frozenset = frozenset()) -> dict:
     """`values`: key -> value for the keys present (GGUF keys; with `prefix`, e.g. "llama.",
     only keys under it are looked at and the prefix is dropped). `types`: full key -> GGUF
     type name as gguf.GGUFValueType names it ("UINT32", "FLOAT32", "STRING", "BOOL", and
     "ARRAY[INT32]" for an array of INT32) where the file says; without it a value's Python
     type stands for it (cards). A GGUF reader hands over the per-layer arrays' items (at most
     LLAMA_MAX_LAYERS) as a list. `names`: short key -> the name to use in messages (a card's
-    own keys). Returns short key -> checked value (arrays reduced)."""
+    own keys). `per_layer`: keys whose arrays may differ between layers (an architecture that
+    builds each layer with its own value); they come back as a tuple, checked item by item.
+    Returns short key -> checked value (other arrays reduced)."""
     types = types or {}
     names = names or {}
     out = {}
@@ -263,8 +284,20 @@ def check(values: dict, *, prefix: str = "", types: dict | None = None,
         if full not in values:
             continue
         name = names.get(key, full)
-        out[key] = _one(key, RULES[key], values[full], types.get(full), name,
-                        out.get("block_count"))
+        value, rule = values[full], RULES[key]
+        if key in per_layer and isinstance(value, (list, tuple)):
+            items = list(value)
+            if len(items) != out.get("block_count", len(items)):
+                raise HParamError(key, f"{name} has {len(items)} per-layer values but "
+                                       f"block_count is {out.get('block_count')}")
+            elem = (types.get(full) or "")[6:-1] or None
+            one = Rule(rule.kind, rule.lo, rule.hi, rule.lo_open, False, False, rule.choices,
+                       rule.why)
+            out[key] = tuple(_one(key, one, int(v) if isinstance(v, bool) else v,
+                                  None if elem in (None, "INT32", "BOOL") else elem,
+                                  f"{name}[{i}]", None) for i, v in enumerate(items))
+            continue
+        out[key] = _one(key, rule, value, types.get(full), name, out.get("block_count"))
     return out
 
 

@@ -39,6 +39,19 @@ class LlamaHParams:
     yarn_beta_fast: float = 32.0    # read by the architectures that read it (mistral3)
     yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0
+    # sliding-window attention (llama_hparams n_swa, is_swa): read by the architectures that
+    # have it (gemma3); a model with any SWA layer gets llama_kv_cache_iswa's two caches
+    n_swa: int = 0
+    swa_layers: tuple = ()          # per layer: True for a sliding-window layer
+    rope_freq_base_swa: float = 10000.0    # rope_freq_base_train_swa (SWA layers' rope)
+    rope_freq_scale_swa: float = 1.0
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[il]
+
+    @property
+    def has_swa(self) -> bool:
+        return any(self.swa_layers)
 
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
@@ -79,7 +92,12 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
 
     spec = get_arch(arch)
     prefix = f"{arch}."
-    values = rules.check(fields, prefix=prefix, types=types)
+    values = rules.check(fields, prefix=prefix, types=types, per_layer=spec.per_layer)
+    # per-layer values (an architecture that has them: gemma4): layer 0's stands for the
+    # common scalar, the whole tuple is the architecture's to read (get.arrays)
+    arrays = {key: value for key, value in values.items() if isinstance(value, tuple)
+              and key in spec.per_layer}
+    values.update((key, value[0]) for key, value in arrays.items())
 
     def get(key: str, default=None, required: bool = True):
         if key in values:
@@ -127,6 +145,7 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
         rope_attn_factor=get("rope.scaling.attn_factor", 1.0))
     if spec.read_hparams is None:
         return LlamaHParams(**common)
+    get.arrays = arrays
     return spec.read_hparams(get, common)
 
 

@@ -21,6 +21,7 @@ class ModelOptions:
     tensor_split: tuple[float, ...] | None = None # over non-CPU backends in order
     op_offload: bool = True
     ggml: str = "0.25"
+    swa_full: bool = False        # --swa-full: sliding-window layers get a full-size cache
     sched_copies: int = 4         # GGML_SCHED_MAX_COPIES: pipeline-parallel copies (1: off)
     no_mmap: bool = False         # --no-mmap: CPU weights allocated, not mapped
     parallel: int = 1             # -np: n_seq_max, the sequences the context serves
@@ -56,6 +57,20 @@ def ubatch_size(opts: ModelOptions, n_ctx_train: int) -> int:
     """n_ubatch = min(n_batch, n_ubatch) with n_batch = min(n_ctx, n_batch): llama_context clamps
     against the context as asked, before padding it (n_batch taken as >= n_ubatch)."""
     return min(opts.ubatch, context_size(opts, n_ctx_train))
+
+
+def swa_kv_size(opts: ModelOptions, hp) -> int:
+    """llama_kv_cache_iswa's SWA cache: PAD(min(kv_size, n_swa * (n_seq_max when one unified
+    cache, else 1) + n_ubatch), 256) cells per stream, or the full cache's size under
+    --swa-full; 0 for a model without SWA layers."""
+    if not hp.has_swa:
+        return 0
+    size = kv_size(opts, hp.n_ctx_train)
+    if opts.swa_full:
+        return size
+    windows = max(1, opts.parallel) if opts.kv_unified else 1
+    n = min(size, hp.n_swa * windows + ubatch_size(opts, hp.n_ctx_train))
+    return (n + KV_PAD - 1) // KV_PAD * KV_PAD
 
 
 def gpu_layers(opts: ModelOptions, n_layer: int) -> int:

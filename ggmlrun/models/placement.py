@@ -31,6 +31,9 @@ from ggmlrun.models.options import ModelOptions, compile_override, gpu_layers
 # Tensors llama.cpp creates in layer 0's context and TENSOR_DUPLICATED into every other layer's
 # (rope frequency factors): the first lives with layer 0, each copy with its own layer.
 LAYER_DUPLICATED = ("rope_freqs.", "rope_factors_long.", "rope_factors_short.")
+# Tensors without a layer in their name that llama.cpp creates in layer 0's buffer (gemma4's
+# per-layer embedding projection: LLM_TENSOR_LAYER_REPEATING with bid 0)
+LAYER0_TENSORS = ("per_layer_model_proj.", "per_layer_proj_norm.")
 
 
 @dataclass
@@ -54,7 +57,8 @@ class Placement:
         out = []
         for name, copies in sorted(self.layer_copies.items()):
             first: dict[int, int] = {}
-            out.append((name, tuple(first.setdefault(b, il) for il, b in enumerate(copies))))
+            out.append((name, tuple(first.setdefault(b, il) if b is not None else il
+                                    for il, b in enumerate(copies))))
         return tuple(out)
 
 
@@ -118,6 +122,9 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
                 return b
         return default
 
+    from ggmlrun.models.decoder import rope_freqs_layers
+
+    dup_layers = rope_freqs_layers(hp)
     weights = {}
     for name in tensor_names:
         il = _layer_name(name)
@@ -126,6 +133,8 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
         elif name.startswith("output"):
             default = output
         elif name.startswith(LAYER_DUPLICATED):     # a repeating-layer tensor, made at layer 0
+            default = layer[dup_layers[0]] if layer else cpu   # (gemma4: its first full one)
+        elif name.startswith(LAYER0_TENSORS):       # repeating-layer tensors of layer 0
             default = layer[0] if layer else cpu
         else:                 # token_embd and anything else of the input layer
             default = cpu
@@ -134,7 +143,9 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
     if output_weight is None:
         output_weight = where("token_embd.weight", output)
     kv = [cpu if opts.no_kv_offload else layer[il] for il in range(n_layer)]
-    layer_copies = {name: [b if il == 0 else where(name, layer[il]) for il in range(n_layer)]
+    holders = set(dup_layers)           # None: a layer that reads no copy
+    layer_copies = {name: [b if il == dup_layers[0] else where(name, layer[il])
+                           if il in holders else None for il in range(n_layer)]
                     for name, b in weights.items() if name.startswith(LAYER_DUPLICATED)}
     first = weights.get("rope_freqs.weight")
     rope_freqs = layer_copies.get("rope_freqs.weight", [first] * n_layer)

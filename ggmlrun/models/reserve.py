@@ -29,7 +29,7 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions, kv_streams, context_size, gpu_layers,
-                                     kv_size, ubatch_size)
+                                     kv_size, swa_kv_size, ubatch_size)
 from ggmlrun.models.placement import Placement, place
 
 GGUF_ALIGNMENT = 32
@@ -47,6 +47,13 @@ class BackendFigures:
     mapped_bytes: int = 0         # the CPU: the mapped file range (--no-mmap: allocated)
     repack_bytes: int = 0         # the CPU: ggml-cpu's CPU_REPACK buffer
     state_bytes: int = 0          # the recurrent state (llama_memory_recurrent), hybrid models
+    # of kv_bytes, the caches whose cells are the context (the full cache, and the SWA cache
+    # under --swa-full): what grows in proportion to it (fit's context bounds); None: all
+    kv_linear_bytes: int | None = None
+
+    @property
+    def kv_linear(self) -> int:
+        return self.kv_bytes if self.kv_linear_bytes is None else self.kv_linear_bytes
 
 
 @dataclass
@@ -70,17 +77,19 @@ _GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
                 flash_attn: bool, kv_type: str, shared: tuple = (),
-                n_stream: int = 1) -> ModelGraph:
+                n_stream: int = 1, swa: int = 0) -> ModelGraph:
     """The graph for one ubatch shape, built once per model and shape (and sharing of the
-    per-layer duplicated tensors, Placement.shared_copies). Entries hold their model, so an id
-    in a key always belongs to the model it was made for."""
-    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, n_stream)
+    per-layer duplicated tensors, Placement.shared_copies; `swa`: the SWA cache's cells, all
+    attended over, as in a reserve). Entries hold their model, so an id in a key always
+    belongs to the model it was made for."""
+    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, n_stream, swa)
     entry = _GRAPHS.get(key)
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
         entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
-                                                   flash_attn, kv_type, shared, n_stream))
+                                                   flash_attn, kv_type, shared, n_stream,
+                                                   swa, swa))
     return entry[1]
 
 
@@ -93,8 +102,9 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
     copies = placement.layer_copies.get(mg.rope_freqs_name, placement.rope_freqs)
     for il, leaf in mg.rope_freqs.items():
         leaf.backend = names[copies[il]]
-    for il, leaf in mg.cache.k.items():
-        leaf.backend = mg.cache.v[il].backend = names[placement.kv[il]]
+    for cache in mg.caches:              # each layer's K/V where its layer is (full or SWA)
+        for il, leaf in cache.k.items():
+            leaf.backend = cache.v[il].backend = names[placement.kv[il]]
     for il, leaf in mg.cache.r.items():       # the recurrent state: where the KV would be
         leaf.backend = mg.cache.s[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
@@ -164,7 +174,7 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     if "output.weight" not in model.tensors:
         duplicates.add(("token_embd.weight", placement.output_weight))
     for name, copies in placement.layer_copies.items():   # rope factors: one copy per layer
-        duplicates.update((name, b) for b in copies)
+        duplicates.update((name, b) for b in copies if b is not None)
     placed_set = set(placed)
     placed += sorted(d for d in duplicates if d not in placed_set)
     for name, b in placed:
@@ -202,13 +212,21 @@ def _elements(shape) -> int:
     return n
 
 
-def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec],
+             linear_only: bool = False) -> list[int]:
+    """Every attention cache's tensors (llama_kv_cache_iswa: the full and the SWA cache, each
+    its own buffers) on their layer's backend, each rounded up to its alignment.
+    `linear_only`: the full cache only (without --swa-full the SWA cache stops growing at
+    its window plus a ubatch)."""
     sizes = [0] * len(backends)
-    for il, k in mg.cache.k.items():
-        b = placement.kv[il]
-        for t in (k, mg.cache.v[il]):
-            spec = backends[b]
-            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+    for cache in mg.caches:
+        if linear_only and cache is not mg.cache:
+            continue
+        for il, k in cache.k.items():
+            b = placement.kv[il]
+            for t in (k, cache.v[il]):
+                spec = backends[b]
+                sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
     return sizes
 
 
@@ -259,6 +277,7 @@ def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
 def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
     hp = model.hparams
     kv = kv_size(opts, hp.n_ctx_train)
+    swa = swa_kv_size(opts, hp)
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
     n_copies = pipeline_copies(model, backends, opts)
@@ -276,7 +295,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
     for tokens, outputs in ((pp_tokens, n_tokens), (n_seqs, n_seqs)):
         mg = model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies(), kv_streams(opts))
+                         placement.shared_copies(), kv_streams(opts), swa)
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
         plan = allocator.plan(*allocation_sequence(sched))
@@ -287,12 +306,15 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     weights = wb.sizes
     kvb = kv_bytes(pp, placement, backends)
     rsb = state_bytes(pp, placement, backends)
+    linear = kv_bytes(pp, placement, backends, linear_only=True) if swa and not opts.swa_full \
+        else kvb
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
                               arena_bytes=arena[i], memory_bytes=b.memory,
                               output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
                               mapped_bytes=wb.mapped if i == placement.cpu else 0,
                               repack_bytes=wb.repack if i == placement.cpu else 0,
-                              state_bytes=rsb[i])
+                              state_bytes=rsb[i],
+                              kv_linear_bytes=linear[i])
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,

@@ -25,7 +25,8 @@ from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import ModelOptions, context_size, kv_size, ubatch_size
+from ggmlrun.models.options import (ModelOptions, context_size, kv_size, swa_kv_size,
+                                     ubatch_size)
 from ggmlrun.models.placement import place
 from ggmlrun.models.reserve import apply_placement, check_options
 
@@ -55,11 +56,33 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Te
         shape, dtype = storage_shape(info.shape, info.dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         values[leaf] = data[info.offset:info.offset + nbytes].view(dtype).reshape(shape)
-    for cache in (mg.cache.k, mg.cache.v, mg.cache.r, mg.cache.s):
-        for leaf in cache.values():
+    for cache in mg.caches:
+        for leaf in (*cache.k.values(), *cache.v.values(), *cache.r.values(), *cache.s.values()):
             shape, dtype = storage_shape(leaf.shape, leaf.dtype)
             values[leaf] = np.zeros(shape, dtype)
     return values
+
+
+def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa: int,
+                      n_swa: int = 0, p0: int = 0) -> dict[Tensor, np.ndarray]:
+    """One cache's attention inputs for T tokens of sequence 0 at positions p0.. in cells p0..
+    (llama_kv_cache's set_input_k_idxs / v_idxs / kq_mask): a causal mask over its n_kv cells,
+    and with `n_swa` the standard sliding window too (is_masked_swa: p1 - p0 >= n_swa)."""
+    cells = np.arange(p0, p0 + T, dtype=np.int64)
+    if inp["v_idxs"].shape[0] == T:
+        v_idxs = cells
+    else:       # transposed V: one row per element, element e of token t at e * kv_size + t
+        v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
+                  + cells[:, None]).reshape(-1)
+    p1, pc = cells[:, None], np.arange(n_kv)[None, :]
+    keep = (pc <= p1) & (pc < p0 + T)
+    if n_swa:
+        keep &= p1 - pc < n_swa
+    mask = np.where(keep, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+    mask_t = inp["kq_mask"]
+    rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
+    return {**rotations, inp["k_idxs"]: cells, inp["v_idxs"]: v_idxs,
+            mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape)}
 
 
 def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
@@ -67,29 +90,22 @@ def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
     """One ubatch of `tokens` at positions p0.. (cells p0.., after p0 cells in use)."""
     T = len(tokens)
     inp = mg.inputs
-    cells = np.arange(p0, p0 + T, dtype=np.int64)
-    if inp["v_idxs"].shape[0] == T:
-        v_idxs = cells
-    else:       # transposed V: one row per element, element e of token t at e * kv_size + t
-        v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
-                  + cells[:, None]).reshape(-1)
-    mask = np.full((T, n_kv), -np.inf, dtype=np.float32)
-    mask[np.arange(n_kv)[None, :] <= cells[:, None]] = 0.0
-    mask_t = inp["kq_mask"]
-    rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
-    pos = cells.astype(np.int32)
+    values = attn_input_values(inp, T, n_kv, kv_cells, n_embd_v_gqa, p0=p0)
+    if mg.swa_cache is not None:      # llama_kv_cache_iswa: the SWA cache's own inputs
+        values.update(attn_input_values(mg.swa_inputs, T, mg.swa_n_kv, mg.swa_cache.kv_size,
+                                        n_embd_v_gqa, mg.n_swa, p0=p0))
+    pos = np.arange(p0, p0 + T, dtype=np.int32)
     if inp["pos"].shape[0] == 4 * T:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
         pos = np.concatenate([pos, pos, pos, np.zeros(T, np.int32)])
-    if "s_copy" in inp:                  # the recurrent state: sequence 0 reads its own row
-        rotations[inp["s_copy"]] = np.zeros(inp["s_copy"].shape, np.int32)
-    return {**rotations,
-            inp["tokens"]: np.asarray(tokens, dtype=np.int32),
-            inp["embd"]: np.zeros((T, n_embd), np.float32),
-            inp["pos"]: pos,
-            inp["k_idxs"]: cells,
-            inp["v_idxs"]: v_idxs,
-            mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape),
-            inp["out_ids"]: np.array([T - 1], dtype=np.int32)}
+    values.update({inp["tokens"]: np.asarray(tokens, dtype=np.int32),
+                   inp["embd"]: np.zeros((T, n_embd), np.float32),
+                   inp["pos"]: pos,
+                   inp["out_ids"]: np.array([T - 1], dtype=np.int32)})
+    if "s_copy" in inp:               # the recurrent state: sequence 0 reads its own row
+        values[inp["s_copy"]] = np.zeros(inp["s_copy"].shape, np.int32)
+    if "ple_tokens" in inp:           # gemma4's per-layer embeddings read the tokens again
+        values[inp["ple_tokens"]] = np.asarray(tokens, dtype=np.int32)
+    return values
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -118,17 +134,23 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         raise InputError(f"{len(tokens)} tokens do not fit the context of "
                          f"{context_size(opts, hp.n_ctx_train)}; raise --ctx")
     ubatch = ubatch_size(opts, hp.n_ctx_train)
+    swa = swa_kv_size(opts, hp)
     placement = place(hp, model.tensors, backends, opts)
     scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
-    chunks = [tokens[i:i + ubatch] for i in range(0, len(tokens), ubatch)]
+    # a sliding-window cache's cells are reused past its size: those models run the prompt as
+    # one ubatch (as before); the others in ubatches of --ubatch tokens, as llama.cpp splits it
+    step = len(tokens) if getattr(hp, "has_swa", False) else ubatch
+    chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
     if model.path is None or model.stamp is None:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
     def prepare(i: int):
         """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""
-        p0, T = i * ubatch, len(chunks[i])
-        n_kv = min(cells, max(KV_PAD, (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
+        p0, T = i * step, len(chunks[i])
+        used = (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD
+        n_kv = min(cells, max(KV_PAD, used))                                       # get_n_kv
         mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies(), rs_zero=0 if i == 0 else -1)
+                         placement.shared_copies(), swa_size=swa,
+                         swa_n_kv=min(swa, max(KV_PAD, used)), rs_zero=0 if i == 0 else -1)
         writes = cache_writes(mg) if i < len(chunks) - 1 else {}   # what the next one reads
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
@@ -169,8 +191,9 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
 
 
 def cache_leaves(mg: ModelGraph) -> list[Tensor]:
-    return [leaf for cache in (mg.cache.k, mg.cache.v, mg.cache.r, mg.cache.s)
-            for leaf in cache.values()]
+    return [leaf for cache in mg.caches
+            for leaf in (*cache.k.values(), *cache.v.values(), *cache.r.values(),
+                         *cache.s.values())]
 
 
 def cache_writes(mg: ModelGraph) -> dict[str, Tensor]:
@@ -198,9 +221,10 @@ def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
     from ggmlrun.core.util import ram
 
     buffers = sum(m.arena_bytes + m.weights_bytes for m in memory)
-    caches = sum(leaf.nbytes for cache in (mg.cache.k, mg.cache.v, mg.cache.r, mg.cache.s)
-                 for leaf in cache.values())
-    inputs = 2 * sum(t.nbytes for t in mg.inputs.values())      # made, then converted
+    caches = sum(leaf.nbytes for cache in mg.caches
+                 for leaf in (*cache.k.values(), *cache.v.values(), *cache.r.values(),
+                              *cache.s.values()))
+    inputs = 2 * sum(t.nbytes for t in (*mg.inputs.values(), *mg.swa_inputs.values()))
     need = buffers + caches + inputs
     what = (f"running this model ({human_bytes(buffers)} of backend buffers, "
             f"{human_bytes(caches + inputs)} of cache and input values)")

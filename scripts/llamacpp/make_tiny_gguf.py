@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType, TokenType
 from gguf import quants
 
 N_VOCAB = 320          # <unk> <s> </s>, 256 byte tokens, 61 fillers; a multiple of 32
@@ -46,6 +46,7 @@ class TinyModel:
     metadata: tuple = ()       # further (key under the architecture, value) pairs
     fused: bool = False        # attn_qkv and a 2 n_ff ffn_up (gate and up), no ffn_gate (phi3)
     longrope: bool = False     # rope_factors_long / rope_factors_short (phi3)
+    post_norms: bool = False   # post_attention_norm / post_ffw_norm after each block (gemma3)
     title: str = ""            # general.name; default the file's name
     # qwen35 (gated delta-net layers with every `interval`-th layer full attention): n_rot,
     # the IMROPE sections and the SSM sizes (conv kernel, state, groups, time-step rank, inner)
@@ -57,6 +58,16 @@ class TinyModel:
     def n_embd_head(self) -> int:
         return self.head_dim or self.n_embd // self.n_head
 
+
+GEMMA4_SWA = (True, False, True, False, True, False)
+GEMMA4_KEYS = (("attention.sliding_window_pattern", GEMMA4_SWA),
+               ("attention.shared_kv_layers", 2),
+               ("attention.head_count_kv", (2, 1, 2, 1, 2, 1)),
+               ("feed_forward_length", (128, 128, 128, 128, 256, 256)),
+               ("attention.key_length_swa", 16), ("attention.value_length_swa", 16),
+               ("rope.dimension_count_swa", 16), ("embedding_length_per_layer_input", 8),
+               ("rope.freq_base", 1e6), ("rope.freq_base_swa", 10000.0),
+               ("final_logit_softcapping", 30.0))
 
 MODELS = [
     TinyModel("tiny-llama-f32", "f32", n_embd=64, n_head=4, n_head_kv=4, n_ff=128, seed=1),
@@ -98,6 +109,36 @@ MODELS = [
               metadata=(("rope.scaling.type", "longrope"),
                         ("rope.scaling.original_context_length", 512),
                         ("rope.scaling.attn_factor", 1.1902380714238083))),
+    # gemma3: sliding-window layers (a window of 64 / 128 cells, so ctx 256 and 1024 with
+    # ubatch 32 and 512 give SWA caches of 256 and 768 cells), heads of 32 over an n_embd of
+    # 64, Q/K head norms, post-norms, GEGLU, tied output. The f16 file has no pattern key (6
+    # layers: the default pattern 6 makes layers 0-4 SWA, 5 full), a full-layer rope base of
+    # 1e6 scaled linearly by 8 (as Gemma-3-27B) and a final logit softcap; the q8_0 file has
+    # pattern 3 (layers 2 and 5 full) and its own SWA rope base.
+    TinyModel("tiny-gemma3-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
+              seed=13, arch="gemma3", head_dim=32, qk_norm=True, post_norms=True, tied=True,
+              metadata=(("attention.sliding_window", 64), ("rope.freq_base", 1e6),
+                        ("rope.scaling.type", "linear"), ("rope.scaling.factor", 8.0),
+                        ("final_logit_softcapping", 30.0))),
+    TinyModel("tiny-gemma3-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=192, n_layer=6,
+              seed=14, arch="gemma3", head_dim=32, qk_norm=True, post_norms=True, tied=True,
+              metadata=(("attention.sliding_window", 128), ("attention.sliding_window_pattern", 3),
+                        ("rope.freq_base", 1e6), ("rope.freq_base_swa", 20000.0))),
+    # gemma4 (dense, as Gemma-4-E2B in miniature): layers 0, 2, 4 slide (a bool array), 1, 3,
+    # 5 are full; heads of 16 on the sliding layers over 2 KV heads, of 32 on the full ones
+    # over 1 KV head with V = K (no attn_v: use_alternative_attention) and proportional rope
+    # (rope_freqs, made with the first full layer); layers 4 and 5 read the caches of layers
+    # 2 and 3 (shared_kv_layers 2) and have twice the FFN; per-layer embeddings of 8 (the
+    # second token input); a layer output scale; V normed without a weight; logit softcap.
+    TinyModel("tiny-gemma4-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
+              seed=15, arch="gemma4", head_dim=32, qk_norm=True, post_norms=True, tied=True,
+              metadata=GEMMA4_KEYS + (("attention.sliding_window", 64),)),
+    # the q8_0 one: 2 KV heads everywhere, so V rows are 32 wide on the sliding layers and 64 on
+    # the full ones (without flash attention the V cache pads them to 64: ggml_pad)
+    TinyModel("tiny-gemma4-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_layer=6,
+              seed=16, arch="gemma4", head_dim=32, qk_norm=True, post_norms=True, tied=True,
+              metadata=tuple((k, (2,) * 6 if k == "attention.head_count_kv" else v)
+                             for k, v in GEMMA4_KEYS) + (("attention.sliding_window", 128),)),
     # qwen35 (Qwen3.5/3.6 dense): gated delta-net layers (state 16, 2 key heads, 4 value heads)
     # and gated full attention (heads of 32, a partial IMROPE of 16 dims in sections 3,3,2,0);
     # the f16 file has every second layer full attention, the q8_0 one llama.cpp's default 4
@@ -161,10 +202,52 @@ def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def gemma4_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """gemma4's tensors (llama_model_gemma4::load_arch_tensors order), per-layer widths."""
+    meta = dict(m.metadata)
+    swa, kv_heads, n_ff = GEMMA4_SWA, meta["attention.head_count_kv"], meta["feed_forward_length"]
+    ple, n_kv_layers = meta["embedding_length_per_layer_input"], m.n_layer - meta["attention.shared_kv_layers"]
+    shapes = {"token_embd.weight": (N_VOCAB, m.n_embd),
+              "per_layer_token_embd.weight": (N_VOCAB, ple * m.n_layer),
+              "per_layer_model_proj.weight": (ple * m.n_layer, m.n_embd),
+              "per_layer_proj_norm.weight": (ple,),
+              "output_norm.weight": (m.n_embd,)}
+    rope_freqs = False
+    for i in range(m.n_layer):
+        hd = meta["attention.key_length_swa"] if swa[i] else m.head_dim
+        has_kv = i < n_kv_layers
+        shapes[f"blk.{i}.attn_norm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.attn_q.weight"] = (m.n_head * hd, m.n_embd)
+        if has_kv:
+            shapes[f"blk.{i}.attn_k.weight"] = (kv_heads[i] * hd, m.n_embd)
+            if swa[i]:                       # full layers: V = K
+                shapes[f"blk.{i}.attn_v.weight"] = (kv_heads[i] * hd, m.n_embd)
+        shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * hd)
+        shapes[f"blk.{i}.attn_q_norm.weight"] = (hd,)
+        if has_kv:
+            shapes[f"blk.{i}.attn_k_norm.weight"] = (hd,)
+        shapes[f"blk.{i}.post_attention_norm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.layer_output_scale.weight"] = (1,)
+        if not swa[i] and not rope_freqs:
+            shapes["rope_freqs.weight"] = (hd // 2,)
+            rope_freqs = True
+        shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.ffn_gate.weight"] = (n_ff[i], m.n_embd)
+        shapes[f"blk.{i}.ffn_up.weight"] = (n_ff[i], m.n_embd)
+        shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, n_ff[i])
+        shapes[f"blk.{i}.post_ffw_norm.weight"] = (m.n_embd,)
+        shapes[f"blk.{i}.inp_gate.weight"] = (ple, m.n_embd)
+        shapes[f"blk.{i}.proj.weight"] = (m.n_embd, ple)
+        shapes[f"blk.{i}.post_norm.weight"] = (m.n_embd,)
+    return shapes
+
+
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
     if m.arch == "qwen35":
         return qwen35_shapes(m)
+    if m.arch == "gemma4":
+        return gemma4_shapes(m)
     head_dim = m.n_embd_head
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd)}
     for i in range(m.n_layer):
@@ -187,10 +270,14 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
             shapes[f"blk.{i}.attn_q_norm.weight"] = (head_dim,)
             shapes[f"blk.{i}.attn_k_norm.weight"] = (head_dim,)
         shapes[f"blk.{i}.attn_output.weight"] = (m.n_embd, m.n_head * head_dim)
+        if m.post_norms:
+            shapes[f"blk.{i}.post_attention_norm.weight"] = (m.n_embd,)
         shapes[f"blk.{i}.ffn_norm.weight"] = (m.n_embd,)
         shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, m.n_embd)
         shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, m.n_ff)
+        if m.post_norms:
+            shapes[f"blk.{i}.post_ffw_norm.weight"] = (m.n_embd,)
     if m.longrope:
         shapes["rope_factors_long.weight"] = (head_dim // 2,)
         shapes["rope_factors_short.weight"] = (head_dim // 2,)
@@ -211,6 +298,11 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
         return np.geomspace(1.0, 8.0, shape[0]).astype(np.float32)
     if name.startswith("rope_factors_short"):
         return np.linspace(1.0, 1.5, shape[0]).astype(np.float32)
+    if name.startswith("rope_freqs"):                # proportional rope: the last half not turned
+        return np.concatenate([np.ones(shape[0] // 2), np.full(shape[0] - shape[0] // 2, 1e30)]
+                              ).astype(np.float32)
+    if name.endswith("layer_output_scale.weight"):
+        return np.asarray([0.7], np.float32)
     if len(shape) == 1:
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
@@ -221,6 +313,8 @@ def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str
     if data.ndim == 1 or weight_type == "f32" or ".ssm_conv1d." in name:   # ggml's f32-only conv
         writer.add_tensor(name, data)
     elif weight_type == "f16":
+        writer.add_tensor(name, data.astype(np.float16))
+    elif data.shape[-1] % 32:            # llama.cpp's quantizer keeps such rows in f16
         writer.add_tensor(name, data.astype(np.float16))
     else:
         qtype = GGMLQuantizationType[weight_type.upper()]
@@ -236,9 +330,12 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_context_length(N_CTX_TRAIN)
     writer.add_embedding_length(m.n_embd)
     writer.add_block_count(m.n_layer)
-    writer.add_feed_forward_length(m.n_ff)
+    arrays = {key for key, value in m.metadata if isinstance(value, tuple)}
+    if "feed_forward_length" not in arrays:
+        writer.add_feed_forward_length(m.n_ff)
     writer.add_head_count(m.n_head)
-    writer.add_head_count_kv(m.n_head_kv)
+    if "attention.head_count_kv" not in arrays:
+        writer.add_head_count_kv(m.n_head_kv)
     if m.head_dim:
         writer.add_key_length(m.head_dim)
         writer.add_value_length(m.head_dim)
@@ -253,13 +350,19 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_ssm_inner_size(d_inner)
         if m.interval:
             writer.add_full_attention_interval(m.interval)
-    writer.add_rope_freq_base(ROPE_FREQ_BASE)
+    if "rope.freq_base" not in dict(m.metadata):
+        writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
     writer.add_file_type(FILE_TYPES[m.weight_type])
     for key, value in m.metadata:
         key = f"{m.arch}.{key}"
-        if isinstance(value, str):
+        if isinstance(value, tuple) and isinstance(value[0], bool):
+            writer.add_array(key, list(value))       # BOOL per layer
+        elif isinstance(value, tuple):
+            writer.add_key_value(key, list(value), GGUFValueType.ARRAY,
+                                 sub_type=GGUFValueType.UINT32)
+        elif isinstance(value, str):
             writer.add_string(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
@@ -275,7 +378,10 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_unk_token_id(0)
     rng = np.random.default_rng(m.seed)
     for name, shape in tensor_shapes(m).items():
-        add_weight(writer, name, random_weight(rng, name, shape), m.weight_type)
+        data = random_weight(rng, name, shape)
+        if m.arch == "gemma4" and name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
+            data *= 0.3    # gemma4 attends unscaled (KQ scale 1): keep its logits moderate
+        add_weight(writer, name, data, m.weight_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -45,12 +45,17 @@ ORACLE_OUT = Path("/work/oracle-out")
 MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
           "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
+          "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
           "tiny-qwen35-f16", "tiny-qwen35-q8_0"]
+# sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
+# full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
+SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
 NGLS: list[int | str] = [0, 2, "all"]
 TOKENS = [1, 15, 100, 7, 42]
+LONG_TOKENS = [1] + [(37 * i + 11) % 317 + 3 for i in range(159)]   # 160 tokens (extras)
 N_THREADS = 2
 N_BATCH = 2048          # llama.cpp's default -b; the graph depends on the ubatch only
 CHILD_MEMORY = 4 << 30  # address-space cap for the server and each child
@@ -60,7 +65,9 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  # one per architecture beyond llama: pinned norms (ub32) and the tied output
                  "tiny-qwen2-f16/c256/ub32/fa0/ngl2", "tiny-qwen3-f16/c256/ub32/fa1/nglall",
                  "tiny-qwen3-q8_0/c1024/ub512/fa0/ngl2", "tiny-mistral3-f16/c256/ub32/fa0/nglall",
-                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2",
+                 "tiny-phi3-f16/c1024/ub32/fa0/ngl2", "tiny-gemma3-f16/c1024/ub512/fa0/ngl2",
+                 "tiny-gemma3-q8_0/c256/ub32/fa1/nglall", "tiny-gemma4-f16/c256/ub32/fa0/ngl2",
+                 "tiny-gemma4-q8_0/c1024/ub512/fa1/nglall",
                  # qwen35: its recurrent state (zero-sized nodes, the delta-net ops) on both sides
                  "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
@@ -122,6 +129,39 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-qwen35-q8_0", "", {"ngl": 4, "ubatch": 512}),
     ("tiny-qwen35-f16", "ot-ssm-cpu", {"ngl": "all", "overrides": [["ssm_", "CPU"]]}),
     ("tiny-qwen35-q8_0", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+    # gemma3: the full and the SWA cache under the placement options (each layer's cache with
+    # its layer, over two devices too; a q8_0 cache with its heads of 32)
+    ("tiny-gemma3-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-gemma3-f16", "nkvo-swafull", {"ngl": 2, "no_kv_offload": True, "swa_full": True}),
+    ("tiny-gemma3-f16", "", {"ngl": 4}),
+    ("tiny-gemma3-f16", "ts1-1", {"ngl": 4, "tensor_split": [1, 1], "ctx": 1024}),
+    ("tiny-gemma3-q8_0", "kvq8_0", {"ngl": "all", "kv_type": "q8_0", "flash_attn": True}),
+    ("tiny-gemma3-q8_0", "ot-ffn-cpu", {"ngl": "all", "overrides": [["ffn_.*", "CPU"]],
+                                        "ubatch": 512}),
+] + [
+    # a prompt longer than the window (160 tokens in one ubatch; windows of 64 and 128): the
+    # SWA mask hides the tokens 64 (128) or more positions back, so the logits check it.
+    # tiny-gemma4-f16 (window 64) takes 100 tokens and flash attention off only: its unscaled
+    # attention (KQ scale 1) makes f16 rounding noise grow with the prompt (llama.cpp's own
+    # logits move by 1.4e-3 of the largest between flash attention off and on at 100 tokens,
+    # 2.3e-3 at 160, against SPEC's 2e-3)
+    (model, "long" + ("-swafull" if full else ""),
+     {"ngl": 2, "ubatch": 512, "flash_attn": fa, "swa_full": full,
+      "tokens": LONG_TOKENS[:100] if model == "tiny-gemma4-f16" else LONG_TOKENS})
+    for model in ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0")
+    for fa in (False, True) for full in (False, True)
+    if not (model == "tiny-gemma4-f16" and fa)
+] + [
+    # gemma4: rope_freqs made with the first full layer and copied into the other full ones,
+    # the KV-shared layers' caches (those of earlier layers) under the placement options
+    ("tiny-gemma4-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-gemma4-f16", "", {"ngl": 3}),
+    ("tiny-gemma4-f16", "", {"ngl": 5}),
+    ("tiny-gemma4-f16", "ts1-1", {"ngl": 5, "tensor_split": [1, 1], "ctx": 1024}),
+    ("tiny-gemma4-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_freqs", "CPU"]]}),
+    ("tiny-gemma4-q8_0", "ot-blk2-rpc", {"ngl": 0, "overrides": [["blk\\.2\\.", "RPC0"]]}),
+    ("tiny-gemma4-q8_0", "nkvo-swafull", {"ngl": 4, "no_kv_offload": True, "swa_full": True,
+                                          "flash_attn": True}),
 ]
 # Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
 # the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second
@@ -141,12 +181,15 @@ def all_configs() -> list[dict]:
     """The grid the issue asks for, then the extras; options absent mean llama.cpp's defaults."""
     grid = [{"model": m, "ctx": c, "ubatch": u, "flash_attn": fa, "ngl": n}
             for m, c, u, fa, n in itertools.product(MODELS, CTXS, UBATCHES, FLASH_ATTN, NGLS)]
+    grid += [{"model": m, "ctx": c, "ubatch": u, "flash_attn": fa, "ngl": n, "swa_full": True,
+              "suffix": "swafull"}
+             for m, c, u, fa, n in itertools.product(SWA_MODELS, CTXS, UBATCHES, FLASH_ATTN, NGLS)]
     extras = [dict({"model": m, "ctx": 256, "ubatch": 32, "flash_attn": False, "suffix": suffix},
                    **opts) for m, suffix, opts in EXTRAS]
     configs = []
     for cfg in grid + extras:
         cfg = {"no_kv_offload": False, "kv_type": "f16", "overrides": [], "suffix": "",
-               "tensor_split": []} | cfg
+               "tensor_split": [], "swa_full": False} | cfg
         cfg["id"] = config_id(cfg["model"], cfg["ctx"], cfg["ubatch"], cfg["flash_attn"], cfg["ngl"],
                               cfg["suffix"])
         configs.append(cfg)
@@ -256,6 +299,7 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
     cparams.offload_kqv = not cfg["no_kv_offload"]
     cparams.type_k = cparams.type_v = KV_TYPES[cfg["kv_type"]]
+    cparams.swa_full = cfg["swa_full"]        # llama-cpp-python's default is true: always given
     cparams.n_seq_max = cfg.get("parallel", 1)             # -np
     cparams.kv_unified = cfg.get("kv_unified", False)      # -kvu (llama.cpp's CLI default: off)
     shim.shim_mark(b"context")
@@ -263,9 +307,9 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     if not ctx:
         raise RuntimeError("llama.cpp could not make a context\n" + "".join(log[-20:]))
     shim.shim_mark(b"decode")
-    ids = cfg.get("tokens") or TOKENS
-    tokens = (llama_cpp.llama_token * len(ids))(*ids)
-    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, len(ids))) != 0:
+    prompt = cfg.get("tokens") or TOKENS
+    tokens = (llama_cpp.llama_token * len(prompt))(*prompt)
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, len(prompt))) != 0:
         raise RuntimeError("llama_decode failed")
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     row = llama_cpp.llama_get_logits_ith(ctx, -1)
@@ -405,7 +449,8 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
         "options": {"ctx": cfg["ctx"], "ubatch": cfg["ubatch"], "flash_attn": cfg["flash_attn"],
                     "ngl": cfg["ngl"], "kv_type": cfg["kv_type"],
                     "no_kv_offload": cfg["no_kv_offload"], "overrides": cfg["overrides"]}
-                   | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {}),
+                   | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {})
+                   | ({"swa_full": True} if cfg["swa_full"] else {}),
         "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
         "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
         "backends": {k: backends[k] for k in sorted(backends, key=lambda k: (k == "CPU", k))},

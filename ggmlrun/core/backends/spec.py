@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from ggmlrun.core.util import host
 
 GiB = 1024**3
+NO_OFFLOAD = 2**62      # beyond any batch: a backend without offload_op (ggml-rpc)
 
 
 def physical_memory() -> int:
@@ -26,6 +28,7 @@ class BackendSpec:
     # op -> source types it refuses on this backend ("mul_mat on q4_K but not on iq2_xxs")
     unsupported_types: dict[str, frozenset[str]] = field(default_factory=dict)
     offload_min_batch: int = 32
+    offload_ops: frozenset[str] | None = None   # the ops op offload moves; None: any
     flops: float = 50e12                   # sim cost model
     mem_bw: float = 1e12
     link_bw: float = 25e9
@@ -34,8 +37,9 @@ class BackendSpec:
     # a quantized tensor whose rows are not a multiple of `row_padding` elements is padded up to
     # it once (ggml-cuda: MATRIX_ROW_PADDING, 512); 0 pads nothing.
     row_padding: int = 0
-    # head sizes (K's, V's) FLASH_ATTN_EXT runs with on this device; None: any
-    flash_attn_head_sizes: frozenset[tuple[int, int]] | None = None
+    # head sizes (K's, V's) FLASH_ATTN_EXT runs with on this device (a set of pairs, or a rule
+    # that answers `in`, core/backends/profiles.py); None: any
+    flash_attn_head_sizes: Container[tuple[int, int]] | None = None
     profile: str | None = None             # the device profile the defaults came from
     # cpu: which weight types ggml-cpu repacks into CPU_REPACK (core/backends/repack.py):
     # avx2 | avx512 | neon | none; None: this host's CPU flags
@@ -69,7 +73,7 @@ class BackendSpec:
         if kind == "rpc":    # no op offload (the RPC backend has no offload_op)
             # copies cross the network: 1 Gbit/s Ethernet and a LAN round trip by default
             return cls(name=name, kind=kind, memory=16 * GiB, alignment=32,
-                       offload_min_batch=2**62, link_bw=125e6, link_latency=200e-6, line=line)
+                       offload_min_batch=NO_OFFLOAD, link_bw=125e6, link_latency=200e-6, line=line)
         return cls(name=name, kind=kind, memory=16 * GiB, alignment=128, line=line)
 
     def supports_op(self, op: str, src_dtypes: tuple[str, ...] = ()) -> bool:

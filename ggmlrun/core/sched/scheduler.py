@@ -170,7 +170,8 @@ class Scheduler:
 
     def _wants_offload(self, b: int, node: Tensor) -> bool:
         spec = self.backends[b]
-        return spec.kind != "cpu" and batch_size(node) >= spec.offload_min_batch
+        return (spec.kind != "cpu" and batch_size(node) >= spec.offload_min_batch
+                and (spec.offload_ops is None or node.op in spec.offload_ops))
 
     def _set(self, row: int, b: int, cause: str) -> None:
         if self.why[row] is None:

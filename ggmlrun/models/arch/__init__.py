@@ -25,6 +25,8 @@ _MODULES = {
     "qwen3": "ggmlrun.models.arch.qwen3",
     "mistral3": "ggmlrun.models.arch.mistral3",
     "phi3": "ggmlrun.models.arch.phi3",
+    "gemma3": "ggmlrun.models.arch.gemma3",
+    "gemma4": "ggmlrun.models.arch.gemma4",
     "qwen35": "ggmlrun.models.arch.qwen35",
 }
 ARCHITECTURES = tuple(_MODULES)

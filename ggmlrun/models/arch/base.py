@@ -44,23 +44,37 @@ class Arch:
     is_70b: Callable = lambda hp: False    # llama.cpp's LLM_TYPE_70B (the quantizer's attn_v rule)
     longrope: bool = False                 # builds LongRoPE's rope_factors_long / _short
     n_pos_per_embd: int = 1                # positions per token in inp_pos (4 for M-RoPE/IMROPE)
-    # the output rows are picked after the final norm, which is an output too ("h_nextn":
-    # the qwen35 family, llama.cpp's embeddings_nextn_masked off), not in the last layer
-    rows_after_norm: bool = False
     hybrid: bool = False                   # llama_memory_hybrid: a recurrent state beside the KV
     # the optional tensors a model card's model has, by name without "blk.<i>."
     card_tensors: frozenset = frozenset({"output.weight"})
+    # or, per tensor: (name, hparams) -> whether a card's model has it (gemma4: attn_v only on
+    # the sliding layers)
+    card_tensor: Callable | None = None
     # card hyperparameters of its own: card key -> (GGUF key under the architecture, kind)
     card_hparams: dict = field(default_factory=dict)
+    # keys whose per-layer arrays may differ between layers (hparam_rules.check per_layer)
+    per_layer: frozenset = frozenset()
+    # the output norm over every row (h_nextn), then the output rows (gemma4; the qwen35 family:
+    # llama.cpp's embeddings_nextn_masked off), rather than the last layer keeping only the
+    # output rows
+    rows_after_norm: bool = False
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}
 
 
+# llama.cpp's LLM_TENSOR_FFN_NORM is gguf's FFN_PRE_NORM for the architectures with post-norms
+# (gemma3): one name, "blk.{bid}.ffn_norm", under either
+_SAME_NAME = {MODEL_TENSOR.FFN_NORM: MODEL_TENSOR.FFN_PRE_NORM}
+
+
 def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None = None) -> str:
     """llama.cpp's tn(LLM_TENSOR_X, suffix, bid): the name from gguf's own tables (no suffix
     when it is "", as for LLM_TENSOR_SSM_A_NOSCAN's "blk.N.ssm_a")."""
-    if tensor not in MODEL_TENSORS[_GGUF_ARCH[arch]]:
+    listed = MODEL_TENSORS[_GGUF_ARCH[arch]]
+    if tensor not in listed and _SAME_NAME.get(tensor) in listed:
+        tensor = _SAME_NAME[tensor]
+    if tensor not in listed:
         raise KeyError(f"gguf lists no {tensor.name} tensor for architecture {arch}")
     base = TENSOR_NAMES[tensor]
     return (base.format(bid=bid) if bid is not None else base) + ("." + suffix if suffix else "")
@@ -72,7 +86,8 @@ T = MODEL_TENSOR
 def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool = False,
                     attn_out_bias: bool = False, ffn_bias: bool = False,
                     rope_freqs: bool = False, fused_qkv: bool = False,
-                    fused_gate_up: bool = False, longrope: bool = False) -> dict[str, TensorSpec]:
+                    fused_gate_up: bool = False, longrope: bool = False,
+                    post_norms: bool = False) -> dict[str, TensorSpec]:
     """The tensors of a dense pre-norm decoder (token_embd, output_norm, optional output, then per
     layer: attn_norm, Q/K/V (separate, each with an optional bias, or with `fused_qkv` an
     optional attn_qkv instead), attn_output, ffn_norm and the gated FFN), in llama.cpp's
@@ -104,6 +119,8 @@ def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool 
         out[name(T.ATTN_OUT, bid=i)] = TensorSpec((n_embd, n_q))
         if attn_out_bias:
             out[name(T.ATTN_OUT, "bias", i)] = TensorSpec((n_embd,), False)
+        if post_norms:            # gemma3: a norm after attention, another after the FFN
+            out[name(T.ATTN_POST_NORM, bid=i)] = TensorSpec((n_embd,))
         if q_k_norm:
             out[name(T.ATTN_K_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,))
             out[name(T.ATTN_Q_NORM, bid=i)] = TensorSpec((hp.n_embd_head_k,))
@@ -119,4 +136,6 @@ def decoder_tensors(arch: str, hp, *, output_bias: bool = False, q_k_norm: bool 
             out[name(T.FFN_GATE, "bias", i)] = TensorSpec((hp.n_ff,), False)
             out[name(T.FFN_DOWN, "bias", i)] = TensorSpec((n_embd,), False)
             out[name(T.FFN_UP, "bias", i)] = TensorSpec((hp.n_ff,), False)
+        if post_norms:
+            out[name(T.FFN_POST_NORM, bid=i)] = TensorSpec((n_embd,))
     return out

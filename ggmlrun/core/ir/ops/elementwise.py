@@ -170,9 +170,48 @@ def _unary_kernel(formula, name=None):
 
 
 for _name, (_formula, _cost, _what) in UNARY.items():
+    if _name == "gelu":
+        continue
     register(OpSpec(
         name=_name, n_src=(1, 1), infer=_unary_infer(_name), kernel=_unary_kernel(_formula, _name),
         inplace=True, flops=_per_element(_cost), summary=f"{_what}, elementwise"))
+
+
+def gelu_fp16_table(x):
+    """ggml-cpu's f32 GELU (GGML_GELU_FP16, ggml_vec_gelu_f32 / ggml_vec_geglu_f32): x rounded
+    to f16, GELU of that in f32 (ggml_gelu_f32: 0.5x(1 + tanh(√(2/π)·x·(1 + 0.044715x²))))
+    rounded to f16 (its table ggml_table_gelu_f16), 0 at x <= -10 and x itself at x >= 10."""
+    h = x.astype(np.float16).astype(F32)
+    g = F32(0.5) * h * (F32(1) + np.tanh(_GELU_C * h * (F32(1) + F32(0.044715) * h * h)))
+    g = g.astype(np.float16).astype(F32)
+    return np.where(x <= F32(-10), F32(0), np.where(x >= F32(10), x, g))
+
+
+def _gelu_infer(srcs, *, table=False):
+    if not isinstance(table, bool):
+        raise InputError(f"gelu: param 'table' must be true or false, got {table!r}")
+    return _unary_infer("gelu")(srcs)
+
+
+_gelu_exact = _unary_kernel(_gelu, "gelu")
+
+
+def _gelu_bind(out, a, *, table=False):
+    return None if table else _gelu_exact.bind(out, a)
+
+
+@fast_path(_gelu_bind)
+@quiet
+def _gelu_kernel(out, a, *, table=False):
+    if table:                  # as ggml-cpu computes it (llama.cpp's graphs: gemma4)
+        store(out, gelu_fp16_table(a.astype(F32)))
+    else:
+        _gelu_exact(out, a)
+
+
+register(OpSpec(name="gelu", n_src=(1, 1), infer=_gelu_infer, kernel=_gelu_kernel,
+                params={"table": False}, inplace=True, flops=_per_element(UNARY["gelu"][1]),
+                summary=f"{UNARY['gelu'][2]} (table: ggml-cpu's f16 table), elementwise"))
 
 
 # --- scale, clamp --------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.ir.graph import MAX_DIMS, contiguous_strides, span_bytes
 from ggmlrun.core.ir.ops.common import (
-    fast_path, fmt, need_ndim, quiet, tile_split, tiles, want_int, want_int_list, want_shape, who)
+    fast_path, fmt, need_float, need_ndim, quiet, tile_split, tiles, want_int, want_int_list, want_shape, who)
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 
 
@@ -73,6 +73,31 @@ def _concat_kernel(out, a, b, *, axis):
 register(OpSpec(name="concat", n_src=(2, 2), infer=_concat_infer, kernel=_concat_kernel,
                 params={"axis": REQUIRED}, flops=_no_flops,
                 summary="NumPy concatenate of a and b (same dtype) along axis (negatives ok)"))
+
+
+# --- pad -----------------------------------------------------------------------------------
+# ggml_pad(a, p0, p1, p2, p3): zeros after the end of each dim; `pad` is NumPy order (outermost
+# first), one count per dim of a. llama.cpp pads a narrower layer's V rows to the V cache's width.
+
+def _pad_infer(srcs, *, pad):
+    (a,) = srcs
+    if (not isinstance(pad, (list, tuple)) or len(pad) != len(a.shape)
+            or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in pad)):
+        raise InputError(f"pad: param 'pad' must be one integer >= 0 per dim of a {fmt(a.shape)}, "
+                         f"got {pad!r}")
+    need_float("pad", a)
+    return OpResult(tuple(d + p for d, p in zip(a.shape, pad)), a.dtype)
+
+
+@quiet
+def _pad_kernel(out, a, *, pad):
+    out[...] = 0
+    out[tuple(slice(0, d) for d in a.shape)] = a
+
+
+register(OpSpec(name="pad", n_src=(1, 1), infer=_pad_infer, kernel=_pad_kernel,
+                params={"pad": REQUIRED}, flops=_no_flops,
+                summary="a followed by pad[i] zeros along each dim i (ggml_pad)"))
 
 
 # --- cont ----------------------------------------------------------------------------------

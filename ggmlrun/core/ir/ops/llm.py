@@ -19,6 +19,7 @@ from ggmlrun.core.ir.ops.common import (
 from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits
 from ggmlrun.core.ir.ops.quant import can_encode, from_f32, round_like_vec_dot, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
+from ggmlrun.core.ir.ops.elementwise import gelu_fp16_table
 
 
 def _pad(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
@@ -206,8 +207,7 @@ register(OpSpec(name="flash_attn_ext", n_src=(3, 4), infer=_fa_infer, kernel=_fa
 
 _GATE = {
     "swiglu": lambda x: x / (F32(1) + np.exp(-x)),
-    "geglu": lambda x: F32(0.5) * x * (F32(1) + np.tanh(
-        F32(math.sqrt(2 / math.pi)) * (x + F32(0.044715) * x * x * x))),
+    "geglu": lambda x: gelu_fp16_table(x),
     "reglu": lambda x: np.maximum(x, F32(0)),
 }
 
@@ -247,7 +247,7 @@ register(OpSpec(name="glu", n_src=(1, 2), infer=_glu_infer, kernel=_glu_kernel,
                 params={"op": REQUIRED, "swapped": False},
                 flops=lambda out, srcs: 5 * out.n_elements,
                 summary="gated unit: act(x)·g with x, g = a, b (or a's halves); "
-                        "act silu|gelu|relu (swiglu|geglu|reglu)"))
+                        "act silu|gelu (ggml's f16 table)|relu (swiglu|geglu|reglu)"))
 
 
 # --- cast ----------------------------------------------------------------------------------
