@@ -30,7 +30,7 @@ def _backends(gpu: int, cpu: int):
 
 def _fits(model, backends, ngl, ctx, ubatch):
     m = measure_model(model, backends, ModelOptions(ngl=ngl, ctx=ctx, ubatch=ubatch))
-    return all(b.weights_bytes + b.kv_bytes + b.arena_bytes <= b.memory_bytes
+    return all(b.weights_bytes + b.kv_bytes + b.state_bytes + b.arena_bytes <= b.memory_bytes
                for b in m.backends)
 
 

@@ -146,7 +146,8 @@ def test_sigbus_while_reading_is_one_line_and_exit_1(model):
 
 def test_memory_is_checked_before_computing(model, monkeypatch):
     """`run --ctx 20000` with 20,000 tokens computed for seconds up to 3.5 GB before "out of
-    memory": now refused up front, naming what it needs."""
+    memory": now refused up front, naming what it needs (as one ubatch of 20,000: in ubatches of
+    512 it would need far less)."""
     monkeypatch.setattr(ram, "available_bytes", lambda: 512 << 20)
 
     def never(*args, **kw):
@@ -155,7 +156,7 @@ def test_memory_is_checked_before_computing(model, monkeypatch):
     monkeypatch.setattr(model_run, "execute", never)
     monkeypatch.setattr(model_run, "weight_values", never)
     tokens = ",".join(["1"] * 20_000)
-    code, _, err = invoke("run", model, "--ctx", "20000", "--tokens", tokens)
+    code, _, err = invoke("run", model, "--ctx", "20000", "--ubatch", "20000", "--tokens", tokens)
     failed(code, err, "running this model", "needs", "512.00 MiB")
 
 

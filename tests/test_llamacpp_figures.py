@@ -32,7 +32,8 @@ GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llam
                "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
                "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
                "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
-               "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0")
+               "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
+               "tiny-qwen35-f16", "tiny-qwen35-q8_0")
 # the sliding-window ones, recorded on the grid again with --swa-full
 SWA_MODELS = ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0")
 
@@ -90,7 +91,7 @@ def compare_measure(cfg: dict, got: dict) -> list[str]:
 
 
 def run_logits(cfg: dict, out_file: Path) -> np.ndarray:
-    tokens = ",".join(str(t) for t in cfg.get("tokens", FIGURES["tokens"]))   # a long prompt
+    tokens = ",".join(str(t) for t in cfg.get("tokens", FIGURES["tokens"]))   # long prompts, two ubatches
     code, out, err = invoke("run", model_path(cfg), "--tokens", tokens, "--json", "--out", out_file,
                             *model_options(cfg))
     assert code == 0, err

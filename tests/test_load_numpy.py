@@ -103,7 +103,8 @@ def test_run_in_a_fresh_process_computes_what_it_computes_in_process(tmp_path, a
         assert json.loads(done.stdout)["check"] == json.loads(out)["check"]
 
 
-@pytest.mark.parametrize("model", ["tiny-llama-q8_0.gguf", "tiny-qwen3-f16.gguf", "tiny-phi3-q8_0.gguf"])
+@pytest.mark.parametrize("model", ["tiny-llama-q8_0.gguf", "tiny-qwen3-f16.gguf", "tiny-phi3-q8_0.gguf",
+                                   "tiny-qwen35-q8_0.gguf"])
 def test_a_model_header_is_checked_without_numpy_or_the_gguf_package(model):
     """`validate MODEL` reads the header with ggmlrun's own reader and takes gguf's tables
     from its constants module alone (core/ir/types.gguf_constants): neither NumPy nor the gguf

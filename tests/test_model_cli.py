@@ -36,8 +36,9 @@ def test_bundled_cards_are_llama3_and_qwen3():
     names = [p.name for p in bundled_cards()]
     assert {"llama-3-70b-q4_k_m.yaml", "llama-3-8b-q4_k_m.yaml", "qwen3-32b-q4_k_m.yaml",
             "qwen3-8b-q4_k_m.yaml", "gemma-3-27b-q4_k_m.yaml", "gemma-4-31b-q4_k_m.yaml",
-            "mistral-small-3.2-24b-q4_k_m.yaml", "qwen3-30b-a3b-q4_k_m.yaml",
-            "qwen3-235b-a22b-q4_k_m.yaml", "glm-4.5-air-q4_k_m.yaml"} <= set(names)
+            "mistral-small-3.2-24b-q4_k_m.yaml", "qwen3.5-27b-q4_k_m.yaml",
+            "qwen3-30b-a3b-q4_k_m.yaml", "qwen3-235b-a22b-q4_k_m.yaml",
+            "glm-4.5-air-q4_k_m.yaml"} <= set(names)
 
 
 @pytest.mark.parametrize("card,gib,params", [("gemma-3-27b-q4_k_m.yaml", 15.40, 27.01),

@@ -55,9 +55,17 @@ TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", 
                   "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down",
                   "attn_q_norm", "attn_k_norm",
                   # mixtures of experts: the router and the experts (one tensor per layer each)
-                  "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+                  "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                  # the hybrid qwen35's delta-net layers
+                  "attn_qkv", "attn_gate", "post_attention_norm", "ssm_out", "ssm_alpha",
+                  "ssm_beta")
 _LAYER_RE = re.compile(r"\Ablk\.\d+\.")
-_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_.]+)\.(weight|bias)\Z")   # nextn.eh_proj too
+# the class and layer of a tensor name; LLM_TENSOR_SSM_A_NOSCAN ("blk.N.ssm_a") has no suffix;
+# glm4moe's NextN tensors have a dot in the class ("nextn.eh_proj")
+_CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_][a-z0-9_.]*?)(?:\.(weight|bias))?\Z")
+# 2-D tensors llama.cpp's quantizer leaves in their converted type (llama-quant.cpp: "do not
+# quantize Mamba/Kimi's small conv1d weights"); the converters write them f32
+UNQUANTIZED = {"ssm_conv1d": "f32"}
 
 
 # --- llama.cpp's quantization mixtures ----------------------------------------------------------
@@ -102,6 +110,8 @@ def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool
     mix = MIXTURES[ftype]
     if cls.endswith("norm") or cls == "ffn_gate_inp":
         return "f32"
+    if cls in UNQUANTIZED:
+        return UNQUANTIZED[cls]
     if cls.startswith("ffn_down"):     # ffn_down_exps, ffn_down_shexp: "ffn_down" in the name
         cls = "ffn_down"
     if not mix.quantized:
@@ -109,7 +119,7 @@ def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool
     new = mix.default
     if cls == "output":
         return new if new == "q8_0" else "q6_K"
-    if cls == "attn_v":
+    if cls in ("attn_v", "attn_qkv"):    # category_is_attn_v: one of them per layer
         if ftype in ("q4_K_M", "q5_K_M") and _more_bits(layer, n_layer):
             new = "q6_K"
         elif ftype == "q4_K_S" and layer < 4:

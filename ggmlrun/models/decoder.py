@@ -94,7 +94,7 @@ class Decoder:
         b.cb(self.inpL, "embd", -1)
         self.inputs = {
             "tokens": tokens, "embd": inp_embd,
-            "pos": b.leaf("inp_pos", (T_,), "i32"),
+            "pos": b.leaf("inp_pos", (T_ * arch.n_pos_per_embd,), "i32"),
             "k_idxs": b.leaf("attn_inp_k_idxs", (T_,), "i64"),
             "v_idxs": b.leaf("attn_inp_v_idxs",
                              (T_ * hp.n_embd_v_gqa,) if not flash_attn else (T_,), "i64"),
@@ -103,6 +103,12 @@ class Decoder:
             "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
         self.inputs.update(rotation_inputs(b, hp, kv_type))
         self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, **rope_params(hp))
+        if arch.n_pos_per_embd == 4:       # ggml_rope_multi: the sections pick each pair's position
+            self.rope["sections"] = list(hp.rope_sections)
+        # a hybrid memory's recurrent half (models/arch/delta_net.py): the states the graph
+        # sees (n_rs: the whole memory in a reserve) and the one it clears first (rs_z; -1:
+        # none, as after a sequence's first ubatch)
+        self.n_rs, self.rs_zero = 1, 0
         # llama_kv_cache_iswa (build_attn_inp_kv_iswa): a second cache for the sliding-window
         # layers, of swa_size cells (default: the full cache's), with its own idxs and mask
         self.swa_cache, self.swa_inputs, self.swa_n_kv = None, {}, 0
@@ -401,7 +407,8 @@ class Decoder:
 
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                 flash_attn: bool, kv_type: str, shared: tuple = (),
-                n_stream: int = 1, swa_size: int = 0, swa_n_kv: int = 0) -> ModelGraph:
+                n_stream: int = 1, swa_size: int = 0, swa_n_kv: int = 0,
+                rs_zero: int = 0) -> ModelGraph:
     """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
     `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
     (Placement.shared_copies); without it every layer gets its own copy. `n_stream`: KV
@@ -416,6 +423,7 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,
                 n_stream, swa_size=swa_size, swa_n_kv=swa_n_kv)
     d.shared = dict(shared)
+    d.rs_zero = rs_zero
     return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm)
 
 

@@ -48,7 +48,8 @@ class FitBackend(BackendFigures):
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.arena_bytes + self.output_bytes
+        return (self.weights_bytes + self.kv_bytes + self.state_bytes + self.arena_bytes
+                + self.output_bytes)
 
     @property
     def free_bytes(self) -> int:
@@ -120,7 +121,7 @@ def _device_room(rows: list[FitBackend]) -> float:
     shared among devices, so a device holding share s of them runs out after free / s bytes;
     the first to run out decides."""
     devices = [r for r in rows if r.kind != "cpu"]
-    held = [r.weights_bytes + r.kv_bytes for r in devices]
+    held = [r.weights_bytes + r.kv_bytes + r.state_bytes for r in devices]
     total = sum(held)
     if total == 0:
         return min((r.free_bytes * len(devices) for r in devices), default=0)
@@ -266,7 +267,7 @@ def _device_ngl(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int]) -> 
     rows = probe(n_max, ctx)
     if _devices_fit(rows):
         return n_max
-    kv = sum(r.kv_bytes for r in rows) / max(1, n_max - 1)
+    kv = sum(r.kv_bytes + r.state_bytes for r in rows) / max(1, n_max - 1)
     fit_lo, miss_hi = -1, n_max          # devices fit at fit_lo (-1: none known), not at miss_hi
     last = (n_max, rows)
     while miss_hi - fit_lo > 1:
@@ -283,7 +284,37 @@ def _device_ngl(probe: _Prober, ctx: int, n_max: int, costs: dict[int, int]) -> 
             else:
                 miss_hi = ngl
                 break
-    return fit_lo if fit_lo >= 0 else None
+    return _above_the_edge(probe, ctx, n_max, fit_lo) if fit_lo >= 0 else None
+
+
+def _above_the_edge(probe: _Prober, ctx: int, n_max: int, fit_lo: int) -> int:
+    """The search assumes a device's total grows with -ngl. A hybrid model's layers differ (a
+    delta-net layer: weights and a fixed state; an attention layer: a KV cache), so over two
+    devices or more the split can hand one device a heavier layer at N than at N + 1, and an
+    -ngl above the edge found may fit again. Those are tried from the top, each first against
+    a bound that needs no reserve (a device's weights alone, placed as llama.cpp places them,
+    already past its room rule it out), so the answer stays exact."""
+    from ggmlrun.models.arch import get_arch
+    from ggmlrun.models.placement import place
+    from ggmlrun.models.reserve import weights_bytes
+
+    model, backends = probe.model, probe.backends
+    devices = [i for i, b in enumerate(backends) if b.kind != "cpu"]
+    if len(devices) < 2 or not get_arch(model.arch).hybrid:
+        return fit_lo
+    for ngl in range(n_max - 1, fit_lo + 1, -1):
+        if (ngl, ctx) in probe.seen:
+            if _devices_fit(probe(ngl, ctx)):
+                return ngl
+            continue
+        opts = replace(probe.opts, ngl=ngl, ctx=ctx)
+        sizes = weights_bytes(model, place(model.hparams, model.tensors, backends, opts),
+                              backends, no_mmap=opts.no_mmap).sizes
+        if any(sizes[i] > backends[i].memory - probe.margins[i] for i in devices):
+            continue
+        if _devices_fit(probe(ngl, ctx)):
+            return ngl
+    return fit_lo
 
 
 def _guess(ngl: int, rows: list[FitBackend], costs: dict[int, int], kv: float, n_max: int) -> int:
@@ -377,7 +408,9 @@ def _advice(probe: _Prober, ctx: int, device_ngl: int | None, n_max: int, costs)
         return f"has {human_bytes(left)} after the margin"
 
     parts = [f"{r.name} needs {human_bytes(r.total_bytes)} (weights {human_bytes(r.weights_bytes)}"
-             f" + KV {human_bytes(r.kv_bytes)} + compute {human_bytes(r.arena_bytes)}) but "
+             f" + KV {human_bytes(r.kv_bytes)}"
+             + (f" + state {human_bytes(r.state_bytes)}" if r.state_bytes else "")
+             + f" + compute {human_bytes(r.arena_bytes)}) but "
              f"{has(r)}" for r in short]
     message = f"nothing fits: {where} " + "; ".join(parts)
     top = (ctx - 1) // CTX_STEP * CTX_STEP        # contexts below the one asked, 256 apart
@@ -396,13 +429,15 @@ def _ctx_ceiling(model: ModelFile, rows: list[FitBackend], ctx: int) -> int:
     """A context no -ngl can fit past: every weight is somewhere (the backends' weights add
     up to at least the header's tensor bytes), the KV cache is the same bytes per cell
     wherever it lives, and compute buffers are not negative; so the cells are at most the
-    memory left over all backends after the weights, over the KV bytes per cell."""
+    memory left over all backends after the weights and any recurrent state (its bytes do not
+    depend on the context), over the KV bytes per cell."""
     from ggmlrun.core.ir.types import TYPES
 
     weights = sum(TYPES[t.dtype].row_bytes(math.prod(t.shape)) for t in model.tensors.values())
     cells = (ctx + CTX_STEP - 1) // CTX_STEP * CTX_STEP
     kv = sum(r.kv_linear for r in rows)   # an SWA cache stops growing: only the full ones
-    room = sum(r.memory_bytes - r.margin_bytes for r in rows) - weights
+    room = (sum(r.memory_bytes - r.margin_bytes for r in rows) - weights
+            - sum(r.state_bytes for r in rows))      # a recurrent state does not grow either
     if kv <= 0:
         return 2**63
     return max(0, room) * cells // kv // CTX_STEP * CTX_STEP

@@ -87,6 +87,30 @@ class GraphBuilder:
         layout = ([a.shape[i] for i in axes], [a.strides[i] for i in axes])
         return self._view_of("permute", a, layout, 0, "permuted", axes=list(axes))
 
+    def transpose(self, a: Tensor) -> Tensor:
+        """ggml_transpose: the last two dims swapped, named "a (transposed)"."""
+        layout = ((*a.shape[:-2], a.shape[-1], a.shape[-2]),
+                  (*a.strides[:-2], a.strides[-1], a.strides[-2]))
+        return self._view_of("transpose", a, layout, 0, "transposed")
+
+    def scale_inplace(self, a: Tensor, s: float) -> Tensor:
+        """ggml_scale_inplace: a SCALE node that is a view of a ("a (view)"), writing a's bytes."""
+        t = Tensor(name=f"{a.name} (view)", shape=a.shape, dtype=a.dtype, strides=a.strides,
+                   op="scale", src=[a], params=_params("scale", {"s": s}))
+        t.view_src = a.view_src or a
+        t.view_offset = a.view_offset
+        return t
+
+    def cpy(self, a: Tensor, dst: Tensor) -> Tensor:
+        """ggml_cpy(a, dst): a view of dst named "dst (copy of a)" (a's name when it is made:
+        empty for a node not yet named)."""
+        name = f"{dst.name} (copy of {a.name})" if dst.name else f"{a.name} (copy)"
+        t = Tensor(name=name, shape=dst.shape, dtype=dst.dtype, strides=dst.strides, op="cpy",
+                   src=[a, dst], params=_params("cpy", {}))
+        t.view_src = dst.view_src or dst
+        t.view_offset = dst.view_offset
+        return t
+
     def cont(self, a: Tensor, shape=None) -> Tensor:
         params = {"shape": list(shape)} if shape is not None else {}
         return self.op("cont", [a], shape or a.shape, a.dtype, f"{a.name} (cont)", **params)
@@ -174,7 +198,11 @@ class KVCache:
     """llama_kv_cache: cache_k_l{il} / cache_v_l{il}, each [n_stream, kv_size, n_embd_gqa]
     (ggml ne [n_embd_gqa, kv_size, n_stream]); V is read transposed without flash attention.
     One stream unless the context keeps one per sequence (-np N without -kvu): each stream
-    then has kv_size cells, and the graph attends per stream."""
+    then has kv_size cells, and the graph attends per stream.
+
+    A hybrid model's memory (llama_memory_hybrid) adds llama_memory_recurrent's state over its
+    recurrent layers: cache_r_l{il} [rows, n_embd_r] and cache_s_l{il} [rows, n_embd_s], f32,
+    rows = max(1, n_seq_max) * (1 + n_rs_seq), whatever the context."""
 
     kv_type: str
     kv_size: int
@@ -182,6 +210,12 @@ class KVCache:
     k: dict[int, Tensor] = field(default_factory=dict)
     v: dict[int, Tensor] = field(default_factory=dict)
     n_stream: int = 1
+    r: dict[int, Tensor] = field(default_factory=dict)
+    s: dict[int, Tensor] = field(default_factory=dict)
+
+    def add_recurrent(self, il: int, n_embd_r: int, n_embd_s: int, rows: int = 1) -> None:
+        self.r[il] = GraphBuilder.leaf(f"cache_r_l{il}", (rows, n_embd_r), "f32", role="weight")
+        self.s[il] = GraphBuilder.leaf(f"cache_s_l{il}", (rows, n_embd_s), "f32", role="weight")
 
     def add_layer(self, il: int, n_embd_k_gqa: int, n_embd_v_gqa: int) -> None:
         ns = self.n_stream
@@ -238,7 +272,7 @@ class KVCache:
                       (rs(self.kv_size * gqa), rs(self.kv_size), rs(self.kv_size * hd), item))
 
 
-def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor,
+def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor | None,
                   q_cur: Tensor, k_cur: Tensor | None, v_cur: Tensor | None, kq_scale: float,
                   il: int, n_kv: int | None = None, iswa: bool = False,
                   kv_layer: int | None = None) -> Tensor:
@@ -246,7 +280,8 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
     store K and V through set_rows, then attend over the whole cache view (`n_kv` cells,
     default the context's). `iswa`: the build_attn of llm_graph_input_attn_kv_iswa, which
     expands Q, K, V in that order (the plain one expands Q, V, K). Without K and V (None): no
-    store, and the attention reads layer `kv_layer`'s cache (gemma4's KV-shared layers)."""
+    store, and the attention reads layer `kv_layer`'s cache (gemma4's KV-shared layers). `wo`
+    None: no output projection (a gated attention applies it after its gate)."""
     b = ctx.b
     k_rot, v_rot = inputs.get("k_rot"), inputs.get("v_rot")
     if k_rot is not None:
@@ -299,7 +334,34 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
     b.cb(cur, "kqv_out", il)
     if v_rot is not None:
         cur = mul_mat_hadamard(ctx, cur, v_rot)
-    return ctx.mul_mat(wo, cur)
+    return cur if wo is None else ctx.mul_mat(wo, cur)
+
+
+def rs_inputs(b: GraphBuilder, n_rs: int, n_seqs: int) -> dict[str, Tensor]:
+    """build_rs_inp_impl: rs_s_copy i32 [n_rs] and its two views, the first n_seqs ids (the
+    states the ubatch reads) and the rest (the states only copied along)."""
+    s_copy = b.leaf("rs_s_copy", (n_rs,), "i32")
+    return {"s_copy": s_copy,
+            "s_copy_main": b.view(s_copy, (n_seqs,), (4,), 0),
+            "s_copy_extra": b.view(s_copy, (n_rs - n_seqs,), (4,), n_seqs * 4)}
+
+
+def build_rs(b: GraphBuilder, inputs: dict[str, Tensor], s: Tensor, state_size: int,
+             n_seqs: int, n_rs: int, rs_head: int = 0, rs_zero: int = 0) -> Tensor:
+    """llm_graph_context::build_rs: clear the one state rs_zero (an in-place scale by 0 of its
+    row; a zero-sized view when rs_zero < 0), read the ubatch's states with get_rows, and copy
+    the other n_rs - n_seqs along (zero-sized when n_rs == n_seqs, as in every reserve)."""
+    states = b.reshape(s, (s.shape[0], state_size))
+    row = states.strides[0]
+    on = rs_zero >= 0
+    zero = b.view(states, (state_size * on,), (4,), rs_zero * row * on)
+    b.expand(b.scale_inplace(zero, 0.0))
+    out = b.op("get_rows", [states, inputs["s_copy_main"]], (n_seqs, state_size))
+    b.expand(out)
+    extra = b.op("get_rows", [states, inputs["s_copy_extra"]], (n_rs - n_seqs, state_size))
+    dst = b.view(s, (n_rs - n_seqs, state_size), (s.strides[0], 4), (rs_head + n_seqs) * row)
+    b.expand(b.cpy(extra, dst))
+    return out
 
 
 def mul_mat_hadamard(ctx: LayerContext, cur: Tensor, rot: Tensor) -> Tensor:

@@ -128,11 +128,22 @@ RULES: dict[str, Rule] = {
     "rope.dimension_count_swa": Rule("u32"),
     "attention.shared_kv_layers": Rule("u32", 0, LLAMA_MAX_LAYERS),
     "embedding_length_per_layer_input": Rule("u32", 0, MAX_DIM, why="0: none"),
+    # recurrent (gated delta-net) layers of the hybrid qwen35 / qwen35moe
+    "ssm.conv_kernel": Rule("u32", 2, 64),
+    "ssm.inner_size": Rule("u32"),
+    "ssm.state_size": Rule("u32"),
+    "ssm.time_step_rank": Rule("u32"),
+    "ssm.group_count": Rule("u32"),
+    "full_attention_interval": Rule("u32", 1, LLAMA_MAX_LAYERS),
+    "rope.dimension_sections": Rule("u32arr", 0, MAX_DIM, why="up to 4 section sizes"),
+    "attention.recurrent_layers": Rule("boolarr", why="one per layer: recurrent or not"),
+    "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="MTP / NextN blocks"),
 }
 VOCAB_LIST = "tokenizer.ggml.tokens"     # its length is the vocabulary when vocab_size is absent
 
 _INT_TYPES = ("UINT32", "INT32", "BOOL")  # get_arr's accepted elements for a uint32 array
-_GGUF_OF = {"u32": "UINT32", "f32": "FLOAT32", "str": "STRING", "bool": "BOOL"}
+_GGUF_OF = {"u32": "UINT32", "f32": "FLOAT32", "str": "STRING", "bool": "BOOL",
+            "u32arr": "ARRAY[INT32]", "boolarr": "ARRAY[BOOL]"}
 
 
 class HParamError(InputError):
@@ -192,6 +203,21 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
         return HParamError(key, f"{name} must be {rule.range_text()}{extra}, got {shown}")
 
     gguf_type = gguf_type or None
+    if rule.kind == "boolarr":       # get_key_or_arr(key, arr, n_layer_all): one bool per layer
+        items = list(value) if isinstance(value, (list, tuple)) else None
+        if (items is None or not items or not all(isinstance(v, (bool, int)) and v in (0, 1)
+                                                  for v in items)
+                or n_layer is not None and len(items) != n_layer):
+            raise HParamError(key, f"{name} must be an array of {n_layer or 'block_count'} "
+                                   f"booleans, got {_shown(value)}")
+        return tuple(bool(v) for v in items)
+    if rule.kind == "u32arr":        # get_key_or_arr(key, arr, 4): up to 4 integers, zero-padded
+        items = list(value) if isinstance(value, (list, tuple, range)) else [value]
+        if not 1 <= len(items) <= 4 or any(isinstance(v, bool) or not isinstance(v, int)
+                                           or not rule.lo <= v <= rule.hi for v in items):
+            raise HParamError(key, f"{name} must be 1 to 4 integers from {rule.lo} to "
+                                   f"{rule.hi}, got {_shown(value)}")
+        return tuple(items) + (0,) * (4 - len(items))
     if isinstance(value, (list, tuple, range)) or (gguf_type or "").startswith("ARRAY"):
         elem = gguf_type[6:-1] if gguf_type and gguf_type.startswith("ARRAY[") else None
         if not rule.per_layer or (elem is not None and elem not in _INT_TYPES):

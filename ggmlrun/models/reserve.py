@@ -46,6 +46,7 @@ class BackendFigures:
     output_bytes: int = 0         # the CPU: the output (logits) buffer, host memory
     mapped_bytes: int = 0         # the CPU: the mapped file range (--no-mmap: allocated)
     repack_bytes: int = 0         # the CPU: ggml-cpu's CPU_REPACK buffer
+    state_bytes: int = 0          # the recurrent state (llama_memory_recurrent), hybrid models
     # of kv_bytes, the caches whose cells are the context (the full cache, and the SWA cache
     # under --swa-full): what grows in proportion to it (fit's context bounds); None: all
     kv_linear_bytes: int | None = None
@@ -106,6 +107,8 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
     for cache in mg.caches:              # each layer's K/V where its layer is (full or SWA)
         for il, leaf in cache.k.items():
             leaf.backend = cache.v[il].backend = names[placement.kv[il]]
+    for il, leaf in mg.cache.r.items():       # the recurrent state: where the KV would be
+        leaf.backend = mg.cache.s[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
     for node, il in mg.norm_pins:
         b = placement.layer[il]
@@ -138,6 +141,11 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
     if not 1 <= opts.parallel <= LLAMA_MAX_SEQ:
         raise InputError(f"--parallel must be 1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ), "
                          f"got {opts.parallel}")
+    if opts.parallel > 1 and getattr(model.hparams, "n_embd_s", 0):
+        # a hybrid model's recurrent layers with several sequences (n_seqs > 1 per ubatch,
+        # max(1, n_seq_max) state rows) are not built yet
+        raise InputError(f"--parallel {opts.parallel}: a {model.arch} model's recurrent state "
+                         f"with more than one sequence is not built by ggmlrun yet")
 
 
 @dataclass
@@ -224,6 +232,19 @@ def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec],
     return sizes
 
 
+def state_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    """llama_memory_recurrent's buffers: cache_r_l / cache_s_l of each recurrent layer, on its
+    layer's backend (the CPU under --no-kv-offload), each rounded up to the alignment; their
+    rows do not depend on the context."""
+    sizes = [0] * len(backends)
+    for il, r in mg.cache.r.items():
+        b = placement.kv[il]
+        for t in (r, mg.cache.s[il]):
+            spec = backends[b]
+            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+    return sizes
+
+
 def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> int:
     """ggml_backend_sched's n_copies as llama_context makes it: GGML_SCHED_MAX_COPIES
     (`--sched-copies`, 4) when llama.cpp turns pipeline parallelism on, else 1. On when the
@@ -286,6 +307,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     wb = weights_bytes(model, placement, backends, no_mmap=opts.no_mmap)
     weights = wb.sizes
     kvb = kv_bytes(pp, placement, backends)
+    rsb = state_bytes(pp, placement, backends)
     linear = kv_bytes(pp, placement, backends, linear_only=True) if swa and not opts.swa_full \
         else kvb
     figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
@@ -293,6 +315,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
                               output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
                               mapped_bytes=wb.mapped if i == placement.cpu else 0,
                               repack_bytes=wb.repack if i == placement.cpu else 0,
+                              state_bytes=rsb[i],
                               kv_linear_bytes=linear[i])
                for i, b in enumerate(backends)]
     return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),

@@ -1,10 +1,13 @@
-"""Evaluate a real model file: the prompt as one ubatch, llama.cpp's graph, real weights.
+"""Evaluate a real model file: the prompt in ubatches of --ubatch tokens, llama.cpp's graph,
+real weights.
 
 Weights come memory-mapped from the GGUF (mapped.py: one map of one descriptor, checked
 against the header; block types stay raw bytes, as the quantized kernels take them), the KV
-cache starts empty (zeros), and the inputs are the ones llama.cpp's set_input fills for a first
-batch in sequence 0: positions 0..T-1, cache cells 0..T-1, a causal mask over the n_kv cells
-attended to, and the last token's row as the only output.
+cache (and a hybrid model's recurrent state) starts empty (zeros), and the inputs are the ones
+llama.cpp's set_input fills for one batch in sequence 0 split into ubatches: ubatch i at
+positions p0..p0+T-1 writes cache cells p0.., attends with a causal mask over the n_kv cells
+in use (padded to 256), and the caches it wrote carry over to the next (the recurrent state is
+cleared by the first ubatch only: rs_z 0, then -1); the last token's row is the one output.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.models.decoder import ModelGraph, build_graph
 from ggmlrun.models.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import ModelOptions, context_size, kv_size, swa_kv_size
+from ggmlrun.models.options import (ModelOptions, context_size, kv_size, swa_kv_size,
+                                     ubatch_size)
 from ggmlrun.models.placement import place
 from ggmlrun.models.reserve import apply_placement, check_options
 
@@ -53,27 +57,27 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Te
         nbytes = int(np.prod(shape)) * dtype.itemsize
         values[leaf] = data[info.offset:info.offset + nbytes].view(dtype).reshape(shape)
     for cache in mg.caches:
-        for leaf in (*cache.k.values(), *cache.v.values()):
+        for leaf in (*cache.k.values(), *cache.v.values(), *cache.r.values(), *cache.s.values()):
             shape, dtype = storage_shape(leaf.shape, leaf.dtype)
             values[leaf] = np.zeros(shape, dtype)
     return values
 
 
 def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa: int,
-                      n_swa: int = 0) -> dict[Tensor, np.ndarray]:
-    """One cache's attention inputs for the first T tokens of sequence 0 in cells 0..T-1
+                      n_swa: int = 0, p0: int = 0) -> dict[Tensor, np.ndarray]:
+    """One cache's attention inputs for T tokens of sequence 0 at positions p0.. in cells p0..
     (llama_kv_cache's set_input_k_idxs / v_idxs / kq_mask): a causal mask over its n_kv cells,
     and with `n_swa` the standard sliding window too (is_masked_swa: p1 - p0 >= n_swa)."""
-    cells = np.arange(T, dtype=np.int64)
+    cells = np.arange(p0, p0 + T, dtype=np.int64)
     if inp["v_idxs"].shape[0] == T:
         v_idxs = cells
     else:       # transposed V: one row per element, element e of token t at e * kv_size + t
         v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
                   + cells[:, None]).reshape(-1)
-    p1, p0 = np.arange(T)[:, None], np.arange(n_kv)[None, :]
-    keep = (p0 <= p1) & (p0 < T)
+    p1, pc = cells[:, None], np.arange(n_kv)[None, :]
+    keep = (pc <= p1) & (pc < p0 + T)
     if n_swa:
-        keep &= p1 - p0 < n_swa
+        keep &= p1 - pc < n_swa
     mask = np.where(keep, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
     mask_t = inp["kq_mask"]
     rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
@@ -82,17 +86,23 @@ def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa:
 
 
 def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
-                 n_embd: int, n_embd_v_gqa: int) -> dict[Tensor, np.ndarray]:
+                 n_embd: int, n_embd_v_gqa: int, p0: int = 0) -> dict[Tensor, np.ndarray]:
+    """One ubatch of `tokens` at positions p0.. (cells p0.., after p0 cells in use)."""
     T = len(tokens)
     inp = mg.inputs
-    values = attn_input_values(inp, T, n_kv, kv_cells, n_embd_v_gqa)
+    values = attn_input_values(inp, T, n_kv, kv_cells, n_embd_v_gqa, p0=p0)
     if mg.swa_cache is not None:      # llama_kv_cache_iswa: the SWA cache's own inputs
         values.update(attn_input_values(mg.swa_inputs, T, mg.swa_n_kv, mg.swa_cache.kv_size,
-                                        n_embd_v_gqa, mg.n_swa))
+                                        n_embd_v_gqa, mg.n_swa, p0=p0))
+    pos = np.arange(p0, p0 + T, dtype=np.int32)
+    if inp["pos"].shape[0] == 4 * T:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
+        pos = np.concatenate([pos, pos, pos, np.zeros(T, np.int32)])
     values.update({inp["tokens"]: np.asarray(tokens, dtype=np.int32),
                    inp["embd"]: np.zeros((T, n_embd), np.float32),
-                   inp["pos"]: np.arange(T, dtype=np.int32),
+                   inp["pos"]: pos,
                    inp["out_ids"]: np.array([T - 1], dtype=np.int32)})
+    if "s_copy" in inp:               # the recurrent state: sequence 0 reads its own row
+        values[inp["s_copy"]] = np.zeros(inp["s_copy"].shape, np.int32)
     if "ple_tokens" in inp:           # gemma4's per-layer embeddings read the tokens again
         values[inp["ple_tokens"]] = np.asarray(tokens, dtype=np.int32)
     return values
@@ -123,28 +133,54 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     if len(tokens) > context_size(opts, hp.n_ctx_train):
         raise InputError(f"{len(tokens)} tokens do not fit the context of "
                          f"{context_size(opts, hp.n_ctx_train)}; raise --ctx")
-    T = len(tokens)
-    n_kv = min(cells, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))   # get_n_kv
+    ubatch = ubatch_size(opts, hp.n_ctx_train)
     swa = swa_kv_size(opts, hp)
-    swa_n_kv = min(swa, max(KV_PAD, (T + KV_PAD - 1) // KV_PAD * KV_PAD))
     placement = place(hp, model.tensors, backends, opts)
-    mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
-                     placement.shared_copies(), swa_size=swa, swa_n_kv=swa_n_kv)
-    apply_placement(mg, placement, backends)
-    sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
-    plan, memory = plan_memory(sched, "ggml")
-    check_capacity(sched, memory)
+    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
+    # a sliding-window cache's cells are reused past its size: those models run the prompt as
+    # one ubatch (as before); the others in ubatches of --ubatch tokens, as llama.cpp splits it
+    step = len(tokens) if getattr(hp, "has_swa", False) else ubatch
+    chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
     if model.path is None or model.stamp is None:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
-    check_run_memory(model, mg, memory)
+    def prepare(i: int):
+        """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""
+        p0, T = i * step, len(chunks[i])
+        used = (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD
+        n_kv = min(cells, max(KV_PAD, used))                                       # get_n_kv
+        mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
+                         placement.shared_copies(), swa_size=swa,
+                         swa_n_kv=min(swa, max(KV_PAD, used)), rs_zero=0 if i == 0 else -1)
+        writes = cache_writes(mg) if i < len(chunks) - 1 else {}   # what the next one reads
+        apply_placement(mg, placement, backends)
+        sched = scheduler.schedule(mg.graph)
+        plan, memory = plan_memory(sched, "ggml")
+        check_capacity(sched, memory)
+        check_run_memory(model, mg, memory)
+        return p0, T, n_kv, mg, writes, sched, plan
+
+    # before anything is computed: the most tokens (the first) and the most cells (the last)
+    ready = {i: prepare(i) for i in sorted({0, len(chunks) - 1})}
     weights = MappedFile(model.path, model.stamp, model.data_end)
+    caches: dict[str, np.ndarray] = {}       # cache leaf name -> its bytes after the last ubatch
     try:
-        values = weight_values(model, mg, weights.bytes)
-        values.update(input_values(mg, tokens, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa))
-        values.update((leaf, fill(range(T))) for leaf, fill in mg.extra_inputs.items())
-        with sigbus_guard(model.path):
-            result = execute(sched, plan, values, repeat=repeat, warmup=warmup,
-                             record_events=record_events, progress=progress)
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            p0, T, n_kv, mg, writes, sched, plan = ready.pop(i) if i in ready else prepare(i)
+            values = weight_values(model, mg, weights.bytes)
+            values.update((leaf, caches[leaf.name]) for leaf in cache_leaves(mg)
+                          if leaf.name in caches)
+            values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa, p0))
+            values.update((leaf, fill(range(p0, p0 + T))) for leaf, fill in mg.extra_inputs.items())
+            with sigbus_guard(model.path):
+                result = execute(sched, plan, values, repeat=repeat if last else 1,
+                                 warmup=warmup if last else 0,
+                                 record_events=record_events and last,
+                                 progress=progress if last else None)
+            for name, node in writes.items():       # what this ubatch left in the caches
+                caches[name] = np.asarray(result.outputs[node.name]).reshape(
+                    storage_shape(node.view_src.shape, node.view_src.dtype)[0])
+            values = None
         weights.check_unchanged()
     finally:
         values = None
@@ -152,6 +188,30 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     result.schedule, result.memory_plan = sched, plan
     logits = np.asarray(result.outputs["result_output"], dtype=np.float32).reshape(1, hp.n_vocab)
     return logits, result
+
+
+def cache_leaves(mg: ModelGraph) -> list[Tensor]:
+    return [leaf for cache in mg.caches
+            for leaf in (*cache.k.values(), *cache.v.values(), *cache.r.values(),
+                         *cache.s.values())]
+
+
+def cache_writes(mg: ModelGraph) -> dict[str, Tensor]:
+    """Per cache tensor, the node whose result views all of it after the ubatch wrote it (the
+    K/V set_rows, the conv and delta states' copies), made an output of the graph so its bytes
+    come back and seed the next ubatch."""
+    roots = {id(leaf): leaf for leaf in cache_leaves(mg)}
+    out = {}
+    for node in mg.graph.nodes:
+        root = node.view_src
+        if (node.op in ("set_rows", "cpy") and root is not None and id(root) in roots
+                and node.nbytes == root.nbytes and node.view_offset == 0):
+            out[root.name] = node
+    for node in out.values():
+        if not node.is_output:
+            node.is_output = True
+            mg.graph.outputs.append(node)
+    return out
 
 
 def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
@@ -162,7 +222,8 @@ def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
 
     buffers = sum(m.arena_bytes + m.weights_bytes for m in memory)
     caches = sum(leaf.nbytes for cache in mg.caches
-                 for leaf in (*cache.k.values(), *cache.v.values()))
+                 for leaf in (*cache.k.values(), *cache.v.values(), *cache.r.values(),
+                              *cache.s.values()))
     inputs = 2 * sum(t.nbytes for t in (*mg.inputs.values(), *mg.swa_inputs.values()))
     need = buffers + caches + inputs
     what = (f"running this model ({human_bytes(buffers)} of backend buffers, "

@@ -54,6 +54,7 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
             "ctx": figures.ctx, "ubatch": figures.ubatch, "ngl": figures.ngl,
             "backends": [{"name": b.name, "kind": b.kind, "arena_bytes": b.arena_bytes,
                           "weights_bytes": b.weights_bytes, "kv_bytes": b.kv_bytes,
+                          "state_bytes": b.state_bytes,
                           "lower_bound_bytes": lower.get(b.name, 0),
                           "memory_bytes": b.memory_bytes,
                           **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
@@ -84,12 +85,14 @@ def model_measure_table(model, figures) -> Table:
                            if getattr(figures, "n_copies", 1) > 1 else ""))
     table.add_column("backend")
     table.add_column("kind", drop=2)
-    for col in ("model (weights)", "KV cache", "compute", "total"):
+    # a hybrid model's recurrent state sits with its KV cache (both per layer, on its device)
+    kv = "KV + state" if any(b.state_bytes for b in figures.backends) else "KV cache"
+    for col in ("model (weights)", kv, "compute", "total"):
         table.add_column(col, "right", number=True)
     table.add_column("memory", "right", number=True, drop=1)
     for b in figures.backends:
-        total = b.weights_bytes + b.kv_bytes + b.arena_bytes
-        table.add_row(b.name, b.kind, Bytes(b.weights_bytes), Bytes(b.kv_bytes),
+        total = b.weights_bytes + b.kv_bytes + b.state_bytes + b.arena_bytes
+        table.add_row(b.name, b.kind, Bytes(b.weights_bytes), Bytes(b.kv_bytes + b.state_bytes),
                       Bytes(b.arena_bytes), Bytes(total), Bytes(b.memory_bytes))
     return table
 
@@ -106,8 +109,8 @@ def model_fit_dict(model, result) -> dict:
     return {"model": model.name, "ngl": result.ngl, "n_cpu_moe": result.n_cpu_moe,
             "ctx": result.ctx, "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
             "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
-                          "kv_bytes": b.kv_bytes, "arena_bytes": b.arena_bytes,
-                          "total_bytes": b.total_bytes, "memory_bytes": b.memory_bytes,
+                          "kv_bytes": b.kv_bytes, "state_bytes": b.state_bytes,
+                          "arena_bytes": b.arena_bytes, "total_bytes": b.total_bytes, "memory_bytes": b.memory_bytes,
                           "margin_bytes": b.margin_bytes, "free_bytes": b.free_bytes,
                           "fits": b.fits,
                           **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
@@ -132,12 +135,13 @@ def fit_table(model, result) -> Table:
                         f"({len(result.probes)} reserves, {seconds_text(result.seconds)}); "
                         f"sizes in {unit}")
     table.add_column("backend")
-    for col, drop in (("model", 0), ("KV", 0), ("compute", 0), ("total", 0), ("memory", 0),
+    kv = "KV+state" if any(b.state_bytes for b in rows) else "KV"
+    for col, drop in (("model", 0), (kv, 0), ("compute", 0), ("total", 0), ("memory", 0),
                       ("margin", 1), ("free", 0)):
         table.add_column(col, "right", number=True, drop=drop)
     table.add_column("fits")
     for b in rows:
-        table.add_row(b.name, _in(b.weights_bytes, size), _in(b.kv_bytes, size),
+        table.add_row(b.name, _in(b.weights_bytes, size), _in(b.kv_bytes + b.state_bytes, size),
                       _in(b.arena_bytes, size), _in(b.total_bytes, size),
                       _in(b.memory_bytes, size), _in(b.margin_bytes, size),
                       _in(b.free_bytes, size), "yes" if b.fits else "NO")
@@ -153,11 +157,13 @@ def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
     if cpu is None:
         return []
     other = cpu.weights_bytes - cpu.mapped_bytes - cpu.repack_bytes   # (a card: none)
-    allocated = cpu.repack_bytes + cpu.kv_bytes + cpu.arena_bytes + cpu.output_bytes + other
+    allocated = (cpu.repack_bytes + cpu.kv_bytes + cpu.state_bytes + cpu.arena_bytes
+                 + cpu.output_bytes + other)
     how = "allocated (--no-mmap)," if no_mmap else "mapped (page cache),"
     items = [f"weights {human_bytes(cpu.mapped_bytes)}", how,
              f"{human_bytes(allocated + (cpu.mapped_bytes if no_mmap else 0))} allocated in all:",
              f"repacked {human_bytes(cpu.repack_bytes)},", f"KV {human_bytes(cpu.kv_bytes)},",
+             *([f"state {human_bytes(cpu.state_bytes)},"] if cpu.state_bytes else []),
              f"compute {human_bytes(cpu.arena_bytes)},", f"output {human_bytes(cpu.output_bytes)}"]
     return pack_line(f"host {plain(cpu.name)}:", items, width)
 
@@ -204,10 +210,10 @@ def memory_bars(rows, margins: dict[str, int] | None = None) -> list[dict]:
     bars = []
     for r in rows:
         margin = getattr(r, "margin_bytes", 0) if margins is None else margins.get(r.name, 0)
-        used = r.weights_bytes + r.kv_bytes + r.arena_bytes
+        used = r.weights_bytes + r.kv_bytes + r.state_bytes + r.arena_bytes
         free = r.memory_bytes - used - margin
         bars.append({"name": r.name, "memory_bytes": r.memory_bytes,
-                     "segments": {"weights": r.weights_bytes, "KV": r.kv_bytes,
+                     "segments": {"weights": r.weights_bytes, "KV": r.kv_bytes + r.state_bytes,
                                   "compute": r.arena_bytes,
                                   "margin": min(margin, max(r.memory_bytes - used, 0)),
                                   "free": max(free, 0)},

@@ -54,7 +54,11 @@ class TinyModel:
     n_expert_shared: int = 0   # glm4moe: shared experts, leading dense layers, NextN layers
     dense_lead: int = 0        # (block_count counts the NextN ones), partial rope (n_rot)
     nextn: int = 0
+    # qwen35 (gated delta-net layers with every `interval`-th layer full attention): n_rot,
+    # the IMROPE sections and the SSM sizes (conv kernel, state, groups, time-step rank, inner)
     n_rot: int = 0
+    ssm: tuple = ()            # (d_conv, d_state, n_group, dt_rank, d_inner)
+    interval: int = 0          # full_attention_interval written when set (llama.cpp default 4)
 
     @property
     def n_embd_head(self) -> int:
@@ -162,6 +166,13 @@ MODELS = [
               n_expert_used=2, n_ff_exp=32, n_expert_shared=1, dense_lead=1, nextn=1, n_rot=16,
               metadata=(("expert_weights_scale", 2.5), ("expert_weights_norm", True),
                         ("expert_gating_func", 2))),
+    # qwen35 (Qwen3.5/3.6 dense): gated delta-net layers (state 16, 2 key heads, 4 value heads)
+    # and gated full attention (heads of 32, a partial IMROPE of 16 dims in sections 3,3,2,0);
+    # the f16 file has every second layer full attention, the q8_0 one llama.cpp's default 4
+    TinyModel("tiny-qwen35-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=13,
+              arch="qwen35", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), interval=2),
+    TinyModel("tiny-qwen35-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=14,
+              arch="qwen35", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64)),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -181,6 +192,41 @@ def vocabulary() -> tuple[list[bytes], list[float], list[int]]:
     types += [TokenType.NORMAL] * fillers
     scores = [0.0] * 3 + [0.0] * 256 + [-float(i + 1) for i in range(fillers)]
     return tokens, scores, [int(t) for t in types]
+
+
+def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """qwen35's tensors (llama_model_qwen35::load_arch_tensors), NumPy order."""
+    d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+    hd, n = m.n_embd_head, m.n_embd
+    conv_dim = 2 * d_state * n_group + d_inner
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, n)}
+    for i in range(m.n_layer):
+        shapes[f"blk.{i}.attn_norm.weight"] = (n,)
+        shapes[f"blk.{i}.post_attention_norm.weight"] = (n,)
+        if (i + 1) % (m.interval or 4) == 0:
+            shapes[f"blk.{i}.attn_q.weight"] = (2 * m.n_head * hd, n)
+            shapes[f"blk.{i}.attn_k.weight"] = (m.n_head_kv * hd, n)
+            shapes[f"blk.{i}.attn_v.weight"] = (m.n_head_kv * hd, n)
+            shapes[f"blk.{i}.attn_output.weight"] = (n, m.n_head * hd)
+            shapes[f"blk.{i}.attn_q_norm.weight"] = (hd,)
+            shapes[f"blk.{i}.attn_k_norm.weight"] = (hd,)
+        else:
+            shapes[f"blk.{i}.attn_qkv.weight"] = (conv_dim, n)
+            shapes[f"blk.{i}.attn_gate.weight"] = (d_inner, n)
+            shapes[f"blk.{i}.ssm_conv1d.weight"] = (conv_dim, d_conv)
+            shapes[f"blk.{i}.ssm_dt.bias"] = (dt_rank,)
+            shapes[f"blk.{i}.ssm_a"] = (dt_rank,)
+            shapes[f"blk.{i}.ssm_beta.weight"] = (dt_rank, n)
+            shapes[f"blk.{i}.ssm_alpha.weight"] = (dt_rank, n)
+            shapes[f"blk.{i}.ssm_norm.weight"] = (d_inner // dt_rank,)
+            shapes[f"blk.{i}.ssm_out.weight"] = (n, d_inner)
+        shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, n)
+        shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, n)
+        shapes[f"blk.{i}.ffn_down.weight"] = (n, m.n_ff)
+    shapes["output_norm.weight"] = (n,)
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    return shapes
 
 
 def gemma4_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
@@ -225,6 +271,8 @@ def gemma4_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
 
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    if m.arch == "qwen35":
+        return qwen35_shapes(m)
     if m.arch == "gemma4":
         return gemma4_shapes(m)
     head_dim = m.n_embd_head
@@ -306,6 +354,8 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
     stay O(1) through the layers and the logits are spread enough to compare meaningfully."""
     if name.endswith(".bias"):
         return (0.5 * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith(".ssm_a"):                      # -exp(A_log): negative decay rates
+        return (-np.exp(0.5 * rng.standard_normal(shape))).astype(np.float32)
     if name.startswith("rope_factors_long"):        # LongRoPE divisors: 1 up to 8
         return np.geomspace(1.0, 8.0, shape[0]).astype(np.float32)
     if name.startswith("rope_factors_short"):
@@ -323,7 +373,8 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
 def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str) -> None:
     """Stores 1-D tensors and an expert router (ffn_gate_inp) as f32 always, as llama.cpp's
     converters do (and its quantizer never quantizes the router)."""
-    if data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name:
+    if (data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name
+            or ".ssm_conv1d." in name):                 # ggml's f32-only conv
         writer.add_tensor(name, data)
     elif weight_type == "f16":
         writer.add_tensor(name, data.astype(np.float16))
@@ -353,6 +404,16 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_key_length(m.head_dim)
         writer.add_value_length(m.head_dim)
     writer.add_rope_dimension_count(m.n_rot or m.n_embd_head)
+    if m.ssm:
+        d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+        writer.add_rope_dimension_sections([3, 3, 2, 0])
+        writer.add_ssm_conv_kernel(d_conv)
+        writer.add_ssm_state_size(d_state)
+        writer.add_ssm_group_count(n_group)
+        writer.add_ssm_time_step_rank(dt_rank)
+        writer.add_ssm_inner_size(d_inner)
+        if m.interval:
+            writer.add_full_attention_interval(m.interval)
     if "rope.freq_base" not in dict(m.metadata):
         writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)

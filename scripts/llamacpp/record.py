@@ -46,7 +46,8 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-qwen2-f16", "tiny-qwen2-q8_0", "tiny-qwen3-f16", "tiny-qwen3-q8_0",
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
           "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
-          "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0"]
+          "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
+          "tiny-qwen35-f16", "tiny-qwen35-q8_0"]
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
 # full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
 SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0"]
@@ -70,7 +71,9 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-gemma4-q8_0/c1024/ub512/fa1/nglall",
                  "tiny-qwen3moe-f16/c256/ub32/fa0/ngl2",
                  "tiny-qwen3moe-q8_0/c256/ub32/fa0/nglall/n-cpu-moe1",
-                 "tiny-glm4moe-f16/c256/ub32/fa1/ngl0", "tiny-glm4moe-q8_0/c256/ub32/fa0/ngl2"}
+                 "tiny-glm4moe-f16/c256/ub32/fa1/ngl0", "tiny-glm4moe-q8_0/c256/ub32/fa0/ngl2",
+                 # qwen35: its recurrent state (zero-sized nodes, the delta-net ops) on both sides
+                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -122,6 +125,14 @@ EXTRAS: list[tuple[str, str, dict]] = [
     ("tiny-phi3-f16", "", {"ngl": 3}),
     ("tiny-phi3-f16", "ot-rope-cpu", {"ngl": "all", "overrides": [["rope_factors", "CPU"]]}),
     ("tiny-phi3-f16", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
+    # qwen35: the recurrent state follows -nkvo as the KV cache does; -ngl 3 splits delta-net
+    # layers across the devices; -ot moves the delta-net weights, not their state
+    ("tiny-qwen35-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-qwen35-q8_0", "nkvo", {"ngl": 2, "no_kv_offload": True, "flash_attn": True}),
+    ("tiny-qwen35-f16", "", {"ngl": 3}),
+    ("tiny-qwen35-q8_0", "", {"ngl": 4, "ubatch": 512}),
+    ("tiny-qwen35-f16", "ot-ssm-cpu", {"ngl": "all", "overrides": [["ssm_", "CPU"]]}),
+    ("tiny-qwen35-q8_0", "ot-blk1-rpc", {"ngl": 0, "overrides": [["blk\\.1\\.", "RPC0"]]}),
     # gemma3: the full and the SWA cache under the placement options (each layer's cache with
     # its layer, over two devices too; a q8_0 cache with its heads of 32)
     ("tiny-gemma3-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
@@ -181,6 +192,12 @@ EXTRAS: list[tuple[str, str, dict]] = [
                          ("", {"ngl": 1}),
                          ("", {"ngl": 3}))
 ]
+# Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
+# the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second
+TOKENS_2UB = [(i * 37 + 5) % 320 for i in range(40)]
+EXTRAS += [(model, "t40", {"ngl": ngl, "tokens": TOKENS_2UB, "ubatch": ub})
+           for model in ("tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-llama-f16")
+           for ngl, ub in ((2, 32), ("all", 32), (2, 512))]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
 
@@ -444,20 +461,24 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
 
     def add(name: str, key: str, nbytes: int) -> None:
         entry = backends.setdefault(to_backend(name), {"weights_bytes": 0, "kv_bytes": 0,
-                                                        "arena_bytes": 0})
+                                                        "arena_bytes": 0, **state})
         entry[key] += nbytes
 
+    # state_bytes (the recurrent state: cache_r_l / cache_s_l) only where a model has one
+    state = {"state_bytes": 0} if any(fn == "alloc_ctx_tensors_rs" for _, fn, _, _ in buffers) else {}
     output_bytes = 0
     for phase, fn, name, nbytes in buffers:
         if phase == "load":
             add(name, "weights_bytes", nbytes)
         elif phase == "context" and fn == "alloc_ctx_tensors":
             add(name, "kv_bytes", nbytes)
+        elif phase == "context" and fn == "alloc_ctx_tensors_rs":
+            add(name, "state_bytes", nbytes)
         elif phase == "context" and fn == "buft_alloc_buffer":
             output_bytes += nbytes   # the logits/embeddings output buffer, host memory
     arena = {to_backend(name): nbytes for phase, name, nbytes in sizes if phase == "context"}
     for name, nbytes in arena.items():
-        backends.setdefault(name, {"weights_bytes": 0, "kv_bytes": 0, "arena_bytes": 0})
+        backends.setdefault(name, {"weights_bytes": 0, "kv_bytes": 0, "arena_bytes": 0, **state})
         backends[name]["arena_bytes"] = nbytes
     child["log"] = device_names(child["log"], endpoints)
     match = GRAPH_LINE.search(child["log"])

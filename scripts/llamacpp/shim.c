@@ -7,7 +7,8 @@
  * ggml_backend_alloc_ctx_tensors_from_buft (or by the scheduler's own allocator) is not counted
  * twice. Lines are tab separated (tensor names contain spaces):
  *   M  <text>                                   phase marker written by the recorder
- *   B  <function> <buffer-type name> <bytes>    model / KV / output buffers
+ *   B  <function> <buffer-type name> <bytes>    model / KV / output buffers (a recurrent
+ *      state's: alloc_ctx_tensors_rs)
  *   S  <backend name> <bytes>                   ggml_backend_sched_get_buffer_size
  *   G  begin <reserve|compute> <n_nodes> <n_splits>, then N/L lines, then G end
  *   N  <index> <name> <op> <type> <ne0,ne1,ne2,ne3> <nb0,..> <backend> <flags> <view_src>
@@ -65,7 +66,12 @@ ggml_backend_buffer_t ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_conte
     depth++;
     ggml_backend_buffer_t buf = real(ctx, buft);
     depth--;
-    log_buffer("alloc_ctx_tensors", buf);
+    /* a recurrent state's buffer (llama_memory_recurrent: cache_r_l<il> / cache_s_l<il>) is told
+       apart from a KV cache's by its first tensor's name */
+    struct ggml_tensor *first = ggml_get_first_tensor(ctx);
+    int rs = first && (strncmp(ggml_get_name(first), "cache_r_l", 9) == 0 ||
+                       strncmp(ggml_get_name(first), "cache_s_l", 9) == 0);
+    log_buffer(rs ? "alloc_ctx_tensors_rs" : "alloc_ctx_tensors", buf);
     return buf;
 }
 

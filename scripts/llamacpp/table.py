@@ -5,7 +5,8 @@ so the table in docs/models.md is what the tests check, measured:
 
     python3 scripts/llamacpp/table.py [--no-run]
 
-Byte columns are llama.cpp's figures (model / KV / compute buffer per backend); the ggmlrun
+Byte columns are llama.cpp's figures (model / KV / compute buffer per backend, then "+ state N"
+for a hybrid model's recurrent state); the ggmlrun
 column says "equal" when every byte count, node count and split count is the same, and lists
 the differences otherwise. The last column is the largest logit difference relative to
 llama.cpp's largest logit, against SPEC's tolerance.
@@ -29,7 +30,8 @@ from tests.test_llamacpp_figures import (  # noqa: E402  (the repository root is
 def bytes_cell(figures: dict | None) -> str:
     if figures is None:   # RPC1 exists only in the -ts configurations
         return "-"
-    return f"{figures['weights_bytes']} / {figures['kv_bytes']} / {figures['arena_bytes']}"
+    state = f" + state {figures['state_bytes']}" if figures.get("state_bytes") else ""
+    return f"{figures['weights_bytes']} / {figures['kv_bytes']} / {figures['arena_bytes']}{state}"
 
 
 def logits_cell(cfg: dict, workdir: Path) -> tuple[str, bool]:

@@ -29,6 +29,7 @@ _MODULES = {
     "gemma4": "ggmlrun.models.arch.gemma4",
     "qwen3moe": "ggmlrun.models.arch.qwen3moe",
     "glm4moe": "ggmlrun.models.arch.glm4moe",
+    "qwen35": "ggmlrun.models.arch.qwen35",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

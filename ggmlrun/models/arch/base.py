@@ -43,6 +43,8 @@ class Arch:
     read_hparams: Callable | None = None   # (get, common kwargs) -> HParams; None: the common ones
     is_70b: Callable = lambda hp: False    # llama.cpp's LLM_TYPE_70B (the quantizer's attn_v rule)
     longrope: bool = False                 # builds LongRoPE's rope_factors_long / _short
+    n_pos_per_embd: int = 1                # positions per token in inp_pos (4 for M-RoPE/IMROPE)
+    hybrid: bool = False                   # llama_memory_hybrid: a recurrent state beside the KV
     # the optional tensors a model card's model has, by name without "blk.<i>."
     card_tensors: frozenset = frozenset({"output.weight"})
     # or, per tensor: (name, hparams) -> whether a card's model has it (gemma4: attn_v only on
@@ -52,8 +54,9 @@ class Arch:
     card_hparams: dict = field(default_factory=dict)
     # keys whose per-layer arrays may differ between layers (hparam_rules.check per_layer)
     per_layer: frozenset = frozenset()
-    # the output norm over every row (h_nextn), then the output rows (gemma4), rather than the
-    # last layer keeping only the output rows
+    # the output norm over every row (h_nextn), then the output rows (gemma4; the qwen35 family:
+    # llama.cpp's embeddings_nextn_masked off), rather than the last layer keeping only the
+    # output rows
     rows_after_norm: bool = False
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
@@ -66,14 +69,15 @@ _SAME_NAME = {MODEL_TENSOR.FFN_NORM: MODEL_TENSOR.FFN_PRE_NORM}
 
 
 def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None = None) -> str:
-    """llama.cpp's tn(LLM_TENSOR_X, suffix, bid): the name from gguf's own tables."""
+    """llama.cpp's tn(LLM_TENSOR_X, suffix, bid): the name from gguf's own tables (no suffix
+    when it is "", as for LLM_TENSOR_SSM_A_NOSCAN's "blk.N.ssm_a")."""
     listed = MODEL_TENSORS[_GGUF_ARCH[arch]]
     if tensor not in listed and _SAME_NAME.get(tensor) in listed:
         tensor = _SAME_NAME[tensor]
     if tensor not in listed:
         raise KeyError(f"gguf lists no {tensor.name} tensor for architecture {arch}")
     base = TENSOR_NAMES[tensor]
-    return (base.format(bid=bid) if bid is not None else base) + "." + suffix
+    return (base.format(bid=bid) if bid is not None else base) + ("." + suffix if suffix else "")
 
 
 T = MODEL_TENSOR

@@ -63,13 +63,14 @@ def want_int_list(op: str, key: str, v) -> list[int]:
     return [int(d) for d in v]
 
 
-def want_shape(op: str, key: str, v) -> tuple[int, ...]:
-    """A result shape: 1 to 4 dims, each >= 1 (SPEC.md section 1)."""
+def want_shape(op: str, key: str, v, zero: bool = False) -> tuple[int, ...]:
+    """A result shape: 1 to 4 dims, each >= 1 (SPEC.md section 1); with `zero`, 0 too (ggml's
+    zero-element views: llama.cpp's recurrent state makes them in every reserve)."""
     dims = want_int_list(op, key, v)
     if not 1 <= len(dims) <= MAX_DIMS:
         raise InputError(f"{op}: param '{key}' must have 1 to {MAX_DIMS} dims, got {v!r}")
-    if any(d < 1 for d in dims):
-        raise InputError(f"{op}: param '{key}' dims must be >= 1, got {v!r}")
+    if any(d < (0 if zero else 1) for d in dims):
+        raise InputError(f"{op}: param '{key}' dims must be >= {0 if zero else 1}, got {v!r}")
     return tuple(dims)
 
 

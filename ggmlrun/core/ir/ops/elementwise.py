@@ -110,6 +110,14 @@ def _gelu(x, out):
     np.multiply(t, F32(0.5), out=out)
 
 
+def _softplus(x, out):
+    """ggml-cpu's op_softplus: x past 20, else logf(1 + expf(x))."""
+    t = np.exp(np.minimum(x, F32(20)))
+    t += 1
+    np.log(t, out=t)
+    np.copyto(out, np.where(x > F32(20), x, t))
+
+
 UNARY = {
     # name: (formula, flops per element, summary)
     "neg": (lambda x, out: np.negative(x, out=out), 1, "-a"),
@@ -123,6 +131,7 @@ UNARY = {
     "sigmoid": (_sigmoid, 5, "1/(1+e⁻ᵃ)"),
     "tanh": (lambda x, out: np.tanh(x, out=out), 4, "tanh(a)"),
     "gelu": (_gelu, 10, "0.5·a·(1+tanh(√(2/π)·(a+0.044715·a³))), exact"),
+    "softplus": (_softplus, 6, "log(1+eᵃ), a itself past 20 (ggml's)"),
 }
 
 

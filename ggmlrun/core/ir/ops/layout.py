@@ -156,7 +156,7 @@ register(OpSpec(name="cpy", n_src=(2, 2), infer=_cpy_infer, kernel=_cpy_kernel,
 
 def _view_infer(srcs, *, shape, offset, strides):
     (a,) = srcs
-    dims = want_shape("view", "shape", shape)
+    dims = want_shape("view", "shape", shape, zero=True)
     off = want_int("view", "offset", offset, lo=0)
     block = a.gtype.block_size             # block types: the innermost dim counts blocks
     if block > 1 and dims[-1] % block:

@@ -217,18 +217,27 @@ register(OpSpec(name="diag_mask_inf", n_src=(1, 1), infer=_diag_mask_infer,
 
 _ROPE_PARAMS = {"n_dims": None, "mode": 0, "n_ctx_orig": 0, "freq_base": 10000.0,
                 "freq_scale": 1.0, "ext_factor": 0.0, "attn_factor": 1.0,
-                "beta_fast": 32.0, "beta_slow": 1.0}
+                "beta_fast": 32.0, "beta_slow": 1.0, "sections": None}
+# ggml_rope_multi's modes: M-RoPE (8) and Qwen3-VL's interleaved IMROPE (40) read four positions
+# per token (b is [4 T]: t, h, w, e) and pick one per rotated pair by `sections` (4 counts)
+ROPE_MULTI = (8, 40)
 
 
 def _rope_infer(srcs, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
-                attn_factor, beta_fast, beta_slow):
+                attn_factor, beta_fast, beta_slow, sections):
     a, pos = srcs[0], srcs[1]
     need_float("rope", a)
     need_ndim("rope", a, 3, 4)
     need_dtype("rope", pos, ("i32",), "b (positions)")
-    if pos.shape != (a.shape[-3],):
-        raise InputError(f"rope: b (positions) {who(pos)} must be [T] = [{a.shape[-3]}] "
-                         f"for a [(B), T, H, D] = {fmt(a.shape)}")
+    n_pos = 4 if mode in ROPE_MULTI else 1
+    if pos.shape != (n_pos * a.shape[-3],):
+        raise InputError(f"rope: b (positions) {who(pos)} must be [{'4 T' if n_pos > 1 else 'T'}]"
+                         f" = [{n_pos * a.shape[-3]}] for a [(B), T, H, D] = {fmt(a.shape)}")
+    if (sections is not None) != (mode in ROPE_MULTI) or sections is not None and (
+            not isinstance(sections, (list, tuple)) or len(sections) != 4
+            or not all(is_int(x) and x >= 0 for x in sections) or not any(sections[:3])):
+        raise InputError(f"rope: sections (4 counts, one of the first three > 0) go with modes "
+                         f"8 and 40 (multi-rope) only; got mode {mode!r}, sections {sections!r}")
     d = a.shape[-1]
     n = d
     if n_dims is not None:
@@ -237,8 +246,11 @@ def _rope_infer(srcs, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_fa
             raise InputError(f"rope: n_dims must be even and at most D = {d}, got {n}")
     elif d % 2:
         raise InputError(f"rope: D = {d} is odd; give an even n_dims <= D")
-    if not is_int(mode) or mode not in (0, 2):
-        raise InputError(f"rope: mode must be 0 (normal) or 2 (NeoX), got {mode!r}")
+    if not is_int(mode) or mode not in (0, 2, *ROPE_MULTI):
+        raise InputError(f"rope: mode must be 0 (normal), 2 (NeoX), 8 (M-RoPE) or 40 (IMROPE), "
+                         f"got {mode!r}")
+    if sections is not None and sum(sections) > n // 2:
+        raise InputError(f"rope: sections {list(sections)} add up past n_dims/2 = {n // 2}")
     want_int("rope", "n_ctx_orig", n_ctx_orig, lo=0)
     want_number("rope", "freq_base", freq_base, positive=True)
     want_number("rope", "freq_scale", freq_scale, positive=True)
@@ -304,19 +316,50 @@ def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: flo
     return cos, sin
 
 
+def multi_rope_stream(sections, half: int, imrope: bool) -> list[int]:
+    """ggml_mrope_cache_init: which of the four positions (0 t, 1 h, 2 w, 3 e) each rotated
+    pair i of n_dims/2 takes, by its sector i % sum(sections)."""
+    s0, s1, s2, s3 = sections
+    total, sec_w = s0 + s1 + s2 + s3, s0 + s1
+    out = []
+    for i in range(half):
+        sector = i % total
+        if imrope:
+            if sector % 3 == 1 and sector < 3 * s1:
+                out.append(1)
+            elif sector % 3 == 2 and sector < 3 * s2:
+                out.append(2)
+            elif sector % 3 == 0 and sector < 3 * s0:
+                out.append(0)
+            else:
+                out.append(3)
+        else:
+            out.append(0 if sector < s0 else 1 if sector < sec_w else
+                       2 if sector < sec_w + s2 else 3)
+    return out
+
+
 @quiet
 def _rope_kernel(out, a, pos, factors=None, *, n_dims, mode, n_ctx_orig, freq_base,
-                 freq_scale, ext_factor, attn_factor, beta_fast, beta_slow):
+                 freq_scale, ext_factor, attn_factor, beta_fast, beta_slow, sections):
     d = a.shape[-1]
     n = d if n_dims is None else n_dims
     half = n // 2
     corr = (0.0, 0.0)
     if ext_factor != 0.0:
         corr = yarn_corr_dims(n, n_ctx_orig, freq_base, beta_fast, beta_slow)
-    cos, sin = rope_cos_sin(pos, n, freq_base, freq_scale, ext_factor, attn_factor, corr,
-                            factors)
+    if mode in ROPE_MULTI:       # each pair's θ from its own position stream (a running product each)
+        T = a.shape[-3]
+        streams = [rope_cos_sin(pos[j * T:(j + 1) * T], n, freq_base, freq_scale, ext_factor,
+                                attn_factor, corr, factors) for j in range(4)]
+        pick = np.asarray(multi_rope_stream(sections, half, mode == 40))
+        cos = np.choose(pick[None, :], [c for c, _ in streams])
+        sin = np.choose(pick[None, :], [s for _, s in streams])
+    else:
+        cos, sin = rope_cos_sin(pos, n, freq_base, freq_scale, ext_factor, attn_factor, corr,
+                                factors)
     cos, sin = cos[:, None, :], sin[:, None, :]                     # [T, 1, n/2]
-    if mode == 0:
+    if mode == 0:            # NeoX, M-RoPE and IMROPE rotate pairs n_dims/2 apart
         first, second = np.s_[..., 0:n:2], np.s_[..., 1:n:2]
     else:
         first, second = np.s_[..., 0:half], np.s_[..., half:n]

@@ -1,0 +1,122 @@
+"""The ops of recurrent (linear-attention) layers llama.cpp's hybrid models use: ssm_conv (the
+short causal convolution over a sequence, its past taken from the conv state) and
+gated_delta_net (the fused gated delta rule of Qwen3-Next / Qwen3.5, its result holding the
+attention output and the new state side by side). Shapes are NumPy order (ggml's ne reversed);
+each kernel follows ggml-cpu's (ggml/src/ggml-cpu/ops.cpp), in f32.
+"""
+
+from __future__ import annotations
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.lazynumpy import np
+from ggmlrun.core.ir.ops.common import F32, fmt, need_dtype, need_ndim, quiet, want_int, who
+from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
+
+
+def _pad(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+# --- ssm_conv --------------------------------------------------------------------------------
+
+def _ssm_conv_infer(srcs):
+    a, c = srcs
+    need_dtype("ssm_conv", a, ("f32",), "a (conv input)")
+    need_dtype("ssm_conv", c, ("f32",), "c (conv weight)")
+    need_ndim("ssm_conv", a, 2, 3, "a (conv input)")
+    need_ndim("ssm_conv", c, 2, 2, "c (conv weight)")
+    n_s, d_inner, n_cols = _pad(a.shape, 3)
+    d_inner_c, d_conv = c.shape
+    if d_inner != d_inner_c or n_cols < d_conv:
+        raise InputError(f"ssm_conv: a (conv input) {fmt(a.shape)} must be [S, C, d_conv - 1 + T] "
+                         f"for c (conv weight) {fmt(c.shape)} = [C, d_conv]")
+    return OpResult((n_s, n_cols - d_conv + 1, d_inner), "f32")
+
+
+@quiet
+def _ssm_conv_kernel(out, a, c):
+    """out[s, t, i] = sum_k a[s, i, t + k] * c[i, k] (a sliding window per channel)."""
+    a3 = a.reshape(_pad(a.shape, 3))
+    d_conv = c.shape[1]
+    n_t = out.shape[-2]
+    acc = np.zeros((a3.shape[0], n_t, a3.shape[1]), F32)
+    cw = np.asarray(c, dtype=F32)
+    for k in range(d_conv):                 # ggml sums k in order, in f32
+        acc += np.swapaxes(a3[:, :, k:k + n_t], 1, 2) * cw[:, k]
+    out[...] = acc.reshape(out.shape)
+
+
+register(OpSpec(name="ssm_conv", n_src=(2, 2), infer=_ssm_conv_infer, kernel=_ssm_conv_kernel,
+                flops=lambda out, srcs: 2 * out.n_elements * srcs[1].shape[-1],
+                summary="causal conv: a f32 [S, C, d_conv-1+T] by c f32 [C, d_conv] -> "
+                        "[S, T, C]"))
+
+
+# --- gated_delta_net ---------------------------------------------------------------------------
+
+def _gdn_infer(srcs, *, K):
+    q, k, v, g, beta, state = srcs
+    for name, t in zip(("q", "k", "v", "g", "beta", "state"), srcs):
+        need_dtype("gated_delta_net", t, ("f32",), name)
+        need_ndim("gated_delta_net", t, 1, 4, name)
+    K = want_int("gated_delta_net", "K", K, lo=1)
+    n_seqs, T, H, S_v = _pad(v.shape, 4)
+    qs, ks = _pad(q.shape, 4), _pad(k.shape, 4)
+    if qs != ks or qs[1] != T or qs[3] != S_v or H % qs[2] or n_seqs % qs[0]:
+        raise InputError(f"gated_delta_net: q {fmt(q.shape)} and k {fmt(k.shape)} must be "
+                         f"[B, T, H_k, S] with H_k dividing v's heads, v {fmt(v.shape)}")
+    gs = _pad(g.shape, 4)
+    if gs[:3] != (n_seqs, T, H) or gs[3] not in (1, S_v):
+        raise InputError(f"gated_delta_net: g {who(g)} must be [B, T, H, 1 or S] for v "
+                         f"{fmt(v.shape)}")
+    if _pad(beta.shape, 4) != (n_seqs, T, H, 1):
+        raise InputError(f"gated_delta_net: beta {who(beta)} must be [B, T, H, 1]")
+    if _pad(state.shape, 4) != (n_seqs, H, S_v, S_v):
+        raise InputError(f"gated_delta_net: state {who(state)} must be [B, H, S, S] = "
+                         f"{fmt((n_seqs, H, S_v, S_v))}")
+    return OpResult((T * n_seqs + K * S_v * n_seqs, S_v * H), "f32")
+
+
+@quiet
+def _gdn_kernel(out, q, k, v, g, beta, state, *, K):
+    """ggml_compute_forward_gated_delta_net: per sequence and value head, the state M (stored
+    transposed: M[j, i] = S[i][j]) decays by exp(g), takes the delta rule's rank-one update
+    with k and beta, and is read by q (scaled by 1/sqrt(S)). The output's first rows are the
+    attention output [B*T, H*S]; after them the last min(T, K) states (slot 0 the newest)."""
+    n_seqs, T, H, S = _pad(v.shape, 4)
+    q4, k4, v4 = (np.asarray(x, dtype=F32).reshape(_pad(x.shape, 4)) for x in (q, k, v))
+    g4 = np.asarray(g, dtype=F32).reshape(_pad(g.shape, 4))
+    b4 = np.asarray(beta, dtype=F32).reshape(_pad(beta.shape, 4))
+    M = np.array(np.asarray(state, dtype=F32).reshape(n_seqs, H, S, S))
+    hq = np.arange(H) % q4.shape[2]                 # iq1 = iv1 % neq1
+    hk = np.arange(H) % k4.shape[2]
+    sq = np.arange(n_seqs) // (n_seqs // q4.shape[0])
+    sk = np.arange(n_seqs) // (n_seqs // k4.shape[0])
+    scale = F32(1.0 / np.sqrt(F32(S)))
+    flat = out.reshape(-1)
+    attn = flat[:n_seqs * T * H * S].reshape(n_seqs, T, H, S)
+    states = flat[n_seqs * T * H * S:].reshape(K, n_seqs, H, S, S)
+    for t in range(T):
+        qt = q4[sq][:, t][:, hq]                     # [B, H, S]
+        kt = k4[sk][:, t][:, hk]
+        decay = np.exp(g4[:, t])                     # [B, H, 1 or S]
+        if g4.shape[-1] == 1:
+            M *= decay[..., None]
+        else:                                        # KDA: a decay per column i
+            M *= decay[:, :, None, :]
+        kv = np.einsum("bhji,bhi->bhj", M, kt, dtype=F32)
+        delta = (v4[:, t] - kv) * b4[:, t]           # [B, H, S] (beta [B, H, 1])
+        M += delta[..., :, None] * kt[..., None, :]
+        attn[:, t] = np.einsum("bhji,bhi->bhj", M, qt, dtype=F32) * scale
+        slot = T - 1 - t
+        if K > 1 and 0 <= slot < K:
+            states[slot] = M
+    if K == 1:
+        states[0] = M
+
+
+register(OpSpec(name="gated_delta_net", n_src=(6, 6), infer=_gdn_infer, kernel=_gdn_kernel,
+                params={"K": 1},
+                flops=lambda out, srcs: 6 * srcs[2].n_elements * srcs[2].shape[-1],
+                summary="gated delta rule of q, k, v [B, T, H, S], g, beta [B, T, H, 1], "
+                        "state [B, H, S, S] -> [B*T + K*B*S, H*S]: output rows, then states"))

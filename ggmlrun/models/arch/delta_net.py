@@ -1,0 +1,255 @@
+"""llama.cpp's llm_build_delta_net_base (src/models/delta-net-base.cpp) and what the hybrid
+Qwen3.5 family shares (src/models/qwen35.cpp, qwen35moe.cpp): the hyperparameters of their
+gated delta-net layers, llama_memory_hybrid's recurrent state, the linear-attention layer
+(conv state, SSM_CONV, L2 norms, the fused GATED_DELTA_NET, the gated RMS norm) and the gated
+full-attention layer (a doubled Q projection: query and gate; Q/K head norms; IMROPE).
+
+Every graph is built for one sequence (n_seq_max 1: llama.cpp's default and llama-cpp-python's)
+with fused gated delta net on (llama.cpp resolves it on when the op runs on the layer's device,
+as every ggml backend recorded does) and no rollback snapshots (n_rs_seq 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ggmlrun.core.util.lazynumpy import np     # graph building only: headers load no NumPy
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import TensorSpec, tn
+from ggmlrun.models.graph_common import build_attn_kv, build_rs, rs_inputs
+from ggmlrun.models.hparams import LlamaHParams
+
+ROPE_TYPE_IMROPE = 40    # LLAMA_ROPE_TYPE_IMROPE (GGML_ROPE_TYPE_IMROPE)
+
+
+@dataclass(frozen=True)
+class DeltaNetHParams(LlamaHParams):
+    ssm_d_conv: int = 4             # ssm.conv_kernel
+    ssm_d_inner: int = 0            # ssm.inner_size
+    ssm_d_state: int = 0            # ssm.state_size (the head size of K and V)
+    ssm_dt_rank: int = 0            # ssm.time_step_rank (value heads)
+    ssm_n_group: int = 0            # ssm.group_count (key heads)
+    full_attention_interval: int = 4
+    rope_sections: tuple = (0, 0, 0, 0)
+    recurrent_layers: tuple = ()    # attention.recurrent_layers, when the file has it
+
+    def is_recr(self, il: int) -> bool:
+        """attention.recurrent_layers where given (newer converters write it from the model's
+        layer_types), else every full_attention_interval-th layer is attention."""
+        if self.recurrent_layers:
+            return self.recurrent_layers[il]
+        return (il + 1) % self.full_attention_interval != 0
+
+    @property
+    def n_embd_r(self) -> int:
+        """The conv state per sequence: (d_conv - 1) * (d_inner + 2 n_group d_state)."""
+        return (self.ssm_d_conv - 1) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
+
+    @property
+    def n_embd_s(self) -> int:
+        """The delta state per sequence: d_state * d_inner."""
+        return self.ssm_d_state * self.ssm_d_inner
+
+
+# a card's own keys: card key -> (GGUF key under the architecture, required, default)
+CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
+                "ssm_d_inner": ("ssm.inner_size", True, None),
+                "ssm_d_state": ("ssm.state_size", True, None),
+                "ssm_dt_rank": ("ssm.time_step_rank", True, None),
+                "ssm_n_group": ("ssm.group_count", True, None),
+                "full_attention_interval": ("full_attention_interval", False, None),
+                "rope_sections": ("rope.dimension_sections", True, None)}
+
+
+def read_hparams(get, common: dict) -> DeltaNetHParams:
+    nextn = get("nextn_predict_layers", 0)
+    if nextn:
+        # llama.cpp then loads block_count - nextn trunk layers and skips the MTP blocks, but
+        # counts them in -ngl and in the mapped range: not modelled (and not recorded) yet
+        raise InputError(f"nextn_predict_layers {nextn}: the MTP layers of a qwen35 file are not "
+                         f"built by ggmlrun yet; a file converted without them (--no-mtp) is")
+    hp = DeltaNetHParams(**common, recurrent_layers=get("attention.recurrent_layers", ()),
+                         ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
+                         ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
+                         ssm_n_group=get("ssm.group_count"),
+                         full_attention_interval=get("full_attention_interval", 4),
+                         rope_sections=get("rope.dimension_sections"))
+    if hp.ssm_d_inner % hp.ssm_dt_rank or hp.ssm_d_inner // hp.ssm_dt_rank != hp.ssm_d_state:
+        raise InputError(f"ssm.inner_size {hp.ssm_d_inner} must be ssm.time_step_rank "
+                         f"{hp.ssm_dt_rank} heads of ssm.state_size {hp.ssm_d_state} "
+                         f"(llama.cpp's fused gated delta net: S_k == S_v)")
+    if hp.ssm_dt_rank % hp.ssm_n_group:
+        raise InputError(f"ssm.time_step_rank {hp.ssm_dt_rank} must be a multiple of "
+                         f"ssm.group_count {hp.ssm_n_group}")
+    if hp.n_embd_head_k != hp.n_embd_head_v:
+        raise InputError(f"attention.key_length {hp.n_embd_head_k} must equal "
+                         f"attention.value_length {hp.n_embd_head_v}")
+    if sum(hp.rope_sections) * 2 > hp.n_rot:
+        raise InputError(f"rope.dimension_sections {list(hp.rope_sections)} add up past "
+                         f"rope.dimension_count / 2 = {hp.n_rot // 2}")
+    return hp
+
+
+def layer_tensors(arch: str, hp: DeltaNetHParams, il: int) -> dict[str, TensorSpec]:
+    """load_block_trunk up to the FFN: the norms, then the attention or delta-net tensors."""
+    name = lambda t, s="weight": tn(arch, t, s, il)   # noqa: E731
+    n, hd = hp.n_embd, hp.n_embd_head_k
+    out = {name(T.ATTN_NORM): TensorSpec((n,)), name(T.ATTN_POST_NORM): TensorSpec((n,))}
+    if not hp.is_recr(il):
+        n_q, n_k, n_v = hd * hp.n_head * 2, hp.n_embd_k_gqa, hp.n_embd_v_gqa
+        out[name(T.ATTN_Q)] = TensorSpec((n_q, n))
+        out[name(T.ATTN_K)] = TensorSpec((n_k, n))
+        out[name(T.ATTN_V)] = TensorSpec((n_v, n))
+        out[name(T.ATTN_OUT)] = TensorSpec((n, hd * hp.n_head))
+        out[name(T.ATTN_Q_NORM)] = TensorSpec((hd,))
+        out[name(T.ATTN_K_NORM)] = TensorSpec((hd,))
+        return out
+    key_dim = hp.ssm_d_state * hp.ssm_n_group
+    value_dim = hp.ssm_d_state * hp.ssm_dt_rank
+    conv_dim = 2 * key_dim + value_dim
+    out[name(T.ATTN_QKV)] = TensorSpec((conv_dim, n))
+    out[name(T.ATTN_GATE)] = TensorSpec((value_dim, n))
+    out[name(T.SSM_CONV1D)] = TensorSpec((conv_dim, hp.ssm_d_conv))
+    out[name(T.SSM_DT, "bias")] = TensorSpec((hp.ssm_dt_rank,))
+    out[tn(arch, T.SSM_A, "", il)] = TensorSpec((hp.ssm_dt_rank,))    # "blk.N.ssm_a"
+    out[name(T.SSM_BETA)] = TensorSpec((hp.ssm_dt_rank, n))
+    out[name(T.SSM_ALPHA)] = TensorSpec((hp.ssm_dt_rank, n))
+    out[name(T.SSM_NORM)] = TensorSpec((hp.ssm_d_state,))
+    out[name(T.SSM_OUT)] = TensorSpec((n, value_dim))
+    return out
+
+
+def ssm_a(d, il: int):
+    """LLM_TENSOR_SSM_A_NOSCAN: "blk.N.ssm_a", without a suffix."""
+    return d.weight(T.SSM_A, il, "")
+
+
+def memory_inputs(d) -> None:
+    """build_inp_mem_hybrid's recurrent half: rs_s_copy and its views (one sequence; the whole
+    memory of max(1, n_seq_max) = 1 row in a reserve)."""
+    d.inputs.update(rs_inputs(d.b, d.n_rs, 1))
+
+
+def norm_l2(d, x, eps: float):
+    """build_gdn_l2_norm: rms_norm with eps / n, then a scale by 1 / sqrt(n) (n = x's rows)."""
+    n = np.float32(x.shape[-1])
+    cur = d.b.op("rms_norm", [x], x.shape, eps=float(np.float32(eps) / n))
+    return d.b.op("scale", [cur], x.shape, s=float(np.float32(1.0) / np.float32(math.sqrt(n))))
+
+
+def linear_attn(d, cur, il: int):
+    """build_layer_attn_linear (n_seqs 1): projections, the conv state through SSM_CONV, the
+    fused gated delta net with the delta state, the gated norm and ssm_out."""
+    hp, b, ctx = d.hp, d.b, d.ctx
+    cb, w = b.cb, d.weight
+    Tn, S = d.T, hp.ssm_d_state
+    nkh, nvh = hp.ssm_n_group, hp.ssm_dt_rank
+    conv_dim = 2 * S * nkh + hp.ssm_d_inner
+    d.cache.add_recurrent(il, hp.n_embd_r, hp.n_embd_s, d.n_rs)
+    r_l, s_l = d.cache.r[il], d.cache.s[il]
+    qkv = ctx.mul_mat(w(T.ATTN_QKV, il), cur)
+    qkv = cb(b.reshape(qkv, (1, Tn, conv_dim)), "linear_attn_qkv_mixed", il)
+    z = cb(ctx.mul_mat(w(T.ATTN_GATE, il), cur), "z", il)
+    beta = ctx.mul_mat(w(T.SSM_BETA, il), cur)
+    beta = cb(b.reshape(beta, (1, Tn, nvh, 1)), "beta", il)
+    beta = cb(b.op("sigmoid", [beta], beta.shape), "beta_sigmoid", il)
+    alpha = ctx.mul_mat(w(T.SSM_ALPHA, il), cur)
+    alpha = cb(b.reshape(alpha, (1, Tn, nvh)), "alpha", il)
+    alpha = b.op("add", [alpha, w(T.SSM_DT, il, "bias")], alpha.shape)
+    alpha = cb(b.op("softplus", [alpha], alpha.shape), "a_softplus", il)
+    gate = cb(b.op("mul", [alpha, ssm_a(d, il)], alpha.shape), "gate", il)
+    gate = b.reshape(gate, (1, Tn, nvh, 1))
+    # build_conv_state (n_rs_seq 0): the conv state's columns before the ubatch's
+    states = cb(build_rs(b, d.inputs, r_l, hp.n_embd_r, 1, d.n_rs, 0, d.rs_zero),
+                "conv_states", il)
+    states = cb(b.reshape(states, (1, conv_dim, hp.ssm_d_conv - 1)), "conv_states_reshaped", il)
+    qkv_t = cb(b.transpose(qkv), "qkv_mixed_transposed", il)
+    conv_in = cb(b.op("concat", [states, qkv_t], (1, conv_dim, hp.ssm_d_conv - 1 + Tn), axis=2),
+                 "conv_input", il)
+    last = cb(b.view(conv_in, (1, conv_dim, hp.ssm_d_conv - 1),
+                     (conv_in.strides[0], conv_in.strides[1], 4), Tn * 4), "conv_state_last", il)
+    update = cb(b.view(r_l, (1, hp.n_embd_r), (r_l.strides[0], 4), 0), "conv_state_update", il)
+    b.expand(b.cpy(last, update))
+    state = build_rs(b, d.inputs, s_l, hp.n_embd_s, 1, d.n_rs, 0, d.rs_zero)
+    state = cb(b.reshape(state, (1, nvh, S, S)), "state_predelta", il)
+    conv = cb(b.op("ssm_conv", [conv_in, w(T.SSM_CONV1D, il)], (1, Tn, conv_dim)),
+              "conv_output_raw", il)
+    conv = cb(b.op("silu", [conv], conv.shape), "conv_output_silu", il)
+    row = conv.strides[-2]
+
+    def heads(n_head, offset):
+        return b.view(conv, (1, Tn, n_head, S), (row * Tn, row, S * 4, 4), offset)
+
+    q = cb(heads(nkh, 0), "q_conv", il)
+    k = cb(heads(nkh, S * nkh * 4), "k_conv", il)
+    v = cb(heads(nvh, 2 * S * nkh * 4), "v_conv", il)
+    q = norm_l2(d, q, hp.norm_rms_eps)
+    k = norm_l2(d, k, hp.norm_rms_eps)
+    cb(q, "q_conv_predelta", il)
+    cb(k, "k_conv_predelta", il)
+    cb(v, "v_conv_predelta", il)
+    # build_recurrent_attn -> build_delta_net_fused (K = 1)
+    gdn = b.op("gated_delta_net", [q, k, v, gate, beta, state], (Tn + S, S * nvh), K=1)
+    out = b.view(gdn, (1, Tn, nvh, S), (S * nvh * Tn * 4, S * nvh * 4, S * 4, 4), 0)
+    new = b.view(gdn, (1, nvh, S, S), (S * S * nvh * 4, S * S * 4, S * 4, 4), S * nvh * Tn * 4)
+    cb(out, "attn_output", il)
+    cb(new, "new_state", il)
+    b.expand(b.cpy(new, b.view(s_l, (1, hp.n_embd_s), (s_l.strides[0], 4), 0)))
+    # build_norm_gated: rms_norm "norm" * ssm_norm, times silu(z)
+    z4 = b.reshape(z, (1, Tn, nvh, S))
+    normed = d.norm(out, w(T.SSM_NORM, il), il)
+    cur = b.op("mul", [normed, b.op("silu", [z4], z4.shape)], normed.shape)
+    cur = cb(b.reshape(cur, (1, Tn, nvh * S)), "final_output", il)
+    cur = cb(ctx.mul_mat(w(T.SSM_OUT, il), cur), "linear_attn_out", il)
+    return b.reshape(cur, (Tn, hp.n_embd))
+
+
+def gated_attn(d, cur, il: int):
+    """build_layer_attn: Q and its gate from one doubled projection, Q/K head norms, IMROPE,
+    attention over the KV cache, the output times sigmoid(gate), then wo."""
+    hp, b, ctx = d.hp, d.b, d.ctx
+    cb, w = b.cb, d.weight
+    hd, Tn = hp.n_embd_head_k, d.T
+    d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+    q_full = cb(ctx.mul_mat(w(T.ATTN_Q, il), cur), "Qcur_full", il)
+    k = cb(ctx.mul_mat(w(T.ATTN_K, il), cur), "Kcur", il)
+    v = cb(ctx.mul_mat(w(T.ATTN_V, il), cur), "Vcur", il)
+    row = q_full.strides[-2]
+    q = cb(b.view(q_full, (Tn, hp.n_head, hd), (row, hd * 2 * 4, 4), 0), "Qcur_reshaped", il)
+    q = cb(d.norm(q, w(T.ATTN_Q_NORM, il), il), "Qcur_normed", il)
+    k = b.reshape(k, (Tn, hp.n_head_kv, hd))
+    k = cb(d.norm(k, w(T.ATTN_K_NORM, il), il), "Kcur_normed", il)
+    gate = b.view(q_full, (Tn, hp.n_head, hd), (row, hd * 2 * 4, 4), hd * 4)
+    gate = cb(b.cont(gate, (Tn, hp.n_head * hd)), "gate_reshaped", il)
+    v = b.reshape(v, (Tn, hp.n_head_kv, hd))
+    q = cb(d.rope_ext(q, None), "Qcur", il)
+    k = cb(d.rope_ext(k, None), "Kcur", il)
+    cb(v, "Vcur", il)
+    scale = 1.0 / math.sqrt(float(hd))
+    cur = cb(build_attn_kv(ctx, d.cache, d.inputs, None, q, k, v, scale, il), "attn_pregate", il)
+    g = cb(b.op("sigmoid", [gate], gate.shape), "gate_sigmoid", il)
+    cur = cb(b.op("mul", [cur, g], cur.shape), "attn_gated", il)
+    return cb(ctx.mul_mat(w(T.ATTN_OUT, il), cur), "attn_output", il)
+
+
+def build(d, ffn) -> object:
+    """The qwen35 / qwen35moe layer loop; `ffn(d, cur, il)` is the FFN (dense or MoE). The
+    output rows are picked after the final norm (embeddings_nextn_masked is off)."""
+    hp, b = d.hp, d.b
+    memory_inputs(d)
+    inpL = b.cb(d.inpL, "model.input_embed", -1)
+    for il in range(hp.n_layer):
+        inpSA = inpL
+        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
+        b.expand(cur)
+        cur = linear_attn(d, cur, il) if hp.is_recr(il) else gated_attn(d, cur, il)
+        cur = b.cb(d.add(cur, inpSA), "attn_residual", il)
+        residual = cur
+        cur = b.cb(d.norm(cur, d.weight(T.ATTN_POST_NORM, il), il), "attn_post_norm", il)
+        cur = b.cb(ffn(d, cur, il), "ffn_out", il)
+        cur = b.cb(d.add(cur, residual), "post_ffn", il)
+        inpL = b.cb(cur, "l_out", il)
+    return inpL

@@ -1,0 +1,34 @@
+"""llama.cpp's qwen35 graph (src/models/qwen35.cpp; Qwen3.5 / 3.6 dense): a hybrid of gated
+delta-net layers (a recurrent state, no KV cache) and, every full_attention_interval-th layer,
+gated full attention with IMROPE; a post-attention norm and a dense SwiGLU FFN in every layer.
+The shared pieces (hyperparameters, memory, both layer kinds) are models/arch/delta_net.py."""
+
+from __future__ import annotations
+
+from ggmlrun.models.arch import delta_net
+from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import Arch, TensorSpec, tn
+
+
+def tensors(hp):
+    """load_arch_tensors (no MTP layers): token_embd, output_norm, optional output, then per
+    layer its attention or delta-net tensors and the dense FFN."""
+    name = lambda t, s="weight", bid=None: tn("qwen35", t, s, bid)   # noqa: E731
+    out = {name(T.TOKEN_EMBD): TensorSpec((hp.n_vocab, hp.n_embd)),
+           name(T.OUTPUT_NORM): TensorSpec((hp.n_embd,)),
+           name(T.OUTPUT): TensorSpec((hp.n_vocab, hp.n_embd), False)}
+    for il in range(hp.n_layer):
+        out.update(delta_net.layer_tensors("qwen35", hp, il))
+        out[name(T.FFN_GATE, bid=il)] = TensorSpec((hp.n_ff, hp.n_embd))
+        out[name(T.FFN_DOWN, bid=il)] = TensorSpec((hp.n_embd, hp.n_ff))
+        out[name(T.FFN_UP, bid=il)] = TensorSpec((hp.n_ff, hp.n_embd))
+    return out
+
+
+def build(d):
+    return delta_net.build(d, lambda d, cur, il: d.ffn_swiglu(il, cur))
+
+
+ARCH = Arch(name="qwen35", rope_type=delta_net.ROPE_TYPE_IMROPE, tensors=tensors, build=build,
+            read_hparams=delta_net.read_hparams, n_pos_per_embd=4, rows_after_norm=True,
+            hybrid=True, card_hparams=delta_net.CARD_HPARAMS)

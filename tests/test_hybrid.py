@@ -1,0 +1,142 @@
+"""Hybrid models (llama_memory_hybrid: a KV cache over the full-attention layers, a recurrent
+state over the delta-net ones): the state's bytes per backend, independent of the context,
+`fit` counting it, the Qwen3.5-27B card, and the state carried between ubatches. llama.cpp's
+own figures for the tiny qwen35 files are compared in tests/test_llamacpp_figures.py and node
+by node in tests/test_models_oracle.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggmlrun.models.cards import read_card
+from ggmlrun.models.decoder import build_graph
+from ggmlrun.models.modelfile import read_gguf
+from tests.clikit import invoke
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "examples" / "models"
+CARD_27B = ROOT / "ggmlrun" / "models" / "cards" / "qwen3.5-27b-q4_k_m.yaml"
+RPC = ROOT / "graphs" / "backends" / "llamacpp_rpc.yaml"
+
+
+def measure(model, *args) -> dict:
+    code, out, err = invoke("measure", model, "--json", *args)
+    assert code == 0, err
+    return {b["name"]: b for b in json.loads(out)["backends"]}
+
+
+def test_state_is_two_f32_rows_per_recurrent_layer_whatever_the_context():
+    """cache_r_l (n_embd_r = (d_conv - 1)(d_inner + 2 n_group d_state)) and cache_s_l (n_embd_s =
+    d_state d_inner) per delta-net layer, one row each (n_seq_max 1), on its layer's backend;
+    the KV cache only over the full-attention layers, growing with the context."""
+    model = read_gguf(MODELS / "tiny-qwen35-q8_0.gguf")      # layers 0-2 delta-net, 3 attention
+    hp = model.hparams
+    assert [hp.is_recr(il) for il in range(4)] == [True, True, True, False]
+    assert (hp.n_embd_r, hp.n_embd_s) == (3 * (64 + 2 * 2 * 16), 16 * 64)
+    mg = build_graph(model, 8, 8, 256, 256, False, "f16")
+    assert sorted(mg.cache.r) == sorted(mg.cache.s) == [0, 1, 2] and sorted(mg.cache.k) == [3]
+    assert mg.cache.r[0].shape == (1, hp.n_embd_r) and mg.cache.s[2].dtype == "f32"
+    per_layer = 4 * (hp.n_embd_r + hp.n_embd_s)
+    small = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--ctx", "256", "--ngl", "3")
+    large = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--ctx", "1024", "--ngl", "3")
+    # -ngl 3: layers 2 and 3 on the device: one delta-net layer's state there, two on the CPU
+    assert (small["RPC0"]["state_bytes"], small["CPU"]["state_bytes"]) == (per_layer, 2 * per_layer)
+    assert all(small[b]["state_bytes"] == large[b]["state_bytes"] for b in small)
+    assert large["RPC0"]["kv_bytes"] == 4 * small["RPC0"]["kv_bytes"] and small["CPU"]["kv_bytes"] == 0
+    nkvo = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--no-kv-offload")
+    assert nkvo["RPC0"]["state_bytes"] == 0 and nkvo["CPU"]["state_bytes"] == 3 * per_layer
+
+
+def test_attention_only_models_have_no_state():
+    got = measure(MODELS / "tiny-llama-q8_0.gguf", "--backends", RPC)
+    assert all(b["state_bytes"] == 0 for b in got.values())
+
+
+def test_27b_card_fits_under_a_second_counting_the_state():
+    model = read_card(CARD_27B)
+    hp = model.hparams
+    assert sum(hp.is_recr(il) for il in range(hp.n_layer)) == 48
+    assert (hp.n_embd_head_k, hp.n_rot, hp.rope_sections) == (256, 64, (11, 11, 10, 0))
+    assert model.tensors["blk.0.ssm_conv1d.weight"].dtype == "f32"
+    # attn_qkv (delta-net) and attn_v (attention) share the quantizer's attn_v counter
+    assert model.tensors["blk.0.attn_qkv.weight"].dtype == "q6_K"
+    assert model.tensors["blk.11.attn_v.weight"].dtype == "q4_K"    # not a more-bits layer
+    assert model.tensors["blk.63.attn_v.weight"].dtype == "q6_K"
+    started = time.perf_counter()
+    code, out, err = invoke("fit", CARD_27B, "--gpu", "16GiB", "--ram", "64GiB", "--ctx", "auto",
+                            "--json")
+    assert code == 0, err
+    assert time.perf_counter() - started < 1.5     # the search itself: `seconds`
+    got = json.loads(out)
+    assert got["seconds"] < 1.0 and got["ngl"] is not None
+    rows = {b["name"]: b for b in got["backends"]}
+    state = 48 * 4 * (hp.n_embd_r + hp.n_embd_s)
+    assert sum(b["state_bytes"] for b in rows.values()) == state
+    assert all(b["total_bytes"] == b["weights_bytes"] + b["kv_bytes"] + b["state_bytes"]
+               + b["arena_bytes"] + b.get("output_bytes", 0) for b in rows.values())
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen35-f16", "tiny-qwen35-q8_0"])
+def test_two_ubatches_carry_the_state(tmp_path, model):
+    """40 tokens at --ubatch 32 (two ubatches: the caches and the recurrent state carry over) give
+    the logits of one ubatch of 40; without the carried state they would not."""
+    tokens = ",".join(str((i * 37 + 5) % 320) for i in range(40))
+    logits = []
+    for ub in ("512", "32"):
+        out = tmp_path / f"o{ub}.npz"
+        code, _, err = invoke("run", MODELS / f"{model}.gguf", "--tokens", tokens, "--ubatch", ub,
+                              "--ctx", "256", "--out", out)
+        assert code == 0, err
+        logits.append(np.load(out)["result_output"])
+    assert np.abs(logits[0] - logits[1]).max() <= 1e-3 * np.abs(logits[0]).max()
+    code, _, err = invoke("run", MODELS / f"{model}.gguf", "--tokens", tokens.split(",", 32)[-1],
+                          "--ctx", "256", "--out", tmp_path / "tail.npz")
+    assert code == 0, err
+    tail = np.load(tmp_path / "tail.npz")["result_output"]
+    assert np.abs(tail - logits[0]).max() > 1e-2 * np.abs(logits[0]).max()
+
+
+def _with_kv(tmp_path, extra: bytes, count: int = 1) -> Path:
+    from tests.ggufkit import rebuild
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(rebuild((MODELS / "tiny-qwen35-q8_0.gguf").read_bytes(), extra_kv=extra,
+                             extra_kv_count=count))
+    return path
+
+
+def test_recurrent_layers_array_is_read_when_the_file_has_it(tmp_path):
+    """Newer converters write attention.recurrent_layers (from the model's layer_types): llama.cpp
+    takes it over full_attention_interval. The same pattern builds the same graph; another
+    pattern is refused where the tensors do not match it."""
+    import struct
+
+    from tests.ggufkit import kv_bytes
+
+    def bools(values) -> bytes:
+        return kv_bytes("qwen35.attention.recurrent_layers", 9,
+                        struct.pack("<iQ", 7, len(values)) + bytes(values))
+
+    same = read_gguf(_with_kv(tmp_path, bools([1, 1, 1, 0])))
+    assert [same.hparams.is_recr(il) for il in range(4)] == [True, True, True, False]
+    assert measure(tmp_path / "m.gguf", "--backends", RPC) == measure(
+        MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC)
+    _with_kv(tmp_path, bools([1, 0, 1, 0]))
+    code, _, err = invoke("measure", tmp_path / "m.gguf")
+    assert code == 2 and "blk.1." in err
+    _with_kv(tmp_path, bools([1, 0]))
+    code, _, err = invoke("measure", tmp_path / "m.gguf")
+    assert code == 2 and "recurrent_layers must be an array of 4 booleans" in err
+
+
+def test_mtp_layers_are_refused_not_misbuilt(tmp_path):
+    from tests.ggufkit import u32_kv
+
+    path = _with_kv(tmp_path, u32_kv("qwen35.nextn_predict_layers", 1))
+    code, _, err = invoke("measure", path)
+    assert code == 2 and "nextn_predict_layers 1" in err and "--no-mtp" in err
