@@ -104,7 +104,6 @@ RULES: dict[str, Rule] = {
     "expert_weights_scale": Rule("f32", 0.0, F32_MAX),
     "expert_weights_norm": Rule("bool"),
     "expert_gating_func": Rule("u32", 0, 3, why="none, softmax, sigmoid, softmax_weight"),
-    "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS),
     # rope scaling as llama_context derives it (every architecture), and keys some
     # architectures' load_arch_hparams read (mistral3: YaRN's betas and log multiplier,
     # Llama 4's attention temperature)
