@@ -58,3 +58,16 @@ def test_dot_without_graphviz_keeps_an_existing_dot_file(tmp_path, monkeypatch):
     assert code == 1 and out == ""
     assert "exists and is left as it is" in _one_line(err)
     assert mine.read_text() == "my own notes" and not (tmp_path / "x.svg").exists()
+
+
+@pytest.mark.parametrize("content", [b"XXXXjunkjunkjunk", b"", b"name: x\\n"])
+def test_a_gguf_named_file_without_the_magic_says_so(tmp_path, content):
+    """Issue 24: GGUF errors say what is wrong with the file; a `.gguf` without the magic is
+    not described as a graph file that lacks `tensors:`."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    for command in ("validate", "measure", "run"):
+        code, out, err = invoke(command, path)
+        assert code == 2 and out == "", err
+        assert err.startswith("ggmlrun: error: ") and "no GGUF magic" in err, err
+        assert len(err.strip().splitlines()) == 1

@@ -33,7 +33,25 @@ def load_model(path: Path) -> ModelFile | None:
         data, doc = read_yaml(path)
         if is_card(data):
             return card_model(data, doc, path)
+    _refuse_gguf_without_magic(path)
     return None
+
+
+def _refuse_gguf_without_magic(path: Path) -> None:
+    """The name never makes a file a GGUF, but a `.gguf` file without the magic is a broken
+    model far more often than a graph file: say what its first bytes are, not what a graph
+    file lacks."""
+    from ggmlrun.core.util.errors import InputError
+
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        return
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return
+    raise InputError(f"no GGUF magic: the file starts with {head!r}, not b'GGUF' (a model file "
+                     f"cut short or not a GGUF; a graph file would be YAML)", file=str(path))
 
 
 def _looks_like_card(path: Path) -> bool:
