@@ -15,8 +15,12 @@ def tensors(hp):
     return decoder_tensors("qwen3", hp, q_k_norm=True)
 
 
-def build(d: Decoder):
+def build(d: Decoder, ffn=None):
+    """qwen3's layers; `ffn(il, cur)` is the feed-forward block (default: the dense SwiGLU),
+    the one place qwen3moe's layers differ."""
     hp, b = d.hp, d.b
+    if ffn is None:
+        ffn = lambda il, cur: b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)   # noqa: E731
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
     for il in range(hp.n_layer):
@@ -35,7 +39,7 @@ def build(d: Decoder):
         cur, inpSA = d.last_rows(il, cur, inpSA)
         ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
         cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
-        cur = b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)
+        cur = ffn(il, cur)
         inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
     return inpL
 

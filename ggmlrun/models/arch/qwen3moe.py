@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.arch import qwen3
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, moe_tensors
-from ggmlrun.models.decoder import Decoder, default_kq_scale
+from ggmlrun.models.decoder import Decoder
 from ggmlrun.models.hparams import LlamaHParams
 
 
@@ -52,29 +52,11 @@ def tensors(hp):
 
 
 def build(d: Decoder):
-    hp, b = d.hp, d.b
-    kq_scale = default_kq_scale(hp)
-    inpL = d.inpL
-    for il in range(hp.n_layer):
-        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
-        inpSA = inpL
-        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
-        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
-        q = b.cb(d.norm(q, d.weight(T.ATTN_Q_NORM, il), il), "Qcur_normed", il)
-        q = d.rope_ext(q, None)
-        k = b.cb(d.norm(k, d.weight(T.ATTN_K_NORM, il), il), "Kcur_normed", il)
-        k = d.rope_ext(k, None)
-        b.cb(q, "Qcur", il)
-        b.cb(k, "Kcur", il)
-        b.cb(v, "Vcur", il)
-        cur = d.attn(il, q, k, v, kq_scale)
-        cur, inpSA = d.last_rows(il, cur, inpSA)
-        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
-        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
-        cur = d.moe_ffn(il, cur, n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                        norm_w=True)
-        inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
-    return inpL
+    """qwen3's layers with build_moe_ffn in place of the dense FFN."""
+    hp = d.hp
+    return qwen3.build(d, ffn=lambda il, cur: d.moe_ffn(il, cur, n_expert=hp.n_expert,
+                                                       n_expert_used=hp.n_expert_used,
+                                                       norm_w=True))
 
 
 ARCH = Arch(name="qwen3moe", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
