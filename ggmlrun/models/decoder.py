@@ -351,6 +351,17 @@ class Decoder:
     def n_tokens_of(cur: Tensor) -> int:
         return cur.shape[-2]
 
+    def ffn_block(self, il: int, cur: Tensor, residual: Tensor, ffn=None) -> Tensor:
+        """The post-attention tail llama, qwen2, qwen3(moe) and mistral3 share: the last
+        layer's output rows, the residual (`ffn_inp`), `ffn_norm`, the FFN (`ffn(il, cur)`,
+        default the dense SwiGLU) and the second residual, named `l_out`."""
+        b = self.b
+        cur, residual = self.last_rows(il, cur, residual)
+        ffn_inp = b.cb(self.add(cur, residual), "ffn_inp", il)
+        cur = b.cb(self.norm(ffn_inp, self.weight(T.FFN_NORM, il), il), "ffn_norm", il)
+        cur = ffn(il, cur) if ffn else b.cb(self.ffn_swiglu(il, cur), "ffn_out", il)
+        return b.cb(self.add(cur, ffn_inp), "l_out", il)
+
     def last_rows(self, il: int, cur: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
         """In the last layer only the output rows go on (get_rows by out_ids)."""
         if il != self.hp.n_layer - 1:

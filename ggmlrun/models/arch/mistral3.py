@@ -73,12 +73,7 @@ def build(d: Decoder):
         if attn_scale is not None:
             q = b.cb(b.op("mul", [q, attn_scale], q.shape), "Qcur_attn_temp_scaled", il)
         cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
-        cur, inpSA = d.last_rows(il, cur, inpSA)
-        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
-        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
-        cur = b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)
-        cur = b.cb(d.add(cur, ffn_inp), "ffn_out", il)
-        inpL = b.cb(cur, "l_out", il)
+        inpL = d.ffn_block(il, cur, inpSA)
     return inpL
 
 

@@ -26,11 +26,7 @@ def build(d: Decoder):
         k = b.cb(d.rope_ext(k, None), "Kcur", il)
         b.cb(v, "Vcur", il)
         cur = d.attn(il, q, k, v, kq_scale)
-        cur, inpSA = d.last_rows(il, cur, inpSA)
-        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
-        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
-        cur = b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)
-        inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
+        inpL = d.ffn_block(il, cur, inpSA)
     return inpL
 
 

@@ -19,8 +19,6 @@ def build(d: Decoder, ffn=None):
     """qwen3's layers; `ffn(il, cur)` is the feed-forward block (default: the dense SwiGLU),
     the one place qwen3moe's layers differ."""
     hp, b = d.hp, d.b
-    if ffn is None:
-        ffn = lambda il, cur: b.cb(d.ffn_swiglu(il, cur), "ffn_out", il)   # noqa: E731
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
     for il in range(hp.n_layer):
@@ -36,11 +34,7 @@ def build(d: Decoder, ffn=None):
         b.cb(k, "Kcur", il)
         b.cb(v, "Vcur", il)
         cur = d.attn(il, q, k, v, kq_scale)
-        cur, inpSA = d.last_rows(il, cur, inpSA)
-        ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
-        cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
-        cur = ffn(il, cur)
-        inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
+        inpL = d.ffn_block(il, cur, inpSA, ffn)
     return inpL
 
 
