@@ -17,7 +17,9 @@ def tensors(hp):
     return decoder_tensors("llama", hp, rope_freqs=True, attn_out_bias=True, ffn_bias=True)
 
 
-def build(d: Decoder):
+def build(d: Decoder, scale_q=None):
+    """llama's layers; `scale_q(il, q)` changes Q after rope (mistral3's attention
+    temperature), the one place mistral3's layers differ."""
     hp, b = d.hp, d.b
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
@@ -30,6 +32,8 @@ def build(d: Decoder):
         q = b.cb(d.rope_ext(q, factors), "Qcur", il)
         k = b.cb(d.rope_ext(k, factors), "Kcur", il)
         b.cb(v, "Vcur", il)
+        if scale_q is not None:
+            q = scale_q(il, q)
         cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
         inpL = d.ffn_block(il, cur, inpSA)
     return inpL

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors
-from ggmlrun.models.decoder import Decoder, default_kq_scale
+from ggmlrun.models import llama
+from ggmlrun.models.decoder import Decoder
 from ggmlrun.models.hparams import LlamaHParams
 
 
@@ -53,28 +53,16 @@ def tensors(hp):
 
 
 def build(d: Decoder):
+    """llama's layers, Q scaled by the attention temperature when the hparams ask for it."""
     hp, b = d.hp, d.b
-    attn_scale = None
-    if hp.attn_temp_scale:       # build_inp_attn_scale: ne [1, 1, n_tokens]
-        attn_scale = d.inputs["attn_scale"] = b.cb(b.leaf("inp_attn_scale", (d.T, 1, 1), "f32"),
-                                                   "inp_attn_scale", -1)
-        d.extra_inputs[attn_scale] = lambda pos: attn_temperature(hp, pos)
-    kq_scale = default_kq_scale(hp)
-    inpL = d.inpL
-    for il in range(hp.n_layer):
-        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
-        inpSA = inpL
-        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
-        factors = d.rope_factors(il)
-        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
-        q = b.cb(d.rope_ext(q, factors), "Qcur", il)
-        k = b.cb(d.rope_ext(k, factors), "Kcur", il)
-        b.cb(v, "Vcur", il)
-        if attn_scale is not None:
-            q = b.cb(b.op("mul", [q, attn_scale], q.shape), "Qcur_attn_temp_scaled", il)
-        cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
-        inpL = d.ffn_block(il, cur, inpSA)
-    return inpL
+    if not hp.attn_temp_scale:
+        return llama.build(d)
+    # build_inp_attn_scale: ne [1, 1, n_tokens]
+    attn_scale = d.inputs["attn_scale"] = b.cb(b.leaf("inp_attn_scale", (d.T, 1, 1), "f32"),
+                                               "inp_attn_scale", -1)
+    d.extra_inputs[attn_scale] = lambda pos: attn_temperature(hp, pos)
+    return llama.build(d, scale_q=lambda il, q: b.cb(b.op("mul", [q, attn_scale], q.shape),
+                                                     "Qcur_attn_temp_scaled", il))
 
 
 ARCH = Arch(name="mistral3", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
