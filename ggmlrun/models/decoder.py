@@ -284,7 +284,7 @@ class Decoder:
                 norm_w: bool, w_scale: float = 0.0, gating: str = "softmax",
                 exp_probs_b: Tensor | None = None, logits: Tensor | None = None,
                 glu: str = "swiglu") -> Tensor:
-        """build_moe_ffn with separate gate/up/down experts and LLM_FFN_SILU: the router
+        """build_moe_ffn (LLM_FFN_SILU unless `glu` says otherwise): the router
         (ffn_gate_inp), its soft_max (or sigmoid) probabilities, the top n_expert_used by
         argsort (a view of its first columns), their weights (get_rows; with `norm_w` divided
         by their sum, clamped at f16's smallest normal), the experts' products (mul_mat_id),
