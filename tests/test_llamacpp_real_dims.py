@@ -9,7 +9,6 @@ The files are written again here as llama.cpp read them: the header, then a hole
 3.8 GB f16 file takes no disk); the header's sha256 says it is the same file.
 """
 
-import hashlib
 import json
 import sys
 from pathlib import Path

@@ -19,7 +19,6 @@ tensor; the Q4_K_M file recorded is then written the same way with those types.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import json
 import os
