@@ -206,13 +206,14 @@ FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "q4_0": LlamaFileType.MOSTLY_Q4_0}
 
 
-def vocabulary() -> tuple[list[bytes], list[float], list[int]]:
-    """An SPM vocabulary llama.cpp accepts: specials, the 256 byte fallbacks, then fillers."""
+def vocabulary(n_vocab: int = N_VOCAB) -> tuple[list[bytes], list[float], list[int]]:
+    """An SPM vocabulary llama.cpp accepts: specials, the 256 byte fallbacks, then fillers
+    (record_real_dims.py asks for Llama 3's 128,256)."""
     tokens = [b"<unk>", b"<s>", b"</s>"]
     types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
     tokens += [f"<0x{b:02X}>".encode() for b in range(256)]
     types += [TokenType.BYTE] * 256
-    fillers = N_VOCAB - len(tokens)
+    fillers = n_vocab - len(tokens)
     tokens += [f"\u2581w{i}".encode() for i in range(fillers)]
     types += [TokenType.NORMAL] * fillers
     scores = [0.0] * 3 + [0.0] * 256 + [-float(i + 1) for i in range(fillers)]
