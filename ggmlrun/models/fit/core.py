@@ -12,6 +12,7 @@ from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
 
 CTX_STEP = 256                    # llama.cpp pads the KV cache to 256 cells
 MIN_CTX = 4096                    # llama.cpp's --fit-ctx default
+SAME = object()                   # Prober.full: the split the prober holds
 
 
 @dataclass
@@ -48,6 +49,9 @@ class FitResult:
     advice: str = ""
     command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
     n_cpu_moe: int | None = None  # a mixture of experts: the answer's --n-cpu-moe (else None)
+    # the layer split fit chose over several devices (layers per device: -ts); None: llama.cpp's
+    # default (by memory) or the one given
+    tensor_split: tuple[float, ...] | None = None
 
     @property
     def fits(self) -> bool:
@@ -55,24 +59,29 @@ class FitResult:
 
 
 class Prober:
-    """measure_model per (ngl, ctx), each measured once, as FitBackend rows."""
+    """measure_model per placement (ngl, ctx, --n-cpu-moe, tensor split), each measured once,
+    as FitBackend rows. `n_cpu_moe` and `split` are what a probe that names neither uses: the
+    searches set them to their answer, so the later ones measure with it."""
 
     def __init__(self, model, backends, opts, margins):
         self.model, self.backends, self.opts, self.margins = model, backends, opts, margins
-        self.seen: dict[tuple[int, int, int], tuple[list[FitBackend], ModelMeasure]] = {}
+        self.seen: dict[tuple, tuple[list[FitBackend], ModelMeasure]] = {}
         self.order: list[tuple[int, int]] = []
         self.order_moe: list[int] = []
         self.n_cpu_moe = opts.n_cpu_moe          # what (ngl, ctx) probes are measured with
+        self.split = opts.tensor_split
 
     def __call__(self, ngl: int, ctx: int) -> list[FitBackend]:
         return self.full(ngl, ctx)[0]
 
-    def full(self, ngl: int, ctx: int, n_cpu_moe: int | None = None):
+    def full(self, ngl: int, ctx: int, n_cpu_moe: int | None = None, split=SAME):
         ncm = self.n_cpu_moe if n_cpu_moe is None else n_cpu_moe
-        key = (ngl, ctx, ncm)
+        split = self.split if split is SAME else split
+        key = (ngl, ctx, ncm, split)
         if key not in self.seen:
             m = measure_model(self.model, self.backends,
-                              replace(self.opts, ngl=ngl, ctx=ctx, n_cpu_moe=ncm))
+                              replace(self.opts, ngl=ngl, ctx=ctx, n_cpu_moe=ncm,
+                                      tensor_split=split))
             rows = [FitBackend(**vars(f), margin_bytes=margin)
                     for f, margin in zip(m.backends, self.margins)]
             self.seen[key] = (rows, m)

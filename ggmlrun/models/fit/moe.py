@@ -1,10 +1,12 @@
 """The --n-cpu-moe search: every layer on the devices and the fewest expert layers on the CPU
 (llama.cpp's rule: the experts of layers 0..N-1), a guess from the expert bytes per layer
-confirmed by measuring N and N - 1; with every expert on the CPU still too much, -ngl."""
+confirmed by measuring N and N - 1; with every expert on the CPU still too much, -ngl. Over
+several devices (and no -ts given) the split is searched with N (moe_split.py)."""
 
 from __future__ import annotations
 
 from ggmlrun.models.fit.core import FitBackend, Prober, device_room, devices_fit
+from ggmlrun.models.fit.moe_split import moe_split_fit
 from ggmlrun.models.fit.ngl import device_ngl
 
 
@@ -22,6 +24,13 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
     rows = probe.full(n_max, ctx, lo)[0]
     if devices_fit(rows):
         return n_max
+    if probe.split is None and sum(b.kind != "cpu" for b in probe.backends) > 1:
+        found = moe_split_fit(probe, ctx, n_max, costs, experts, lo, rows)
+        if found is not None:
+            probe.n_cpu_moe, probe.split = found
+            return n_max
+        probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
+        return device_ngl(probe, ctx, n_max, costs)
     miss_lo, fit_hi = lo, None            # devices miss at miss_lo; fit at fit_hi (None: unknown)
     last = (lo, rows)
     while not (fit_hi is not None and fit_hi - miss_lo <= 1) and miss_lo < n_layer:

@@ -50,7 +50,7 @@ def above_the_edge(probe: Prober, ctx: int, n_max: int, fit_lo: int) -> int:
     if len(devices) < 2 or not get_arch(model.arch).hybrid:
         return fit_lo
     for ngl in range(n_max - 1, fit_lo + 1, -1):
-        if (ngl, ctx) in probe.seen:
+        if (ngl, ctx, probe.n_cpu_moe, probe.split) in probe.seen:
             if devices_fit(probe(ngl, ctx)):
                 return ngl
             continue
