@@ -3,8 +3,8 @@ reserves, the answer.
 
 Targets: under 2 s on the 70B-shaped card (80 layers) for a fixed context (issue 9); under 1 s
 for the whole command, interpreter start included, on Qwen3-235B-A22B (94 layers of 128
-experts; issue 21), whose --n-cpu-moe is searched: the last rows time `python3 -m ggmlrun fit`
-in a fresh interpreter. Each in-process row is a fresh process's worth of work in this one: the
+experts; issue 21), whose --n-cpu-moe is searched (over two or three devices with the layer
+split: -ts): the last rows time `python3 -m ggmlrun fit` in a fresh interpreter. Each in-process row is a fresh process's worth of work in this one: the
 per-shape graph cache is cleared first.
 
     python benchmarks/bench_fit.py           # 8B and 70B, fixed and auto context; the MoE cards
@@ -39,7 +39,10 @@ MOE_CASES = [  # the mixtures of experts: every layer on the device, --n-cpu-moe
     ("qwen3-30b-a3b-q4_k_m.yaml", 12, 8192),
     ("qwen3-235b-a22b-q4_k_m.yaml", 24, 8192),
     ("qwen3-235b-a22b-q4_k_m.yaml", (48, 24), None),
+    ("qwen3-235b-a22b-q4_k_m.yaml", (48, 24), 8192),     # the split searched with N (-ts)
+    ("qwen3-235b-a22b-q4_k_m.yaml", (24, 12, 12), 8192),
     ("glm-4.5-air-q4_k_m.yaml", 24, 8192),
+    ("glm-4.5-air-q4_k_m.yaml", (24, 12), 8192),
 ]
 MOE_RAM = 256                     # GiB of host memory: the experts live there
 
@@ -56,6 +59,8 @@ def one(card: str, device_gib, ctx: int | None, ram_gib: int = 64) -> list[str]:
     answer = f"-ngl {result.ngl} -c {result.ctx}" if result.fits else "nothing fits"
     if result.fits and result.n_cpu_moe:
         answer += f" --n-cpu-moe {result.n_cpu_moe}"
+    if result.fits and result.tensor_split:
+        answer += " -ts " + ",".join(str(int(x)) for x in result.tensor_split)
     return [card, " + ".join(f"{g} GiB" for g in sizes), "auto" if ctx is None else str(ctx), answer,
             str(len(result.probes)), f"{seconds:.3f}"]
 
@@ -89,6 +94,7 @@ def main() -> None:
     if not args.quick:
         print("\nthe whole command, interpreter start included (best of 3):")
         cmds = [whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "8192"),
+                whole_command("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "8192"),
                 whole_command("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192")]
         print(table(["card", "--gpu", "--ctx", "seconds"], cmds))
 
