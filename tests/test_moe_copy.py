@@ -78,14 +78,17 @@ def test_run_copies_only_the_experts_the_ids_use(tokens, monkeypatch):
         seen.append((used.copy(), n_expert, expert_size, spans))
         return spans
     monkeypatch.setattr(moe_copy, "copied_spans", spying)
-    logits, result = run_model(model, devices(), ModelOptions(ctx=256, n_cpu_moe=4), tokens)
+    logits, result = run_model(model, devices(), ModelOptions(ctx=256, n_cpu_moe=4), tokens,
+                               repeat=2, warmup=1)
     sched = result.schedule
     expert_copies = [c for s in sched.splits for c in s.copies
                      if s.nodes and s.nodes[0].op == "mul_mat_id"
                      and sched.srcs_of[s.nodes[0]][0] is c]
-    assert len(expert_copies) == 3 * 4 == len(seen)       # up, gate, down of 4 layers
+    assert len(expert_copies) == 3 * 4 and len(seen) == 3 * 12   # up, gate, down of 4 layers
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(seen, seen[12:]))
     whole = sum(c.nbytes for s in sched.splits if s.backend == 0 for c in s.copies)
     other = whole - sum(c.nbytes for c in expert_copies)
+    seen = seen[:len(expert_copies)]          # the warm-up and the runs see the same ids
     moved = sum(size for *_, spans in seen for _, size in spans)
     dev = result.timings[0]
     assert dev.copy_bytes == other + moved < whole
@@ -102,6 +105,11 @@ def test_run_copies_only_the_experts_the_ids_use(tokens, monkeypatch):
                    if c not in expert_copies)
                + sum(costs.copy_s(src, dst, size) for *_, spans in seen for _, size in spans))
     assert dev.copy_modeled_s == pytest.approx(modeled, rel=1e-9)
+    # run --profile's bytes per route are the bytes moved too
+    from ggmlrun.core.observe.profile import profile
+
+    routes = profile(sched, result).copies
+    assert sum(r.bytes for r in routes if r.dst == "SIM0") == dev.copy_bytes * result.repeat
     # the products read only the experts copied: the logits are those with every expert on
     # the device
     ref, _ = run_model(model, devices(), ModelOptions(ctx=256), tokens)

@@ -76,6 +76,9 @@ class RunResult:
     repeat: int
     events: list[StepEvent] = field(default_factory=list)
     run_seconds: list[float] = field(default_factory=list)   # wall time of each run
+    # bytes a copy moved over the timed runs where that is not its whole tensor times the runs
+    # (the expert copies, moe_copy.py)
+    copy_moved: dict[Tensor, int] = field(default_factory=dict)
 
     @property
     def copied_count(self) -> int:
@@ -126,6 +129,7 @@ class Executor:
         self.moved_bytes = [0] * len(self.backends)
         # modeled seconds the expert copies saved against copying the whole tensor, per backend
         self.moved_saved_s = [0.0] * len(self.backends)
+        self.moved_by_copy: dict[Tensor, int] = {}       # the expert copies' bytes, all runs
 
     # --- binding: every tensor an ndarray at its planned bytes -------------------------------
     def _root_location(self, root: Tensor) -> tuple[np.ndarray, int]:
@@ -214,6 +218,7 @@ class Executor:
         clock = time.perf_counter
         input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
         moved_before = list(self.moved_count), list(self.moved_bytes), list(self.moved_saved_s)
+        by_copy_before = dict(self.moved_by_copy)
         origin = clock()
         for run_index in range(repeat):
             for view, value in input_views:
@@ -240,7 +245,9 @@ class Executor:
         moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
                  [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])],
                  [c - c0 for c, c0 in zip(self.moved_saved_s, moved_before[2])])
-        return self._result(seconds.tolist(), events, outputs, repeat, moved)
+        result = self._result(seconds.tolist(), events, outputs, repeat, moved)
+        result.copy_moved = {c: n - by_copy_before.get(c, 0) for c, n in self.moved_by_copy.items()}
+        return result
 
     def _failure(self, step: Step, err: Exception) -> RunError:
         where = self.backends[step.backend].name

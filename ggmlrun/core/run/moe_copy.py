@@ -69,9 +69,11 @@ def expert_copy(executor, step):
     linked = not (src_spec.kind == "cpu" and dst_spec.kind == "cpu")
     whole_s = costs.copy_s(src_spec, dst_spec, copy.nbytes) if linked else 0.0
     count, nbytes, saved = executor.moved_count, executor.moved_bytes, executor.moved_saved_s
+    by_copy = executor.moved_by_copy
 
     def move():
         if ids.size == 0:
+            by_copy.setdefault(copy, 0)
             return                             # ggml: `continue`, nothing copied
         used = np.unique(ids)
         if used[0] < 0 or used[-1] >= n_expert:
@@ -85,5 +87,6 @@ def expert_copy(executor, step):
             modeled += costs.copy_s(src_spec, dst_spec, size) if linked else 0.0
         count[b] += 1
         nbytes[b] += moved
+        by_copy[copy] = by_copy.get(copy, 0) + moved
         saved[b] += whole_s - modeled
     return move
