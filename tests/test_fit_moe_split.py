@@ -128,8 +128,8 @@ def test_the_split_beats_llamacpps_default_on_the_235b_card():
     from ggmlrun.models.cards import CARDS_DIR
 
     model = read_card(Path(CARDS_DIR) / "qwen3-235b-a22b-q4_k_m.yaml")
-    backends = [BackendSpec("GPU0", "sim", 48 << 30, 256), BackendSpec("GPU1", "sim", 24 << 30, 256),
-                BackendSpec("CPU", "cpu", 256 << 30, 32)]
+    backends = [BackendSpec("GPU0", "sim", 48 << 30, 256),
+                BackendSpec("GPU1", "sim", 24 << 30, 256), BackendSpec("CPU", "cpu", 256 << 30, 32)]
     opts = ModelOptions(ctx=8192)
     got = fitmod.fit_model(model, backends, opts, 1 << 30, 0, ctx_auto=False)
     default = fitmod.fit_model(model, backends, replace(opts, tensor_split=(2.0, 1.0)),

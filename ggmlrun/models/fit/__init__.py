@@ -17,7 +17,10 @@ For a mixture of experts (a model with expert tensors) the devices first keep ev
 give experts to the CPU: the smallest `--n-cpu-moe N` (the experts of layers 0..N-1 on the CPU,
 llama.cpp's own rule) with which the devices fit at `-ngl all`, searched the same way (a guess
 from the expert bytes per layer, confirmed by measuring N and N-1); only when even every expert
-on the CPU is too much do layers leave the devices (-ngl, with every expert on the CPU).
+on the CPU is too much do layers leave the devices (-ngl, with every expert on the CPU). Over
+several devices without a -ts, the split of the layers is searched with N (moe_split.py): the
+first N layers' experts are the first device's, so llama.cpp's split by memory can leave it
+nearly empty while the last device decides N.
 
 With `--ctx auto` the context is searched the same way (KV and compute grow with it; a context
 whose KV growth alone is too much is ruled out unmeasured), after -ngl: like llama.cpp's own

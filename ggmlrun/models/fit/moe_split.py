@@ -106,7 +106,7 @@ class _Search:
             if end is None:
                 return None
             done += (end,)
-        return done if self.fits(n, done, k - 1) else None
+        return done if all(self.rows(n, done)[i].fits for i in self.model.devices) else None
 
     def longest(self, n: int, done: tuple[int, ...], d: int, start: int) -> int | None:
         """The most layers device d holds from `start` (its run's end), measured: the later
