@@ -40,6 +40,8 @@ MOE_CASES = [  # the mixtures of experts: every layer on the device, --n-cpu-moe
     ("qwen3-235b-a22b-q4_k_m.yaml", 24, 8192),
     ("qwen3-235b-a22b-q4_k_m.yaml", (48, 24), None),
     ("glm-4.5-air-q4_k_m.yaml", 24, 8192),
+    ("gpt-oss-20b-mxfp4.yaml", 8, None),
+    ("gpt-oss-120b-mxfp4.yaml", 24, 32768),
 ]
 MOE_RAM = 256                     # GiB of host memory: the experts live there
 

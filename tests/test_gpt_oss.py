@@ -8,6 +8,7 @@ llama.cpp's own figures for the tiny gpt-oss files (bytes, nodes, splits, logits
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gguf.quants as gq
@@ -167,3 +168,47 @@ def test_gpt_oss_graph_has_sinks_biased_routing_and_rows_before_the_norm():
         assert last.shape == (32, hp.n_embd) and last.is_output   # every row: t_h_nextn
         rows = by["norm"].src[0]
         assert rows.op == "get_rows" and rows.src[0] is last
+
+
+CARDS = Path(__file__).resolve().parents[1] / "ggmlrun" / "models" / "cards"
+
+
+@pytest.mark.parametrize("card,gib", [("gpt-oss-20b-mxfp4.yaml", 11.27),
+                                      ("gpt-oss-120b-mxfp4.yaml", 59.02)])
+def test_gpt_oss_cards_weigh_what_llama_bench_reports(card, gib):
+    """llama-bench's model size for ggml-org's files (11.27 GiB, 59.02 GiB): MXFP4 experts,
+    q8_0 matrices, f32 router, biases (the 2-D expert biases too), sinks and norms."""
+    from ggmlrun.models.cards import read_card
+
+    model = read_card(CARDS / card)
+    types = {re.sub(r"^blk\.\d+\.", "", name): t.dtype for name, t in model.tensors.items()}
+    assert (types["ffn_up_exps.weight"], types["ffn_down_exps.bias"], types["attn_q.weight"],
+            types["token_embd.weight"], types["output.weight"], types["ffn_gate_inp.weight"],
+            types["attn_sinks.weight"]) == ("mxfp4", "f32", "q8_0", "q8_0", "q8_0", "f32", "f32")
+    total = sum(TYPES[t.dtype].contiguous_bytes(t.shape) for t in model.tensors.values())
+    assert round(total / 2**30, 2) == gib
+
+
+def test_fit_on_the_120b_card_answers_n_cpu_moe_within_a_second():
+    """The whole command in a fresh interpreter, or fit's own search when the host is shared;
+    the best of two tries (as the 235B card's test in test_moe.py)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    best = []
+    for _ in range(2):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "ggmlrun", "fit",
+                               str(CARDS / "gpt-oss-120b-mxfp4.yaml"), "--gpu", "24GiB",
+                               "--ram", "96GiB", "--ctx", "32768", "--json"],
+                              capture_output=True, text=True)
+        elapsed = time.perf_counter() - start
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got["command"].startswith("-ngl 37 -c 32768 -fa off --n-cpu-moe ")
+        best.append((elapsed, got["seconds"]))
+        if elapsed < 1.0 or got["seconds"] < 1.0:
+            return
+    raise AssertionError(f"fit took {best} (seconds: whole command, fit's own)")

@@ -110,7 +110,8 @@ def build(d: Decoder):
 
 
 ARCH = Arch(name="gpt-oss", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
-            read_hparams=read_hparams, rows_before_norm=True, card_tensors=frozenset(),
+            read_hparams=read_hparams, rows_before_norm=True,
+            card_tensors=frozenset({"attn_q.bias", "attn_k.bias", "attn_v.bias"}),
             card_hparams={"n_expert": ("expert_count", True, None),
                           "n_expert_used": ("expert_used_count", True, None),
                           "n_ff_exp": ("expert_feed_forward_length", True, None),
