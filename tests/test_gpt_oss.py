@@ -212,3 +212,20 @@ def test_fit_on_the_120b_card_answers_n_cpu_moe_within_a_second():
         if elapsed < 1.0 or got["seconds"] < 1.0:
             return
     raise AssertionError(f"fit took {best} (seconds: whole command, fit's own)")
+
+
+def test_gpt_oss_metadata_needs_its_window_and_expert_width():
+    from ggmlrun.models.hparams import from_metadata
+
+    base = {f"gpt-oss.{k}": v for k, v in dict(
+        block_count=2, embedding_length=64, feed_forward_length=64, vocab_size=320,
+        context_length=512, expert_count=8, expert_used_count=2,
+        **{"attention.head_count": 4, "attention.layer_norm_rms_epsilon": 1e-5,
+           "attention.sliding_window": 64, "expert_feed_forward_length": 64}).items()}
+    assert from_metadata(base, "gpt-oss").swa_layers == (True, False)
+    for key, match in (("gpt-oss.attention.sliding_window", "sliding_window"),
+                       ("gpt-oss.expert_feed_forward_length", "expert_feed_forward_length")):
+        with pytest.raises(InputError, match=match):
+            from_metadata({k: v for k, v in base.items() if k != key}, "gpt-oss")
+    with pytest.raises(InputError, match="sliding_window"):
+        from_metadata(base | {"gpt-oss.attention.sliding_window": 0}, "gpt-oss")

@@ -209,6 +209,12 @@ EXTRAS += [
                          ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True}),
                          ("n-cpu-moe1", {"n_cpu_moe": 1}),
                          ("n-cpu-moe3", {"n_cpu_moe": 3, "flash_attn": True, "ctx": 1024}))
+] + [
+    # gpt-oss: a prompt longer than its window of 64 (160 tokens in one ubatch), so the logits
+    # check the SWA mask on the sliding layers, with the sinks
+    (model, "long" + ("-swafull" if full else ""),
+     {"ngl": 2, "ubatch": 512, "flash_attn": fa, "swa_full": full, "tokens": LONG_TOKENS})
+    for model in GPT_OSS_MODELS for fa in (False, True) for full in (False, True)
 ]
 # Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
 # the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second
