@@ -283,7 +283,7 @@ class Decoder:
     def moe_ffn(self, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
                 norm_w: bool, w_scale: float = 0.0, gating: str = "softmax",
                 exp_probs_b: Tensor | None = None, biases: bool = False,
-                act: dict | None = None) -> Tensor:
+                glu: dict | None = None) -> Tensor:
         """build_moe_ffn with separate gate/up/down experts and LLM_FFN_SILU: the router
         (ffn_gate_inp), its soft_max (or sigmoid) probabilities, the top n_expert_used by
         argsort (a view of its first columns), their weights (get_rows; with `norm_w` divided
@@ -291,7 +291,7 @@ class Decoder:
         each weighted, then the experts' outputs added up in order (views of one tensor).
         gpt-oss's variant: `biases` (the router's bias added to its logits, each expert's
         bias row added to its products by add_id), gating "softmax_weight" (the top experts
-        by raw logit, their weights a soft_max over the chosen ones) and `act` the glu op's
+        by raw logit, their weights a soft_max over the chosen ones) and `glu` the glu op's
         params (LLM_FFN_SWIGLU_OAI_MOE: op swiglu_oai with its alpha and limit)."""
         b, cb = self.b, self.b.cb
         T_, n_embd = self.n_tokens_of(cur), cur.shape[-1]
@@ -347,9 +347,9 @@ class Decoder:
         gate = cb(self.mul_mat_id(self.weight(T.FFN_GATE_EXP, il), cur, selected),
                   "ffn_moe_gate", il)
         gate = biased(gate, T.FFN_GATE_EXP, "ffn_moe_gate")
-        glu = dict(act or {"op": "swiglu"})
-        act = cb(b.op("glu", [gate, up], gate.shape, swapped=False, **glu),
-                 f"ffn_moe_{glu['op']}", il)
+        params = dict(glu or {"op": "swiglu"})
+        act = cb(b.op("glu", [gate, up], gate.shape, swapped=False, **params),
+                 f"ffn_moe_{params['op']}", il)
         experts = cb(self.mul_mat_id(self.weight(T.FFN_DOWN_EXP, il), act, selected),
                      "ffn_moe_down", il)
         experts = biased(experts, T.FFN_DOWN_EXP, "ffn_moe_down")

@@ -104,7 +104,7 @@ def build(d: Decoder):
         ffn_inp = b.cb(d.add(cur, inpSA), "ffn_inp", il)
         cur = b.cb(d.norm(ffn_inp, d.weight(T.ATTN_POST_NORM, il), il), "attn_post_norm", il)
         cur = d.moe_ffn(il, cur, n_expert=hp.n_expert, n_expert_used=hp.n_expert_used,
-                        norm_w=False, gating="softmax_weight", biases=True, act=SWIGLU_OAI)
+                        norm_w=False, gating="softmax_weight", biases=True, glu=SWIGLU_OAI)
         inpL = b.cb(d.add(cur, ffn_inp), "l_out", il)
     return inpL
 
