@@ -46,6 +46,8 @@ MOE_CASES = [  # the mixtures of experts: every layer on the device, --n-cpu-moe
     ("glm-4.5-air-q4_k_m.yaml", (24, 12), 8192),
     ("gemma-4-26b-a4b-q4_k_m.yaml", 8, None),
     ("gemma-4-26b-a4b-q4_k_m.yaml", 12, 32768),
+    ("gpt-oss-20b-mxfp4.yaml", 8, None),
+    ("gpt-oss-120b-mxfp4.yaml", 24, 32768),
 ]
 MOE_RAM = 256                     # GiB of host memory: the experts live there
 

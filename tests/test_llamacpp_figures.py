@@ -25,7 +25,7 @@ BACKENDS_2_FILE = REPO / "graphs" / "backends" / "llamacpp_rpc2.yaml"   # -ts A,
 FIGURES = json.loads(FIGURES_FILE.read_text())
 CONFIGS = FIGURES["configs"]
 IDS = [cfg["id"] for cfg in CONFIGS]
-QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K")
+QUANTIZED = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "_K", "mxfp4")
 # every bundled tiny model, each recorded on the whole grid: the llama ones, then one f16 and one
 # q8_0 file per further architecture
 GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tied-f16",
@@ -37,6 +37,10 @@ GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llam
 # the sliding-window ones, recorded on the grid again with --swa-full
 SWA_MODELS = ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
               "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0")
+# gpt-oss: f16, q8_0, and ggml-org's mix (MXFP4 experts, q8_0 matrices); sliding layers too
+GPT_OSS_MODELS = ("tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4")
+GRID_MODELS += GPT_OSS_MODELS
+SWA_MODELS += GPT_OSS_MODELS
 
 
 def model_options(cfg: dict) -> list[str]:

@@ -37,7 +37,7 @@ TINY = sorted(MODELS.glob("tiny-*.gguf"))
 def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
-                                  "gemma4", "qwen35", "qwen3moe", "glm4moe"}
+                                  "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -69,7 +69,10 @@ REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                  "gemma4": {"attention.sliding_window_pattern": [True, False],
                             "attention.sliding_window": 64, "attention.key_length_swa": 16,
                             "attention.value_length_swa": 16,
-                            "embedding_length_per_layer_input": 0}}
+                            "embedding_length_per_layer_input": 0},
+                 "gpt-oss": {"expert_count": 8, "expert_used_count": 2,
+                             "expert_feed_forward_length": 32, "attention.sliding_window": 64}}
+OUTPUT_REQUIRED = {"gpt-oss"}     # create_tensor(output, 0): no tied output
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -85,7 +88,8 @@ def test_tensor_tables_use_gguf_names(arch):
         vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5},
         **ssm, **REQUIRED_KEYS.get(arch, {})).items()}, arch)
     table = get_arch(arch).tensors(hp)
-    assert "token_embd.weight" in table and table["output.weight"].required is False
+    assert "token_embd.weight" in table
+    assert table["output.weight"].required is (arch in OUTPUT_REQUIRED)
     # LLM_TENSOR_SSM_A_NOSCAN is the one name without a suffix ("blk.N.ssm_a")
     assert all(re.fullmatch(r"(blk\.\d+\.)?[a-z_]+[a-z0-9_]*\.(weight|bias)", name)
                or hybrid and re.fullmatch(r"blk\.\d+\.ssm_a", name) for name in table)

@@ -20,7 +20,7 @@ from ggmlrun.models.reserve import apply_placement, model_graph
 ROOT = Path(__file__).parents[1]
 DUMPS = sorted((ROOT / "tests" / "data" / "llamacpp" / "graphs").glob("*.json*"))
 GiB = 1 << 30
-GGML_OPS = {"SWIGLU": "glu", "GEGLU": "glu"}   # and CPY: ggml_cast (its own result a source) or ggml_cpy
+GGML_OPS = {"SWIGLU": "glu", "GEGLU": "glu", "SWIGLU_OAI": "glu"}   # and CPY: ggml_cast (its own result a source) or ggml_cpy
 
 
 def options(o: dict) -> ModelOptions:

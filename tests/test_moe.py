@@ -227,7 +227,9 @@ CARD_CASES = [("qwen3-30b-a3b-q4_k_m.yaml", "8GiB", "auto"),
               ("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192"),
               ("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "8192"),
               ("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "auto"),
-              ("glm-4.5-air-q4_k_m.yaml", "24GiB", "8192")]
+              ("glm-4.5-air-q4_k_m.yaml", "24GiB", "8192"),
+              ("gpt-oss-20b-mxfp4.yaml", "8GiB", "auto"),
+              ("gpt-oss-120b-mxfp4.yaml", "24GiB", "32768")]
 
 
 @pytest.mark.parametrize("card,gpu,ctx", CARD_CASES)

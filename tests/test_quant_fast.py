@@ -21,7 +21,8 @@ EDGE_F16 = np.array([0.0, -0.0, 6e-8, -6e-8, 65504.0, -65504.0, np.inf, -np.inf,
 
 # byte offsets of each type's f16 scales within a block
 SCALE_AT = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2),
-            "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,)}
+            "q4_K": (0, 2), "q5_K": (0, 2), "q6_K": (208,),
+            "mxfp4": ()}     # its E8M0 scale byte: any of the 256, random bytes cover them
 
 
 def random_blocks(name: str, n_blocks: int, seed: int) -> np.ndarray:

@@ -58,7 +58,9 @@ TENSOR_CLASSES = ("token_embd", "output_norm", "output", "attn_norm", "attn_q", 
                   "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                   # the hybrid qwen35's delta-net layers
                   "attn_qkv", "attn_gate", "post_attention_norm", "ssm_out", "ssm_alpha",
-                  "ssm_beta")
+                  "ssm_beta",
+                  # gpt-oss's attention sinks
+                  "attn_sinks")
 _LAYER_RE = re.compile(r"\Ablk\.\d+\.")
 # the class and layer of a tensor name; LLM_TENSOR_SSM_A_NOSCAN ("blk.N.ssm_a") has no suffix;
 # glm4moe's NextN tensors have a dot in the class ("nextn.eh_proj")
@@ -82,6 +84,8 @@ MIXTURES = {
     "q5_0": Mixture("q5_0", True), "q5_1": Mixture("q5_1", True), "q6_K": Mixture("q6_K", True),
     "q4_K_S": Mixture("q4_K", True), "q4_K_M": Mixture("q4_K", True),
     "q5_K_S": Mixture("q5_K", True), "q5_K_M": Mixture("q5_K", True),
+    # LLAMA_FTYPE_MOSTLY_MXFP4_MOE (gpt-oss as ggml-org ships it): experts mxfp4, the rest q8_0
+    "mxfp4_moe": Mixture("q8_0", True),
 }
 _BY_LOWER = {k.lower(): k for k in MIXTURES}
 
@@ -112,6 +116,8 @@ def mixture_type(ftype: str, cls: str, layer: int, n_layer: int, *, is_70b: bool
         return "f32"
     if cls in UNQUANTIZED:
         return UNQUANTIZED[cls]
+    if ftype == "mxfp4_moe":           # 3-D tensors (ne[2] > 1: the experts) mxfp4, else q8_0
+        return "mxfp4" if cls.endswith("_exps") else "q8_0"
     if cls.startswith("ffn_down"):     # ffn_down_exps, ffn_down_shexp: "ffn_down" in the name
         cls = "ffn_down"
     if not mix.quantized:
@@ -210,8 +216,9 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
         count = values["n_layer"]
         if cls == "attn_v":
             layer, count, i_attn_v = i_attn_v, n_attn_v, i_attn_v + 1
-        if len(shape) == 1:             # llama.cpp's quantizer never quantizes 1-D tensors
-            dtype = "f32"
+        if len(shape) == 1 or match.group(3) == "bias":   # the quantizer takes only 2-D+
+            dtype = "f32"                                  # "*weight" tensors (gpt-oss's
+                                                           # expert biases stay f32)
         else:
             dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, count, is_70b=is_70b,
                                                        n_expert=getattr(hparams, "n_expert", 0))

@@ -244,17 +244,17 @@ class Decoder:
         self.kv_cache(il).add_layer(il, self.hp.n_embd_k_gqa, self.hp.n_embd_v_gqa)
 
     def attn(self, il: int, q: Tensor, k: Tensor | None, v: Tensor | None, kq_scale: float,
-             kv_layer: int | None = None) -> Tensor:
+             kv_layer: int | None = None, sinks: Tensor | None = None) -> Tensor:
         """build_attn over the KV cache (an SWA layer's over the SWA cache, with its own
         inputs), then wo and its optional bias. Without k and v, over layer `kv_layer`'s cache
-        (a KV-shared layer)."""
+        (a KV-shared layer). `sinks`: the layer's attention sinks (gpt-oss)."""
         if self.swa_cache is not None and self.hp.is_swa(il):
             cache, inputs, n_kv = self.swa_cache, self.swa_inputs, self.swa_n_kv
         else:
             cache, inputs, n_kv = self.cache, self.inputs, self.ctx.n_kv
         cur = build_attn_kv(self.ctx, cache, inputs, self.weight(T.ATTN_OUT, il),
                             q, k, v, kq_scale, il, n_kv=n_kv, iswa=self.swa_cache is not None,
-                            kv_layer=kv_layer)
+                            kv_layer=kv_layer, sinks=sinks)
         bias = self.optional(T.ATTN_OUT, il, "bias")
         return self.add_bias(cur, bias)
 
@@ -283,20 +283,29 @@ class Decoder:
     def moe_ffn(self, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
                 norm_w: bool, w_scale: float = 0.0, gating: str = "softmax",
                 exp_probs_b: Tensor | None = None, logits: Tensor | None = None,
-                glu: str = "swiglu") -> Tensor:
+                biases: bool = False, glu: str | dict = "swiglu") -> Tensor:
         """build_moe_ffn (LLM_FFN_SILU unless `glu` says otherwise): the router
         (ffn_gate_inp), its soft_max (or sigmoid) probabilities, the top n_expert_used by
         argsort (a view of its first columns), their weights (get_rows; with `norm_w` divided
         by their sum, clamped at f16's smallest normal), the experts' products (mul_mat_id),
         each weighted, then the experts' outputs added up in order (views of one tensor).
         `logits`: the router's output made by the architecture (llama.cpp's probs_in, gemma4);
-        `glu`: the experts' gate ("geglu": LLM_FFN_GELU); experts_ffn says the rest."""
+        `glu`: the experts' gate ("geglu": LLM_FFN_GELU; gpt-oss's LLM_FFN_SWIGLU_OAI_MOE: the
+        glu op's params, op swiglu_oai with its alpha and limit); experts_ffn says the rest.
+        gpt-oss's variant: `biases` (the router's bias added to its logits, each expert's
+        bias row added to its products by add_id), gating "softmax_weight" (the top experts
+        by raw logit, their weights a soft_max over the chosen ones)."""
         b, cb = self.b, self.b.cb
         T_, n_embd = self.n_tokens_of(cur), cur.shape[-1]
         if logits is None:
             logits = cb(self.ctx.mul_mat(self.weight(T.FFN_GATE_INP, il), cur),
                         "ffn_moe_logits", il)
-        if gating == "softmax":
+        if biases:
+            logits = cb(self.add(logits, self.weight(T.FFN_GATE_INP, il, "bias")),
+                        "ffn_moe_logits_biased", il)
+        if gating == "softmax_weight":
+            probs = logits
+        elif gating == "softmax":
             probs = b.op("soft_max", [logits], logits.shape)
         elif gating == "sigmoid":
             probs = b.op("sigmoid", [logits], logits.shape)
@@ -313,6 +322,11 @@ class Decoder:
         probs3 = b.reshape(probs, (T_, n_expert, 1))
         weights = cb(b.op("get_rows", [probs3, selected], (T_, n_expert_used, 1)),
                      "ffn_moe_weights", il)
+        if gating == "softmax_weight":
+            weights = b.reshape(weights, (T_, n_expert_used))
+            weights = b.op("soft_max", [weights], weights.shape)
+            weights = cb(b.reshape(weights, (T_, n_expert_used, 1)), "ffn_moe_weights_softmax",
+                         il)
         if norm_w:
             weights = b.reshape(weights, (T_, n_expert_used))
             total = cb(b.op("sum_rows", [weights], (T_, 1)), "ffn_moe_weights_sum", il)
@@ -325,7 +339,7 @@ class Decoder:
                          "ffn_moe_weights_scaled", il)
         b.expand(weights)
         cur = b.reshape(cur, (T_, 1, n_embd))
-        experts = self.experts_ffn(il, cur, selected, glu)
+        experts = self.experts_ffn(il, cur, selected, glu, biases)
         experts = cb(b.op("mul", [experts, weights], experts.shape), "ffn_moe_weighted", il)
         b.expand(experts)
         views = []
@@ -342,7 +356,8 @@ class Decoder:
             out = b.cont(out)
         return cb(out, "ffn_moe_out", il)
 
-    def experts_ffn(self, il: int, cur: Tensor, selected: Tensor, glu: str) -> Tensor:
+    def experts_ffn(self, il: int, cur: Tensor, selected: Tensor, glu: str | dict,
+                    biases: bool = False) -> Tensor:
         """The selected experts' FFN: up and gate products (or, with a fused ffn_gate_up_exps,
         one product and its two halves as views), the GLU, the down product; each product
         times its per-expert scale where the file has one (build_lora_mm_id's w_s: the scale
@@ -357,10 +372,22 @@ class Decoder:
             gate = cb(b.view(gate_up, (T_, used, n_ff), strides), "ffn_moe_gate", il)
             up = cb(b.view(gate_up, (T_, used, n_ff), strides, n_ff * item), "ffn_moe_up", il)
         else:
-            up = self.scaled_id(T.FFN_UP_EXP, il, cur, selected, "ffn_moe_up")
-            gate = self.scaled_id(T.FFN_GATE_EXP, il, cur, selected, "ffn_moe_gate")
-        act = cb(b.op("glu", [gate, up], gate.shape, op=glu, swapped=False), f"ffn_moe_{glu}", il)
-        return self.scaled_id(T.FFN_DOWN_EXP, il, act, selected, "ffn_moe_down")
+            up = self.biased_id(self.scaled_id(T.FFN_UP_EXP, il, cur, selected, "ffn_moe_up"),
+                                T.FFN_UP_EXP, il, selected, "ffn_moe_up", biases)
+            gate = self.biased_id(self.scaled_id(T.FFN_GATE_EXP, il, cur, selected, "ffn_moe_gate"),
+                                  T.FFN_GATE_EXP, il, selected, "ffn_moe_gate", biases)
+        params = dict(glu) if isinstance(glu, dict) else {"op": glu}
+        act = cb(b.op("glu", [gate, up], gate.shape, swapped=False, **params),
+                 f"ffn_moe_{params['op']}", il)
+        down = self.scaled_id(T.FFN_DOWN_EXP, il, act, selected, "ffn_moe_down")
+        return self.biased_id(down, T.FFN_DOWN_EXP, il, selected, "ffn_moe_down", biases)
+
+    def biased_id(self, x: Tensor, t, il: int, ids: Tensor, label: str, biases: bool) -> Tensor:
+        """gpt-oss: each selected expert's bias row added to its product (add_id)."""
+        if not biases:
+            return x
+        row = self.weight(t, il, "bias")
+        return self.b.cb(self.b.op("add_id", [x, row, ids], x.shape), f"{label}_biased", il)
 
     def scaled_id(self, t, il: int, cur: Tensor, ids: Tensor, name: str) -> Tensor:
         """The product named `name`; scaled, `name`_scaled (llama.cpp names it twice)."""
@@ -408,7 +435,7 @@ class Decoder:
 
     # --- the output head -----------------------------------------------------------------------
     def finish(self, inpL: Tensor, softcap: float | None = None,
-               rows_after_norm: bool = False) -> ModelGraph:
+               rows_after_norm: bool = False, rows_before_norm: bool = False) -> ModelGraph:
         """result_norm, the lm_head (plus output.bias where the architecture has one; with
         `softcap`, the final logit softcapping scale, tanh, scale) as result_output, and the
         graph."""
@@ -419,6 +446,10 @@ class Decoder:
             outputs.append(h)
             cur = b.cb(b.op("get_rows", [h, self.inputs["out_ids"]], (self.n_outputs, h.shape[-1])),
                        "result_norm", -1)
+        elif rows_before_norm:    # gpt-oss: every row out of the last layer (t_h_nextn, an
+            outputs.append(inpL)  # output), then out_ids' rows, then the norm
+            cur = b.op("get_rows", [inpL, self.inputs["out_ids"]], (self.n_outputs, inpL.shape[-1]))
+            cur = b.cb(self.norm(cur, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
         else:
             cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
         result_norm = cur
@@ -467,7 +498,8 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                 n_stream, swa_size=swa_size, swa_n_kv=swa_n_kv)
     d.shared = dict(shared)
     d.rs_zero = rs_zero
-    return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm)
+    return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm,
+                    rows_before_norm=arch.rows_before_norm)
 
 
 MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down

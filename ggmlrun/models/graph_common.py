@@ -275,13 +275,15 @@ class KVCache:
 def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor | None,
                   q_cur: Tensor, k_cur: Tensor | None, v_cur: Tensor | None, kq_scale: float,
                   il: int, n_kv: int | None = None, iswa: bool = False,
-                  kv_layer: int | None = None) -> Tensor:
+                  kv_layer: int | None = None, sinks: Tensor | None = None) -> Tensor:
     """llm_graph_context::build_attn for llm_graph_input_attn_kv, with build_attn_mha inside:
     store K and V through set_rows, then attend over the whole cache view (`n_kv` cells,
     default the context's). `iswa`: the build_attn of llm_graph_input_attn_kv_iswa, which
     expands Q, K, V in that order (the plain one expands Q, V, K). Without K and V (None): no
     store, and the attention reads layer `kv_layer`'s cache (gemma4's KV-shared layers). `wo`
-    None: no output projection (a gated attention applies it after its gate)."""
+    None: no output projection (a gated attention applies it after its gate). `sinks`: a
+    logit per head (gpt-oss's attn_sinks), the extra source ggml_soft_max_add_sinks /
+    ggml_flash_attn_ext_add_sinks give the softmax and flash attention."""
     b = ctx.b
     k_rot, v_rot = inputs.get("k_rot"), inputs.get("v_rot")
     if k_rot is not None:
@@ -319,12 +321,14 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
         k, v = (b.op("cast", [t], t.shape, "f16", f"{t.name} (copy)", dtype="f16")
                 if t.dtype == "f32" else t for t in (k, v))
         dv = v.shape[-1]
-        cur = b.op("flash_attn_ext", [q, k, v, mask], (ns, T // ns, n_head, dv), scale=kq_scale,
+        srcs = [q, k, v, mask] + ([sinks] if sinks is not None else [])
+        cur = b.op("flash_attn_ext", srcs, (ns, T // ns, n_head, dv), scale=kq_scale,
                    max_bias=0.0, logit_softcap=0.0, prec="f32")
         cur = b.reshape(cur, (T, n_head * dv))
     else:
         kq = b.cb(ctx.mul_mat(k, q), "kq", il)
-        kq = b.cb(b.op("soft_max", [kq, mask], kq.shape, scale=kq_scale, max_bias=0.0),
+        srcs = [kq, mask] + ([sinks] if sinks is not None else [])
+        kq = b.cb(b.op("soft_max", srcs, kq.shape, scale=kq_scale, max_bias=0.0),
                   "kq_soft_max", il)
         kqv = b.cb(ctx.mul_mat(v, kq), "kqv", il)
         cur = b.permute(kqv, (0, 2, 1, 3))

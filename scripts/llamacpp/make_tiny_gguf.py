@@ -60,6 +60,7 @@ class TinyModel:
     ssm: tuple = ()            # (d_conv, d_state, n_group, dt_rank, d_inner)
     interval: int = 0          # full_attention_interval written when set (llama.cpp default 4)
     expert_scale: bool = False # gemma4: the down experts' per-expert scale (ffn_down_exps.scale)
+    expert_type: str = ""      # the experts' type where it differs (gpt-oss: mxfp4)
 
     @property
     def n_embd_head(self) -> int:
@@ -200,7 +201,23 @@ MODELS = [
               arch="qwen35", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64)),
 ]
 
+# gpt-oss (gpt-oss-20b in miniature): Q/K/V/O biases, attention sinks, every other layer
+# sliding (pattern 2, a window of 64 cells), YaRN (factor 4 over an original 512, rope base
+# 150000 on both kinds of layer), 8 experts of 64 with 2 used, biased router and experts
+# (add_id), swiglu_oai; its own output.weight. The mxfp4 file is ggml-org's mix in small: MXFP4
+# experts, q8_0 matrices, f32 norms, biases, sinks and router.
+GPT_OSS_KEYS = (("attention.sliding_window", 64), ("rope.freq_base", 150000.0),
+                ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+                ("rope.scaling.original_context_length", 512))
+MODELS += [
+    TinyModel(f"tiny-gpt-oss-{kind}", weight, n_embd=64, n_head=4, n_head_kv=2, n_ff=64,
+              seed=seed, arch="gpt-oss", head_dim=32, qkv_bias=True, n_expert=8,
+              n_expert_used=2, n_ff_exp=64, metadata=GPT_OSS_KEYS, expert_type=experts)
+    for kind, weight, experts, seed in (("f16", "f16", "", 17), ("q8_0", "q8_0", "", 18),
+                                        ("mxfp4", "q8_0", "mxfp4", 19))]
+
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
+              "mxfp4": LlamaFileType.MOSTLY_MXFP4_MOE,
               "q8_0": LlamaFileType.MOSTLY_Q8_0,
               # record_devices.py's repack model (not bundled)
               "q4_0": LlamaFileType.MOSTLY_Q4_0}
@@ -321,6 +338,8 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
         return qwen35_shapes(m)
     if m.arch == "gemma4":
         return gemma4_shapes(m)
+    if m.arch == "gpt-oss":
+        return gpt_oss_shapes(m)
     head_dim = m.n_embd_head
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd)}
     for i in range(m.n_layer):
@@ -366,6 +385,35 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     shapes["output_norm.weight"] = (m.n_embd,)
     if not m.tied:
         shapes["output.weight"] = (N_VOCAB, m.n_embd)
+    return shapes
+
+
+def gpt_oss_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """llama.cpp's openai-moe load order: per layer the two norms, Q/K/V with their biases,
+    the output, the sinks, router and experts, then the output's, router's and experts'
+    biases."""
+    hd, e = m.n_embd_head, m.n_expert
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd),
+                                          "output_norm.weight": (m.n_embd,),
+                                          "output.weight": (N_VOCAB, m.n_embd)}
+    for i in range(m.n_layer):
+        b = f"blk.{i}."
+        shapes.update({
+            b + "attn_norm.weight": (m.n_embd,), b + "post_attention_norm.weight": (m.n_embd,),
+            b + "attn_q.weight": (m.n_head * hd, m.n_embd),
+            b + "attn_k.weight": (m.n_head_kv * hd, m.n_embd),
+            b + "attn_v.weight": (m.n_head_kv * hd, m.n_embd),
+            b + "attn_q.bias": (m.n_head * hd,), b + "attn_k.bias": (m.n_head_kv * hd,),
+            b + "attn_v.bias": (m.n_head_kv * hd,),
+            b + "attn_output.weight": (m.n_embd, m.n_head * hd),
+            b + "attn_sinks.weight": (m.n_head,),
+            b + "ffn_gate_inp.weight": (e, m.n_embd),
+            b + "ffn_gate_exps.weight": (e, m.n_ff_exp, m.n_embd),
+            b + "ffn_down_exps.weight": (e, m.n_embd, m.n_ff_exp),
+            b + "ffn_up_exps.weight": (e, m.n_ff_exp, m.n_embd),
+            b + "attn_output.bias": (m.n_embd,), b + "ffn_gate_inp.bias": (e,),
+            b + "ffn_gate_exps.bias": (e, m.n_ff_exp), b + "ffn_down_exps.bias": (e, m.n_embd),
+            b + "ffn_up_exps.bias": (e, m.n_ff_exp)})
     return shapes
 
 
@@ -420,7 +468,8 @@ def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str
     """Stores 1-D tensors and an expert router (ffn_gate_inp) as f32 always, as llama.cpp's
     converters do (and its quantizer never quantizes the router)."""
     if (data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name
-            or ".ssm_conv1d." in name):                 # ggml's f32-only conv
+            or ".ssm_conv1d." in name                   # ggml's f32-only conv
+            or name.endswith(".bias")):                 # gpt-oss's 2-D expert biases
         writer.add_tensor(name, data)
     elif weight_type == "f16":
         writer.add_tensor(name, data.astype(np.float16))
@@ -464,7 +513,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
-    writer.add_file_type(FILE_TYPES[m.weight_type])
+    writer.add_file_type(FILE_TYPES[m.expert_type or m.weight_type])
     if m.n_expert:
         writer.add_expert_count(m.n_expert)
         writer.add_expert_used_count(m.n_expert_used)
@@ -501,7 +550,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         data = random_weight(rng, name, shape)
         if m.arch == "gemma4" and name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):
             data *= 0.3    # gemma4 attends unscaled (KQ scale 1): keep its logits moderate
-        add_weight(writer, name, data, m.weight_type)
+        experts = m.expert_type and name.endswith("_exps.weight")
+        add_weight(writer, name, data, m.expert_type if experts else m.weight_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -48,10 +48,13 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
           "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
           "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0"]
+GPT_OSS_MODELS = ["tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4"]
+MODELS += GPT_OSS_MODELS
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
 # full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
 SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
               "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0"]
+SWA_MODELS += GPT_OSS_MODELS
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
@@ -75,7 +78,11 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-glm4moe-f16/c256/ub32/fa1/ngl0", "tiny-glm4moe-q8_0/c256/ub32/fa0/ngl2",
                  # qwen35: its recurrent state (zero-sized nodes, the delta-net ops) on both sides
                  "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall",
-                 "tiny-gemma4moe-f16/c256/ub32/fa0/ngl2"}
+                 "tiny-gemma4moe-f16/c256/ub32/fa0/ngl2",
+                 # gpt-oss: sinks in soft_max (ngl 2) and flash attention, the MXFP4 experts
+                 # on the CPU beside offloaded layers
+                 "tiny-gpt-oss-f16/c256/ub32/fa0/ngl2",
+                 "tiny-gpt-oss-mxfp4/c256/ub32/fa1/nglall/ot-exps-cpu"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -209,6 +216,22 @@ EXTRAS += [
                          ("n-cpu-moe1", {"n_cpu_moe": 1, "ubatch": 512, "ctx": 1024}),
                          ("", {"ngl": 4}),
                          ("long", {"ngl": 2, "ubatch": 512, "tokens": LONG_TOKENS[:100]}))
+] + [
+    # gpt-oss: every expert (and expert bias: "exps" matches them) on the CPU with every layer
+    # offloaded; the mxfp4 file's experts then go to CPU_REPACK
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in GPT_OSS_MODELS
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "ubatch": 512}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True}),
+                         ("n-cpu-moe1", {"n_cpu_moe": 1}),
+                         ("n-cpu-moe3", {"n_cpu_moe": 3, "flash_attn": True, "ctx": 1024}))
+] + [
+    # gpt-oss: a prompt longer than its window of 64 (160 tokens in one ubatch), so the logits
+    # check the SWA mask on the sliding layers, with the sinks
+    (model, "long" + ("-swafull" if full else ""),
+     {"ngl": 2, "ubatch": 512, "flash_attn": fa, "swa_full": full, "tokens": LONG_TOKENS})
+    for model in GPT_OSS_MODELS for fa in (False, True) for full in (False, True)
 ]
 # Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
 # the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second

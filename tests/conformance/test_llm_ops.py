@@ -49,11 +49,20 @@ def _ggml_compute(op: str, sources: list[tuple[np.ndarray, str]], params: dict,
         if op == "mul_mat":
             out = ggml.ggml_mul_mat(ctx, tensors[0], tensors[1])
         elif op == "flash_attn_ext":
-            out = ggml.ggml_flash_attn_ext(ctx, *tensors, params["scale"], 0.0, 0.0)
+            out = ggml.ggml_flash_attn_ext(ctx, *tensors[:4], params["scale"], 0.0, 0.0)
             ggml.ggml_flash_attn_ext_set_prec(out, ggml.GGML_PREC_F32)
+            if len(tensors) == 5:
+                ggml.ggml_flash_attn_ext_add_sinks(out, tensors[4])
         elif op == "soft_max":
             out = ggml.ggml_soft_max_ext(ctx, tensors[0], tensors[1], params["scale"],
                                          params["max_bias"])
+            if len(tensors) == 3:
+                ggml.ggml_soft_max_add_sinks(out, tensors[2])
+        elif op == "add_id":
+            out = ggml.ggml_add_id(ctx, *tensors)
+        elif op == "glu" and params["op"] == "swiglu_oai":
+            out = ggml.ggml_swiglu_oai(ctx, tensors[0], tensors[1], params["alpha"],
+                                       params["limit"])
         elif op == "rope":
             out = ggml.ggml_rope_ext(ctx, tensors[0], tensors[1], tensors[2], params["n_dims"],
                                      0, params["n_ctx_orig"], params["freq_base"],
@@ -95,7 +104,7 @@ def _ours(op: str, sources: list[tuple[np.ndarray, str]], params: dict) -> np.nd
 
 def _weights(name: str, m: int, k: int, rng) -> np.ndarray:
     """Bytes of an [m, k] weight: gguf's encoder where it has one, else sane random blocks."""
-    if name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16"):
+    if name in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "mxfp4"):
         raw = gq.quantize(rng.standard_normal((m, k)).astype(F32), Q[name.upper()])
         return raw.view(np.uint8).reshape(m, -1)
     raw = rng.integers(0, 256, size=(m, TYPES[name].row_bytes(k)), dtype=np.uint8)
@@ -122,7 +131,7 @@ def _compare(op, sources, params, atol_rel):
 @pytest.mark.parametrize("name,tol", [("q8_0", 2e-6), ("q4_0", 2e-6), ("q5_0", 2e-6),
                                       ("q4_1", 2e-6), ("q5_1", 2e-6), ("q2_K", 2e-6),
                                       ("q3_K", 2e-6), ("q4_K", 2e-6), ("q5_K", 2e-6),
-                                      ("q6_K", 2e-6), ("bf16", 2e-6)])
+                                      ("q6_K", 2e-6), ("bf16", 2e-6), ("mxfp4", 2e-6)])
 def test_mul_mat_on_quantized_weights_equals_ggml(name, tol):
     rng = np.random.default_rng(5)
     raw = _weights(name, 16, 512, rng)
@@ -185,3 +194,40 @@ def test_rope_ext_yarn_with_freq_factors_equals_ggml():
     params = {"n_dims": 32, "n_ctx_orig": 4096, "freq_base": 500000.0, "freq_scale": 0.125,
               "ext_factor": 1.0, "attn_factor": 0.9, "beta_fast": 32.0, "beta_slow": 1.0}
     _compare("rope", [(x, "f32"), (pos, "i32"), (factors, "f32")], params, 2e-6)
+
+
+# --- gpt-oss ----------------------------------------------------------------------------------
+
+def test_soft_max_with_sinks_equals_ggml():
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((1, 4, 5, 32)).astype(F32)
+    mask = np.zeros((1, 1, 8, 32), F32)
+    mask[..., 25:] = -np.inf
+    sinks = np.array([-1.0, 0.5, 3.0, 9.0], F32)
+    _compare("soft_max", [(a, "f32"), (mask, "f32"), (sinks, "f32")],
+             {"scale": 0.7, "max_bias": 0.0}, 1e-6)
+
+
+def test_flash_attn_ext_with_sinks_equals_ggml():
+    rng = np.random.default_rng(22)
+    q = rng.standard_normal((1, 8, 7, 64)).astype(F32)
+    k = rng.standard_normal((1, 2, 256, 64)).astype(F16)
+    v = rng.standard_normal((1, 2, 256, 64)).astype(F16)
+    mask = np.zeros((1, 1, 64, 256), F16)
+    for t in range(7):
+        mask[0, 0, t, 200 + t + 1:] = -np.inf
+    sinks = np.linspace(-2, 6, 8).astype(F32)
+    _compare("flash_attn_ext", [(q, "f32"), (k, "f16"), (v, "f16"), (mask, "f16"),
+                                (sinks, "f32")], {"scale": 0.125}, 5e-4)
+
+
+def test_add_id_and_swiglu_oai_equal_ggml():
+    rng = np.random.default_rng(23)
+    a = rng.standard_normal((5, 3, 32)).astype(F32)
+    b = rng.standard_normal((8, 32)).astype(F32)
+    ids = np.stack([rng.permutation(8)[:3] for _ in range(5)]).astype(np.int32)
+    _compare("add_id", [(a, "f32"), (b, "f32"), (ids, "i32")], {}, 0.0)
+    x = (rng.standard_normal((5, 3, 32)) * 6).astype(F32)
+    g = (rng.standard_normal((5, 3, 32)) * 6).astype(F32)
+    _compare("glu", [(x, "f32"), (g, "f32")],
+             {"op": "swiglu_oai", "swapped": False, "alpha": 1.702, "limit": 7.0}, 1e-6)

@@ -38,9 +38,11 @@ def host_repack() -> str:
 
 
 def repacked(kind: str | None, dtype: str, shape) -> bool:
-    """Whether ggml-cpu with this repack kind moves a MUL_MAT weight of this type and NumPy
-    shape into CPU_REPACK (a 2-D matrix: ne[1], its rows, a multiple of the tile)."""
+    """Whether ggml-cpu with this repack kind moves a weight of this type and NumPy shape into
+    CPU_REPACK: a 2-D matrix read by MUL_MAT, or a 3-D one (a model's experts) read by
+    MUL_MAT_ID (the extra buffer's supports_op takes both), its ne[1] (rows per matrix) a
+    multiple of the tile."""
     tile = REPACK_TYPES.get(kind or "none", {}).get(dtype)
-    if tile is None or len(shape) != 2:
+    if tile is None or len(shape) not in (2, 3):
         return False
-    return shape[0] % tile == 0
+    return shape[-2] % tile == 0

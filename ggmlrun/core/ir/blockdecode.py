@@ -163,10 +163,28 @@ def _q6_K(blocks, out):
     out.reshape(n, 16, 16)[...] *= scale[..., None]
 
 
+# kvalues_mxfp4: the E2M1 values doubled (the scale below is halved to match), as int8
+_E2M1 = numpy_later(lambda np: np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                                        np.int8))
+
+
+def _mxfp4(blocks, out):
+    """ggml's dequantize_row_mxfp4: one E8M0 byte (GGML_E8M0_TO_FP32_HALF: 2^(e - 128), or
+    the subnormal 0x00200000 << e below 2), then 32 E2M1 nibbles, low ones first."""
+    n = len(blocks)
+    q = np.empty((n, 2, 16), U8)
+    _split_nibbles(np.ascontiguousarray(blocks[:, 1:]), q)
+    np.copyto(out, _E2M1[q.reshape(n, 32)])
+    e = blocks[:, 0].astype(np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    out *= bits.astype(np.uint32).view(F32)[:, None]
+
+
 # name -> (decoder, values per block, bytes per block)
 DECODERS = {"q8_0": (_q8_0, 32, 34), "q4_0": (_q4_0, 32, 18), "q4_1": (_q4_1, 32, 20),
             "q5_0": (_q5_0, 32, 22), "q5_1": (_q5_1, 32, 24), "q4_K": (_q4_K, QK_K, 144),
-            "q5_K": (_q5_K, QK_K, 176), "q6_K": (_q6_K, QK_K, 210)}
+            "q5_K": (_q5_K, QK_K, 176), "q6_K": (_q6_K, QK_K, 210),
+            "mxfp4": (_mxfp4, 32, 17)}
 
 
 def decode_fast(raw: np.ndarray, name: str) -> np.ndarray | None:

@@ -58,6 +58,9 @@ class Arch:
     # llama.cpp's embeddings_nextn_masked off), rather than the last layer keeping only the
     # output rows
     rows_after_norm: bool = False
+    # every row out of the last layer (h_nextn, an output), then the output rows, then the
+    # output norm (gpt-oss: llama.cpp's embeddings_nextn_masked off, get_rows before the norm)
+    rows_before_norm: bool = False
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}

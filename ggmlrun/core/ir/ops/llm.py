@@ -16,7 +16,7 @@ from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
     F32, FLOATS, fmt, need_dtype, need_float, need_ndim, quiet, store, want_number, who)
-from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits
+from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits, need_sinks
 from ggmlrun.core.ir.ops.quant import can_encode, from_f32, round_like_vec_dot, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 from ggmlrun.core.ir.ops.elementwise import gelu_fp16_table
@@ -107,12 +107,14 @@ def _fa_infer(srcs, *, scale, max_bias, logit_softcap, prec):
     want_number(op, "logit_softcap", logit_softcap, nonneg=True)
     if prec not in ("f32", "default"):
         raise InputError(f"{op}: prec must be 'f32' or 'default', got {prec!r}")
-    if len(srcs) == 4:
+    if len(srcs) >= 4:
         mask = srcs[3]
         need_dtype(op, mask, ("f16",), "mask")
         need_mask_fits(op, mask, (s, h, t_len, kv))
     elif max_bias > 0:
         raise InputError(f"{op}: max_bias > 0 (ALiBi) needs a mask")
+    if len(srcs) == 5:
+        need_sinks(op, srcs[4], h)
     return OpResult((s, t_len, h, dv), "f32")
 
 
@@ -134,7 +136,18 @@ def _fa_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
             and type_of(q) == "f32")
 
 
-def _online_f16(scores: np.ndarray, v32: np.ndarray) -> np.ndarray:
+def _with_sinks(acc: np.ndarray, best: np.ndarray, total: np.ndarray, sinks):
+    """ggml-cpu's sinks after the last key: each row's sink logit s joins the running max and
+    sum (acc scaled by exp(M - s) where s is the new max, else exp(s - M) added to the sum)."""
+    if sinks is None:
+        return acc, total
+    new_max = sinks > best
+    ms = np.where(new_max, np.exp(best - sinks), F32(1)).astype(F32)
+    vs = np.where(new_max, F32(1), np.exp(sinks - best)).astype(F32)
+    return acc * ms, total * ms + vs
+
+
+def _online_f16(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
     """ggml-cpu's per-row flash attention over an f16 v: an online softmax whose V
     accumulator is f16, rounded at every key (ggml_vec_scale_f16, ggml_vec_mad_f16).
     Vectorised over heads and tokens, one key at a time; keys masked for every row skip."""
@@ -155,23 +168,30 @@ def _online_f16(scores: np.ndarray, v32: np.ndarray) -> np.ndarray:
             acc = (acc.astype(F32) * ms).astype(np.float16)
         acc = (acc.astype(F32) + v32[ic] * vs).astype(np.float16)
         total = total * ms + vs
+    acc, total = _with_sinks(acc.astype(F32), best, total, sinks)
     inv = np.where(total > 0, F32(1) / np.where(total > 0, total, F32(1)), F32(0))
-    return acc.astype(F32) * inv
+    return acc * inv
 
 
-def _softmax_f32(scores: np.ndarray, v32: np.ndarray) -> np.ndarray:
+def _softmax_f32(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
     top = np.max(scores, axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks)
     weights = np.exp(scores - np.where(np.isneginf(top), F32(0), top))
     total = np.sum(weights, axis=-1, keepdims=True, dtype=np.float64)
+    if sinks is not None:
+        total = total + np.exp(sinks - top).astype(np.float64)
     inv = np.where(total > 0, 1.0 / np.where(total > 0, total, 1.0), 0.0).astype(F32)
     return np.matmul(weights * inv, v32)
 
 
 @quiet
-def _fa_kernel(out, q, k, v, mask=None, *, scale, max_bias, logit_softcap, prec):
+def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_softcap, prec):
     """ggml-cpu's numerics (see docs/format.md): on its tiled path everything is f32; on
     the per-row path q is first rounded to k's vec_dot type (f16 for an f16 cache) and an f16
-    v is accumulated in f16. One (sequence, kv head) at a time to bound memory."""
+    v is accumulated in f16. One (sequence, kv head) at a time to bound memory. `sinks`: a
+    logit per head, as one more key with no value (gpt-oss)."""
+    sink32 = None if sinks is None else np.asarray(sinks, dtype=F32)
     s_n, h_n, t_len, _ = q.shape
     hkv = k.shape[1]
     group = h_n // hkv
@@ -193,14 +213,15 @@ def _fa_kernel(out, q, k, v, mask=None, *, scale, max_bias, logit_softcap, prec)
                 m = mask32[si % mask32.shape[0]]                        # [M2, T, KV]
                 idx = np.arange(g * group, (g + 1) * group) % m.shape[0]
                 scores = scores + slopes[heads, None, None] * m[idx]
-            result = accumulate(scores.astype(F32), v32)                # [G, T, Dv]
+            sink = None if sink32 is None else sink32[heads].reshape(-1, 1, 1)
+            result = accumulate(scores.astype(F32), v32, sink)          # [G, T, Dv]
             store(out[si, :, heads, :], np.swapaxes(result, 0, 1))
 
 
-register(OpSpec(name="flash_attn_ext", n_src=(3, 4), infer=_fa_infer, kernel=_fa_kernel,
+register(OpSpec(name="flash_attn_ext", n_src=(3, 5), infer=_fa_infer, kernel=_fa_kernel,
                 params=dict(_FA_PARAMS), flops=_fa_flops,
                 summary="softmax(q·kᵀ·scale + mask)·v per head (GQA); q [S, H, T, D] -> "
-                        "f32 [S, T, H, Dv]"))
+                        "f32 [S, T, H, Dv]; optional 5th src: sinks f32 [H]"))
 
 
 # --- glu -----------------------------------------------------------------------------------
@@ -212,11 +233,24 @@ _GATE = {
 }
 
 
-def _glu_infer(srcs, *, op, swapped):
+_GLU_OPS = tuple(_GATE) + ("swiglu_oai",)
+
+
+def _swiglu_oai(x: np.ndarray, g: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    """ggml-cpu's GGML_GLU_OP_SWIGLU_OAI (gpt-oss): x capped at limit, g clamped to ±limit,
+    x·sigmoid(alpha·x)·(g + 1), all in f32."""
+    x = np.minimum(x, F32(limit))
+    g = np.clip(g, F32(-limit), F32(limit))
+    return x / (F32(1) + np.exp(F32(alpha) * -x)) * (g + F32(1))
+
+
+def _glu_infer(srcs, *, op, swapped, alpha, limit):
     a = srcs[0]
     need_float("glu", a)
-    if op not in _GATE:
-        raise InputError(f"glu: op must be one of {', '.join(_GATE)}, got {op!r}")
+    if op not in _GLU_OPS:
+        raise InputError(f"glu: op must be one of {', '.join(_GLU_OPS)}, got {op!r}")
+    want_number("glu", "alpha", alpha)
+    want_number("glu", "limit", limit)
     if not isinstance(swapped, bool):
         raise InputError(f"glu: param 'swapped' must be true or false, got {swapped!r}")
     if len(srcs) == 2:
@@ -231,7 +265,7 @@ def _glu_infer(srcs, *, op, swapped):
 
 
 @quiet
-def _glu_kernel(out, a, b=None, *, op, swapped):
+def _glu_kernel(out, a, b=None, *, op, swapped, alpha, limit):
     if b is None:
         half = a.shape[-1] // 2
         x, g = a[..., :half], a[..., half:]
@@ -240,14 +274,18 @@ def _glu_kernel(out, a, b=None, *, op, swapped):
     if swapped:
         x, g = g, x
     x32, g32 = x.astype(F32), g.astype(F32)
+    if op == "swiglu_oai":
+        store(out, _swiglu_oai(x32, g32, alpha, limit))
+        return
     store(out, _GATE[op](x32) * g32)
 
 
 register(OpSpec(name="glu", n_src=(1, 2), infer=_glu_infer, kernel=_glu_kernel,
-                params={"op": REQUIRED, "swapped": False},
+                params={"op": REQUIRED, "swapped": False, "alpha": 0.0, "limit": 0.0},
                 flops=lambda out, srcs: 5 * out.n_elements,
                 summary="gated unit: act(x)·g with x, g = a, b (or a's halves); "
-                        "act silu|gelu (ggml's f16 table)|relu (swiglu|geglu|reglu)"))
+                        "act silu|gelu (ggml's f16 table)|relu (swiglu|geglu|reglu); "
+                        "swiglu_oai: min(x, limit)·sigmoid(alpha·x)·(clamp(g, ±limit) + 1)"))
 
 
 # --- cast ----------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ mul_mat_id follows ggml_mul_mat_id(as, b, ids): as [E, M, K] holds one matrix pe
 used), ids i32 [T, U] the experts each token uses; the result [T, U, M] (f32) is, for token t
 and slot i, as[ids[t, i]] @ b[t, i % B]. As in mul_mat, b is rounded to the expert matrix's
 vec_dot type first (f16 for f16 experts, q8_0 for q8_0 ones ...) and the sums are f32.
+
+add_id follows ggml_add_id(a, b, ids) (gpt-oss's expert biases): a [T, U, N] the experts'
+outputs, b [E, N] one bias row per expert, ids i32 [T, U] the experts used; each row a[t, i]
+gets b[ids[t, i]] added (ggml_vec_add_f32, f32).
 """
 
 from __future__ import annotations
@@ -104,3 +108,34 @@ register(OpSpec(name="mul_mat_id", n_src=(3, 3), infer=_mul_mat_id_infer,
                 kernel=_mul_mat_id_kernel, flops=_mul_mat_id_flops,
                 summary="a [E, M, K] (one matrix per expert, any weight type), b [T, B, K], "
                         "ids i32 [T, U] -> [T, U, M], f32: as[ids[t, i]] @ b[t, i % B]"))
+
+
+# --- add_id --------------------------------------------------------------------------------
+
+def _add_id_infer(srcs):
+    a, b, ids = srcs
+    need_dtype("add_id", a, ("f32",))
+    need_dtype("add_id", b, ("f32",), "b")
+    need_dtype("add_id", ids, ("i32",), "ids")
+    if len(a.shape) != 3 or len(b.shape) != 2 or len(ids.shape) != 2:
+        raise InputError(f"add_id: a {who(a)} must be [T, U, N], b {who(b)} [E, N] and ids "
+                         f"{who(ids)} [T, U]")
+    if a.shape[-1] != b.shape[-1] or tuple(ids.shape) != tuple(a.shape[:2]):
+        raise InputError(f"add_id: a {fmt(a.shape)}, b {fmt(b.shape)} and ids "
+                         f"{fmt(ids.shape)} disagree (a [T, U, N], b [E, N], ids [T, U])")
+    return OpResult(a.shape, "f32")
+
+
+@quiet
+def _add_id_kernel(out, a, b, ids):
+    idx = np.asarray(ids).astype(np.int64)
+    bad = (idx < 0) | (idx >= b.shape[0])
+    if bad.any():
+        raise RunError(f"add_id: row id {int(idx[bad].flat[0])} is out of range "
+                       f"[0, {b.shape[0]})")
+    store(out, np.asarray(a, dtype=F32) + np.asarray(b, dtype=F32)[idx])
+
+
+register(OpSpec(name="add_id", n_src=(3, 3), infer=_add_id_infer, kernel=_add_id_kernel,
+                summary="a [T, U, N] + b [E, N] by rows: a[t, i] + b[ids[t, i]] (ids i32 "
+                        "[T, U]; gpt-oss's expert biases), f32"))

@@ -67,11 +67,26 @@ def _soft_max_infer(srcs, *, scale, max_bias):
     need_float("soft_max", a)
     want_number("soft_max", "scale", scale)
     want_number("soft_max", "max_bias", max_bias, nonneg=True)
-    if len(srcs) == 2:
+    if len(srcs) >= 2:
         need_mask_fits("soft_max", srcs[1], a.shape)
     elif max_bias > 0:
         raise InputError("soft_max: max_bias > 0 (ALiBi) needs a mask")
+    if len(srcs) == 3:
+        need_sinks("soft_max", srcs[2], a.shape[-3] if len(a.shape) >= 3 else 1)
     return OpResult(a.shape, a.dtype)
+
+
+def need_sinks(op: str, sinks: Tensor, n_head: int) -> None:
+    """ggml_soft_max_add_sinks / ggml_flash_attn_ext_add_sinks: one f32 logit per head."""
+    need_dtype(op, sinks, ("f32",), "sinks")
+    if tuple(sinks.shape) != (n_head,):
+        raise InputError(f"{op}: sinks {who(sinks)} must be [{n_head}]: one value per head")
+
+
+def sink_rows(x: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """Each row's sink logit (x [.., H, T, KV]: the head's, broadcast over the rows)."""
+    heads = x.shape[-3] if x.ndim >= 3 else 1
+    return np.asarray(sinks, dtype=F32).reshape((heads, 1, 1) if x.ndim >= 3 else (1, 1))
 
 
 def need_mask_fits(op: str, mask: Tensor, scores: tuple[int, ...]) -> None:
@@ -121,14 +136,15 @@ def masked_scores(x: np.ndarray, mask: np.ndarray | None, max_bias: float) -> No
 SOFT_MAX_SHARE_MIN = 1 << 20    # values: below this a thread hand-off costs more than it saves
 
 
-def _soft_max_bind(out, a, mask=None, *, scale, max_bias, workers=None, constant=()):
+def _soft_max_bind(out, a, mask=None, sinks=None, *, scale, max_bias, workers=None,
+                   constant=()):
     """Attention's softmax (8M values at 512 tokens, 7 passes each: ~45-55 ms in one call)
     shared among the run's threads by its largest leading dim (the heads), one slice at a
     time so each slice's passes run in L3 instead of memory (one thread: ~20% faster; two:
     ~2.3x). Rows are independent and each is computed as the kernel computes it, so the
     bits are the kernel's. None (the kernel) where a slice would need its own part of the
     mask or its own ALiBi slopes, or the scores are too small to be worth it."""
-    if (workers is None or max_bias > 0 or out.dtype != F32
+    if (workers is None or max_bias > 0 or out.dtype != F32 or sinks is not None
             or out.ndim < 3 or out.size < SOFT_MAX_SHARE_MIN
             or (mask is not None and np.may_share_memory(mask, out))):
         return None
@@ -160,31 +176,40 @@ def _soft_max_bind(out, a, mask=None, *, scale, max_bias, workers=None, constant
 
 @fast_path(_soft_max_bind)
 @quiet
-def _soft_max_kernel(out, a, mask=None, *, scale, max_bias):
+def _soft_max_kernel(out, a, mask=None, sinks=None, *, scale, max_bias):
     if mask is not None and np.may_share_memory(mask, out):
         mask = mask.copy()     # ggml may give the node its mask's slot; read it before writing
     x = out if out.dtype == F32 else np.empty(out.shape, F32)
     np.multiply(a, F32(scale), out=x, dtype=F32, casting="same_kind")
     masked_scores(x, mask, max_bias)
-    softmax_rows(x)
+    softmax_rows(x, None if sinks is None else sink_rows(x, sinks))
     if x is not out:
         store(out, x)
 
 
-def softmax_rows(x: np.ndarray) -> None:
-    """In place over the last dim, the sum in f64 as ggml's ggml_float."""
-    x -= np.max(x, axis=-1, keepdims=True)
+def softmax_rows(x: np.ndarray, sinks: np.ndarray | None = None) -> None:
+    """In place over the last dim, the sum in f64 as ggml's ggml_float. With `sinks` (a logit
+    per row, broadcast), ggml-cpu's correction as if each row had one more value: the max
+    includes it and exp(sink - max) joins the sum, so the row sums to less than 1."""
+    top = np.max(x, axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks)
+    x -= top
     np.exp(x, out=x)
-    x *= (1.0 / np.sum(x, axis=-1, keepdims=True, dtype=np.float64)).astype(F32)
+    total = np.sum(x, axis=-1, keepdims=True, dtype=np.float64)
+    if sinks is not None:
+        total = total + np.exp(sinks - top).astype(np.float64)
+    x *= (1.0 / total).astype(F32)
 
 
 _soft_max_kernel.binds_run_context = True   # the executor passes workers= and constant=
 
 
-register(OpSpec(name="soft_max", n_src=(1, 2), infer=_soft_max_infer, kernel=_soft_max_kernel,
+register(OpSpec(name="soft_max", n_src=(1, 3), infer=_soft_max_infer, kernel=_soft_max_kernel,
                 params={"scale": 1.0, "max_bias": 0.0}, inplace=True, flops=_per_element(6),
                 summary="softmax over the last dim of a·scale + slope·mask (optional 2nd src; "
-                        "ALiBi slopes when max_bias > 0)"))
+                        "ALiBi slopes when max_bias > 0); optional 3rd: sinks f32 [H], one "
+                        "more logit per head in each row's max and sum"))
 
 
 # --- diag_mask_inf -------------------------------------------------------------------------

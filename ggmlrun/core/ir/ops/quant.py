@@ -128,7 +128,7 @@ def can_encode(name: str) -> bool:
 # ggml-cpu's type_traits_cpu[type].vec_dot_type for the weight types
 _VEC_DOT = {"f16": "f16", "bf16": "bf16", "q4_0": "q8_0", "q4_1": "q8_1", "q5_0": "q8_0",
             "q5_1": "q8_1", "q8_0": "q8_0", "q2_K": "q8_K", "q3_K": "q8_K", "q4_K": "q8_K",
-            "q5_K": "q8_K", "q6_K": "q8_K"}
+            "q5_K": "q8_K", "q6_K": "q8_K", "mxfp4": "q8_0"}
 
 
 def vec_dot_type(weight_type: str) -> str:
