@@ -47,7 +47,8 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
           "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
           "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
-          "tiny-qwen35-f16", "tiny-qwen35-q8_0"]
+          "tiny-qwen35-f16", "tiny-qwen35-q8_0",
+          "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0"]
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
 # full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
 SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0"]
@@ -73,7 +74,10 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-qwen3moe-q8_0/c256/ub32/fa0/nglall/n-cpu-moe1",
                  "tiny-glm4moe-f16/c256/ub32/fa1/ngl0", "tiny-glm4moe-q8_0/c256/ub32/fa0/ngl2",
                  # qwen35: its recurrent state (zero-sized nodes, the delta-net ops) on both sides
-                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall"}
+                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall",
+                 # qwen35moe: the shared expert's gate beside the routed experts
+                 "tiny-qwen35moe-f16/c256/ub32/fa0/ngl2",
+                 "tiny-qwen35moe-q8_0/c256/ub32/fa0/nglall/ot-exps-cpu"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -198,6 +202,23 @@ TOKENS_2UB = [(i * 37 + 5) % 320 for i in range(40)]
 EXTRAS += [(model, "t40", {"ngl": ngl, "tokens": TOKENS_2UB, "ubatch": ub})
            for model in ("tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-llama-f16")
            for ngl, ub in ((2, 32), ("all", 32), (2, 512))]
+# qwen35moe: every expert on the CPU with every layer offloaded (-ot exps=CPU, --cpu-moe), the
+# experts of the first layers (--n-cpu-moe), the state under -nkvo, and two ubatches (the
+# recurrent state carried from the first to the second)
+EXTRAS += [
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "ubatch": 512}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True,
+                                          "ctx": 1024}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}),
+                         ("nkvo", {"no_kv_offload": True}),
+                         ("t40", {"tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB, "ubatch": 512}))
+]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
 

@@ -58,6 +58,8 @@ class Arch:
     # llama.cpp's embeddings_nextn_masked off), rather than the last layer keeping only the
     # output rows
     rows_after_norm: bool = False
+    # feed_forward_length may be absent (0): the FFN widths have keys of their own (qwen35moe)
+    n_ff_optional: bool = False
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}

@@ -64,14 +64,16 @@ CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
                 "rope_sections": ("rope.dimension_sections", True, None)}
 
 
-def read_hparams(get, common: dict) -> DeltaNetHParams:
+def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHParams:
+    """The delta-net keys (`cls` with `extra`: an architecture's own on top, qwen35moe's
+    experts)."""
     nextn = get("nextn_predict_layers", 0)
     if nextn:
         # llama.cpp then loads block_count - nextn trunk layers and skips the MTP blocks, but
         # counts them in -ngl and in the mapped range: not modelled (and not recorded) yet
         raise InputError(f"nextn_predict_layers {nextn}: the MTP layers of a qwen35 file are not "
                          f"built by ggmlrun yet; a file converted without them (--no-mtp) is")
-    hp = DeltaNetHParams(**common, recurrent_layers=get("attention.recurrent_layers", ()),
+    hp = cls(**common, **extra, recurrent_layers=get("attention.recurrent_layers", ()),
                          ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
                          ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
                          ssm_n_group=get("ssm.group_count"),
@@ -235,9 +237,10 @@ def gated_attn(d, cur, il: int):
     return cb(ctx.mul_mat(w(T.ATTN_OUT, il), cur), "attn_output", il)
 
 
-def build(d, ffn) -> object:
-    """The qwen35 / qwen35moe layer loop; `ffn(d, cur, il)` is the FFN (dense or MoE). The
-    output rows are picked after the final norm (embeddings_nextn_masked is off)."""
+def build(d, ffn, post_name: str = "post_ffn") -> object:
+    """The qwen35 / qwen35moe layer loop; `ffn(d, cur, il)` is the FFN (dense or MoE), its
+    residual named `post_name` (qwen35moe's "post_moe"). The output rows are picked after the
+    final norm (embeddings_nextn_masked is off)."""
     hp, b = d.hp, d.b
     memory_inputs(d)
     inpL = b.cb(d.inpL, "model.input_embed", -1)
@@ -250,6 +253,6 @@ def build(d, ffn) -> object:
         residual = cur
         cur = b.cb(d.norm(cur, d.weight(T.ATTN_POST_NORM, il), il), "attn_post_norm", il)
         cur = b.cb(ffn(d, cur, il), "ffn_out", il)
-        cur = b.cb(d.add(cur, residual), "post_ffn", il)
+        cur = b.cb(d.add(cur, residual), post_name, il)
         inpL = b.cb(cur, "l_out", il)
     return inpL
