@@ -74,11 +74,11 @@ def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHPa
         raise InputError(f"nextn_predict_layers {nextn}: the MTP layers of a qwen35 file are not "
                          f"built by ggmlrun yet; a file converted without them (--no-mtp) is")
     hp = cls(**common, **extra, recurrent_layers=get("attention.recurrent_layers", ()),
-                         ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
-                         ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
-                         ssm_n_group=get("ssm.group_count"),
-                         full_attention_interval=get("full_attention_interval", 4),
-                         rope_sections=get("rope.dimension_sections"))
+             ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
+             ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
+             ssm_n_group=get("ssm.group_count"),
+             full_attention_interval=get("full_attention_interval", 4),
+             rope_sections=get("rope.dimension_sections"))
     if hp.ssm_d_inner % hp.ssm_dt_rank or hp.ssm_d_inner // hp.ssm_dt_rank != hp.ssm_d_state:
         raise InputError(f"ssm.inner_size {hp.ssm_d_inner} must be ssm.time_step_rank "
                          f"{hp.ssm_dt_rank} heads of ssm.state_size {hp.ssm_d_state} "
@@ -237,10 +237,10 @@ def gated_attn(d, cur, il: int):
     return cb(ctx.mul_mat(w(T.ATTN_OUT, il), cur), "attn_output", il)
 
 
-def build(d, ffn, post_name: str = "post_ffn") -> object:
-    """The qwen35 / qwen35moe layer loop; `ffn(d, cur, il)` is the FFN (dense or MoE), its
-    residual named `post_name` (qwen35moe's "post_moe"). The output rows are picked after the
-    final norm (embeddings_nextn_masked is off)."""
+def build(d, ffn) -> object:
+    """The qwen35 / qwen35moe layer loop; `ffn(d, cur, il)` is the FFN (dense or MoE). The
+    output rows are picked after the final norm (embeddings_nextn_masked is off). The FFN's
+    residual (qwen35moe names it "post_moe") is renamed l_out at once, as in llama.cpp."""
     hp, b = d.hp, d.b
     memory_inputs(d)
     inpL = b.cb(d.inpL, "model.input_embed", -1)
@@ -253,6 +253,6 @@ def build(d, ffn, post_name: str = "post_ffn") -> object:
         residual = cur
         cur = b.cb(d.norm(cur, d.weight(T.ATTN_POST_NORM, il), il), "attn_post_norm", il)
         cur = b.cb(ffn(d, cur, il), "ffn_out", il)
-        cur = b.cb(d.add(cur, residual), post_name, il)
+        cur = b.cb(d.add(cur, residual), "post_ffn", il)
         inpL = b.cb(cur, "l_out", il)
     return inpL

@@ -86,7 +86,7 @@ def moe_ffn(d, cur, il: int):
 
 
 def build(d):
-    return delta_net.build(d, moe_ffn, post_name="post_moe")
+    return delta_net.build(d, moe_ffn)
 
 
 ARCH = Arch(name="qwen35moe", rope_type=delta_net.ROPE_TYPE_IMROPE, tensors=tensors, build=build,
