@@ -208,3 +208,18 @@ def test_35b_a3b_card_types_and_fit_with_n_cpu_moe():
         assert code == 0, err
         device = json.loads(out)["memory"][0]
         assert (device["need_bytes"] + 2**30 <= device["memory_bytes"]) == fits
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen35-q8_0", "tiny-qwen35moe-f16"])
+def test_parallel_sequences_get_a_state_row_each(model):
+    """-np N: max(1, n_seq_max) rows of recurrent state per delta-net layer (wherever its layer
+    is), the reserve's ubatch split into N sequences; llama.cpp's bytes for -np 2, 3 and 4 are
+    compared in tests/test_llamacpp_figures.py."""
+    one = measure(MODELS / f"{model}.gguf", "--backends", RPC, "--ngl", "2")
+    for n in (2, 3):
+        many = measure(MODELS / f"{model}.gguf", "--backends", RPC, "--ngl", "2", "--parallel", str(n))
+        assert all(many[b]["state_bytes"] == n * one[b]["state_bytes"] for b in one)
+    graph = build_graph(read_gguf(MODELS / f"{model}.gguf"), 33, 33, 256, 256, False, "f16",
+                        n_seqs=3)
+    gdn = next(n for n in graph.graph.nodes if n.op == "gated_delta_net")
+    assert gdn.src[0].shape[:2] == (3, 11)        # [n_seqs, tokens per sequence, heads, S]

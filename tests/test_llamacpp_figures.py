@@ -57,6 +57,10 @@ def model_options(cfg: dict) -> list[str]:
         args.append("--cpu-moe")
     if opts.get("n_cpu_moe"):
         args += ["--n-cpu-moe", str(opts["n_cpu_moe"])]
+    if opts.get("parallel"):
+        args += ["--parallel", str(opts["parallel"])]
+    if opts.get("kv_unified"):
+        args.append("--kv-unified")
     return args
 
 

@@ -219,6 +219,17 @@ EXTRAS += [
                          ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
                          ("t40", {"ngl": 2, "tokens": TOKENS_2UB, "ubatch": 512}))
 ]
+# hybrid models serving several sequences (-np N, llama.cpp's n_seq_max): max(1, n_seq_max)
+# rows of recurrent state per delta-net layer, reserves of N sequences of equal length (an odd
+# N rounds the ubatch's tokens up), a KV stream per sequence unless -kvu
+EXTRAS += [
+    (model, suffix, opts)
+    for model in ("tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0")
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("np2-kvu", {"ngl": "all", "parallel": 2, "kv_unified": True}),
+                         ("np3", {"ngl": "all", "parallel": 3, "flash_attn": True, "ubatch": 512}),
+                         ("np4", {"ngl": 0, "parallel": 4, "ctx": 1024}))
+]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
 
@@ -514,7 +525,9 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
                    | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {})
                    | ({"swa_full": True} if cfg["swa_full"] else {})
                    | ({"cpu_moe": True} if cfg.get("cpu_moe") else {})
-                   | ({"n_cpu_moe": cfg["n_cpu_moe"]} if cfg.get("n_cpu_moe") else {}),
+                   | ({"n_cpu_moe": cfg["n_cpu_moe"]} if cfg.get("n_cpu_moe") else {})
+                   | ({"parallel": cfg["parallel"]} if cfg.get("parallel", 1) > 1 else {})
+                   | ({"kv_unified": True} if cfg.get("kv_unified") else {}),
         "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
         "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
         "backends": {k: backends[k] for k in sorted(backends, key=lambda k: (k == "CPU", k))},
