@@ -134,12 +134,25 @@ def test_recurrent_layers_array_is_read_when_the_file_has_it(tmp_path):
     assert code == 2 and "recurrent_layers must be an array of 4 booleans" in err
 
 
-def test_mtp_layers_are_refused_not_misbuilt(tmp_path):
+def test_mtp_blocks_count_for_ngl_but_are_never_loaded(tmp_path):
+    """nextn_predict_layers: the last blocks are MTP blocks (tiny-qwen35moe-q8_0's block 4):
+    counted by -ngl (-ngl 2 is the MTP block and the output), never loaded, no KV cache or
+    state; llama.cpp's figures for that file are in tests/test_llamacpp_figures.py. A count
+    that leaves no trunk is refused."""
     from tests.ggufkit import u32_kv
 
-    path = _with_kv(tmp_path, u32_kv("qwen35.nextn_predict_layers", 1))
+    model = read_gguf(MODELS / "tiny-qwen35moe-q8_0.gguf")
+    hp = model.hparams
+    assert (hp.n_layer, hp.n_layer_all, hp.is_recr(4)) == (4, 5, False)
+    mg = build_graph(model, 8, 8, 256, 256, False, "f16")
+    assert sorted(mg.cache.k) == [3] and sorted(mg.cache.r) == [0, 1, 2]
+    assert not any(n.name.startswith("blk.4.") for n in mg.graph.leafs if n.role == "weight")
+    two = measure(MODELS / "tiny-qwen35moe-q8_0.gguf", "--backends", RPC, "--ngl", "2")
+    one = measure(MODELS / "tiny-qwen35moe-q8_0.gguf", "--backends", RPC, "--ngl", "1")
+    assert two["RPC0"] == one["RPC0"] and two["RPC0"]["kv_bytes"] == 0
+    path = _with_kv(tmp_path, u32_kv("qwen35.nextn_predict_layers", 4))
     code, _, err = invoke("measure", path)
-    assert code == 2 and "nextn_predict_layers 1" in err and "--no-mtp" in err
+    assert code == 2 and "nextn_predict_layers 4 leaves no layers" in err
 
 
 # --- qwen35moe: the hybrid layers with routed experts and a gated shared expert ----------------

@@ -178,12 +178,13 @@ MODELS = [
     # used) beside a shared expert with its sigmoid gate row. The f16 file is as the real ones
     # (no feed_forward_length; the shared expert's width, 64, from its own key; every second
     # layer full attention); the q8_0 one gives feed_forward_length 96 for the shared expert
+    # and has an MTP block (block 4 of 5, as Qwen3.6's files: counted by -ngl, never loaded)
     TinyModel("tiny-qwen35moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=0, seed=17,
               arch="qwen35moe", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), interval=2,
               n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
     TinyModel("tiny-qwen35moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=96, seed=18,
-              arch="qwen35moe", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64),
-              n_expert=8, n_expert_used=2, n_ff_exp=32),
+              arch="qwen35moe", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), n_layer=5,
+              nextn=1, n_expert=8, n_expert_used=2, n_ff_exp=32),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
@@ -212,9 +213,10 @@ def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     conv_dim = 2 * d_state * n_group + d_inner
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, n)}
     for i in range(m.n_layer):
+        mtp = i >= m.n_layer - m.nextn      # an MTP block: full attention, then nextn.*
         shapes[f"blk.{i}.attn_norm.weight"] = (n,)
         shapes[f"blk.{i}.post_attention_norm.weight"] = (n,)
-        if (i + 1) % (m.interval or 4) == 0:
+        if mtp or (i + 1) % (m.interval or 4) == 0:
             shapes[f"blk.{i}.attn_q.weight"] = (2 * m.n_head * hd, n)
             shapes[f"blk.{i}.attn_k.weight"] = (m.n_head_kv * hd, n)
             shapes[f"blk.{i}.attn_v.weight"] = (m.n_head_kv * hd, n)
@@ -233,10 +235,15 @@ def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
             shapes[f"blk.{i}.ssm_out.weight"] = (n, d_inner)
         if m.n_expert:
             qwen35moe_ffn(m, i, shapes)
-            continue
-        shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, n)
-        shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, n)
-        shapes[f"blk.{i}.ffn_down.weight"] = (n, m.n_ff)
+        else:
+            shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, n)
+            shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, n)
+            shapes[f"blk.{i}.ffn_down.weight"] = (n, m.n_ff)
+        if mtp:
+            shapes[f"blk.{i}.nextn.eh_proj.weight"] = (n, 2 * n)
+            shapes[f"blk.{i}.nextn.enorm.weight"] = (n,)
+            shapes[f"blk.{i}.nextn.hnorm.weight"] = (n,)
+            shapes[f"blk.{i}.nextn.shared_head_norm.weight"] = (n,)
     shapes["output_norm.weight"] = (n,)
     if not m.tied:
         shapes["output.weight"] = (N_VOCAB, n)
@@ -459,6 +466,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     if m.arch == "glm4moe":
         writer.add_expert_shared_count(m.n_expert_shared)
         writer.add_leading_dense_block_count(m.dense_lead)
+    if m.nextn:
         writer.add_nextn_predict_layers(m.nextn)
     for key, value in m.metadata:
         key = f"{m.arch}.{key}"

@@ -38,10 +38,11 @@ class DeltaNetHParams(LlamaHParams):
 
     def is_recr(self, il: int) -> bool:
         """attention.recurrent_layers where given (newer converters write it from the model's
-        layer_types), else every full_attention_interval-th layer is attention."""
+        layer_types), else every full_attention_interval-th layer is attention; an MTP block
+        never (llama.cpp flags them attention)."""
         if self.recurrent_layers:
             return self.recurrent_layers[il]
-        return (il + 1) % self.full_attention_interval != 0
+        return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
 
     @property
     def n_embd_r(self) -> int:
@@ -67,13 +68,15 @@ CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
 def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHParams:
     """The delta-net keys (`cls` with `extra`: an architecture's own on top, qwen35moe's
     experts)."""
-    nextn = get("nextn_predict_layers", 0)
-    if nextn:
-        # llama.cpp then loads block_count - nextn trunk layers and skips the MTP blocks, but
-        # counts them in -ngl and in the mapped range: not modelled (and not recorded) yet
-        raise InputError(f"nextn_predict_layers {nextn}: the MTP layers of a qwen35 file are not "
-                         f"built by ggmlrun yet; a file converted without them (--no-mtp) is")
-    hp = cls(**common, **extra, recurrent_layers=get("attention.recurrent_layers", ()),
+    # the last nextn_predict_layers blocks are MTP (multi-token prediction) blocks: counted by
+    # block_count, so by -ngl and the layer split, but never loaded (TENSOR_SKIP without
+    # load_mtp) nor run, and without KV cache or state (the memory's filters take il < n_layer)
+    nextn = int(get("nextn_predict_layers", 0) or 0)
+    if nextn >= common["n_layer"]:
+        raise InputError(f"nextn_predict_layers {nextn} leaves no layers of block_count "
+                         f"{common['n_layer']} to run")
+    common = dict(common, n_layer=common["n_layer"] - nextn)
+    hp = cls(**common, **extra, n_layer_nextn=nextn, recurrent_layers=get("attention.recurrent_layers", ()),
              ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
              ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
              ssm_n_group=get("ssm.group_count"),
@@ -121,6 +124,26 @@ def layer_tensors(arch: str, hp: DeltaNetHParams, il: int) -> dict[str, TensorSp
     out[name(T.SSM_ALPHA)] = TensorSpec((hp.ssm_dt_rank, n))
     out[name(T.SSM_NORM)] = TensorSpec((hp.ssm_d_state,))
     out[name(T.SSM_OUT)] = TensorSpec((n, value_dim))
+    return out
+
+
+def mtp_tensors(arch: str, hp: DeltaNetHParams, ffn) -> dict[str, TensorSpec]:
+    """load_block_mtp for each MTP block (il >= n_layer): a full-attention block (its FFN from
+    `ffn(name, il)`: dense or the experts) and the nextn.* tensors, all optional: llama.cpp
+    skips them without load_mtp."""
+    out = {}
+    for il in range(hp.n_layer, hp.n_layer_all):
+        name = lambda t, s="weight": tn(arch, t, s, il)   # noqa: E731
+        block = dict(layer_tensors(arch, hp, il))
+        block.update(ffn(name, il))
+        n = hp.n_embd
+        block[name(T.NEXTN_EH_PROJ)] = TensorSpec((n, 2 * n))
+        block[name(T.NEXTN_ENORM)] = TensorSpec((n,))
+        block[name(T.NEXTN_HNORM)] = TensorSpec((n,))
+        block[name(T.NEXTN_EMBED_TOKENS)] = TensorSpec((hp.n_vocab, n))
+        block[name(T.NEXTN_SHARED_HEAD_HEAD)] = TensorSpec((hp.n_vocab, n))
+        block[name(T.NEXTN_SHARED_HEAD_NORM)] = TensorSpec((n,))
+        out.update((k, TensorSpec(v.shape, False)) for k, v in block.items())
     return out
 
 

@@ -49,23 +49,32 @@ def read_hparams(get, common: dict) -> Qwen35MoeHParams:
         n_ff_shexp=int(get("expert_shared_feed_forward_length", 0) or 0))
 
 
-def tensors(hp: Qwen35MoeHParams) -> dict[str, TensorSpec]:
-    """load_arch_tensors (no MTP layers): qwen35's, with per layer the router and the routed
-    experts, then the shared expert's gate row and its gate, up and down."""
-    name = lambda t, s="weight", bid=None: tn("qwen35moe", t, s, bid)   # noqa: E731
+def ffn_tensors(hp: Qwen35MoeHParams, name, il: int) -> dict[str, TensorSpec]:
+    """A layer's FFN in llama.cpp's load order: the router, the routed experts (down, gate,
+    up), then the shared expert's gate row and its gate, up and down."""
     n, n_sh = hp.n_embd, hp.n_ff_shexp
+    routed = moe_tensors(hp, name, il)
+    out = {name(t, bid=il): routed[name(t, bid=il)]
+           for t in (T.FFN_GATE_INP, T.FFN_DOWN_EXP, T.FFN_GATE_EXP, T.FFN_UP_EXP)}
+    out[name(T.FFN_GATE_INP_SHEXP, bid=il)] = TensorSpec((n,))
+    out[name(T.FFN_GATE_SHEXP, bid=il)] = TensorSpec((n_sh, n))
+    out[name(T.FFN_UP_SHEXP, bid=il)] = TensorSpec((n_sh, n))
+    out[name(T.FFN_DOWN_SHEXP, bid=il)] = TensorSpec((n, n_sh))
+    return out
+
+
+def tensors(hp: Qwen35MoeHParams) -> dict[str, TensorSpec]:
+    """load_arch_tensors: qwen35's, with each layer's FFN the experts, then the MTP blocks
+    (optional: never loaded)."""
+    name = lambda t, s="weight", bid=None: tn("qwen35moe", t, s, bid)   # noqa: E731
+    n = hp.n_embd
     out = {name(T.TOKEN_EMBD): TensorSpec((hp.n_vocab, n)),
            name(T.OUTPUT_NORM): TensorSpec((n,)),
            name(T.OUTPUT): TensorSpec((hp.n_vocab, n), False)}
     for il in range(hp.n_layer):
         out.update(delta_net.layer_tensors("qwen35moe", hp, il))
-        routed = moe_tensors(hp, name, il)       # llama.cpp's order: router, down, gate, up
-        for t in (T.FFN_GATE_INP, T.FFN_DOWN_EXP, T.FFN_GATE_EXP, T.FFN_UP_EXP):
-            out[name(t, bid=il)] = routed[name(t, bid=il)]
-        out[name(T.FFN_GATE_INP_SHEXP, bid=il)] = TensorSpec((n,))
-        out[name(T.FFN_GATE_SHEXP, bid=il)] = TensorSpec((n_sh, n))
-        out[name(T.FFN_UP_SHEXP, bid=il)] = TensorSpec((n_sh, n))
-        out[name(T.FFN_DOWN_SHEXP, bid=il)] = TensorSpec((n, n_sh))
+        out.update(ffn_tensors(hp, name, il))
+    out.update(delta_net.mtp_tensors("qwen35moe", hp, lambda _, il: ffn_tensors(hp, name, il)))
     return out
 
 
