@@ -236,3 +236,20 @@ def test_parallel_sequences_get_a_state_row_each(model):
                         n_seqs=3)
     gdn = next(n for n in graph.graph.nodes if n.op == "gated_delta_net")
     assert gdn.src[0].shape[:2] == (3, 11)        # [n_seqs, tokens per sequence, heads, S]
+
+
+def test_a_card_with_the_mtp_block(tmp_path):
+    """n_layer_nextn: 1 with n_layer 41 is the file Qwen3.6's converters write (753 tensors: the
+    MTP block's attention, experts and nextn.* too); llama.cpp's quantizer counts that block, here
+    with the same types for the trunk; -ngl counts it, nothing of it is loaded."""
+    text = CARD_35B.read_text().replace("  n_layer: 40\n", "  n_layer: 41\n  n_layer_nextn: 1\n")
+    card = tmp_path / "mtp.yaml"
+    card.write_text(text)
+    plain, mtp = read_card(CARD_35B), read_card(card)
+    assert (mtp.hparams.n_layer, mtp.hparams.n_layer_all) == (40, 41)
+    assert len(mtp.tensors) == 753 and "blk.40.nextn.eh_proj.weight" in mtp.tensors
+    assert all(mtp.tensors[name].dtype == t.dtype for name, t in plain.tensors.items())
+    args = ("--gpu", "24GiB", "--ram", "64GiB", "--ctx", "8192", "--json")
+    without = measure(CARD_35B, *args, "--ngl", "all")
+    with_mtp = measure(card, *args, "--ngl", "all")
+    assert with_mtp == without

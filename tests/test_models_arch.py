@@ -261,6 +261,13 @@ hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32, n_
           n_expert_used: 2, n_ff_exp: 32, n_ff_shexp: 64, n_vocab: 320, n_ctx_train: 2048}
 weights: f16
 """,
+    "tiny-qwen35moe-q8_0": """architecture: qwen35moe
+hparams: {n_layer: 5, n_layer_nextn: 1, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32,
+          n_rot: 16, rope_sections: [3, 3, 2, 0], ssm_d_conv: 4, ssm_d_state: 16, ssm_n_group: 2,
+          ssm_dt_rank: 4, ssm_d_inner: 64, n_ff: 96, n_expert: 8, n_expert_used: 2, n_ff_exp: 32,
+          n_vocab: 320, n_ctx_train: 2048}
+weights: q8_0
+""",
 }
 
 

@@ -62,7 +62,8 @@ CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
                 "ssm_dt_rank": ("ssm.time_step_rank", True, None),
                 "ssm_n_group": ("ssm.group_count", True, None),
                 "full_attention_interval": ("full_attention_interval", False, None),
-                "rope_sections": ("rope.dimension_sections", True, None)}
+                "rope_sections": ("rope.dimension_sections", True, None),
+                "n_layer_nextn": ("nextn_predict_layers", False, None)}
 
 
 def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHParams:
@@ -145,6 +146,17 @@ def mtp_tensors(arch: str, hp: DeltaNetHParams, ffn) -> dict[str, TensorSpec]:
         block[name(T.NEXTN_SHARED_HEAD_NORM)] = TensorSpec((n,))
         out.update((k, TensorSpec(v.shape, False)) for k, v in block.items())
     return out
+
+
+def card_tensor(name: str, hp: DeltaNetHParams) -> bool:
+    """A card's model carries its MTP blocks' tensors as the converters write them (all but
+    nextn.embed_tokens and nextn.shared_head_head), so the quantizer's counters see them; they
+    are never loaded."""
+    if not name.startswith("blk."):
+        return False
+    il = int(name.split(".")[1])
+    return il >= hp.n_layer and not name.endswith(("nextn.embed_tokens.weight",
+                                                   "nextn.shared_head_head.weight"))
 
 
 def ssm_a(d, il: int):

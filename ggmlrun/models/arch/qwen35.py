@@ -37,4 +37,4 @@ def build(d):
 
 ARCH = Arch(name="qwen35", rope_type=delta_net.ROPE_TYPE_IMROPE, tensors=tensors, build=build,
             read_hparams=delta_net.read_hparams, n_pos_per_embd=4, rows_after_norm=True,
-            hybrid=True, card_hparams=delta_net.CARD_HPARAMS)
+            hybrid=True, card_tensor=delta_net.card_tensor, card_hparams=delta_net.CARD_HPARAMS)

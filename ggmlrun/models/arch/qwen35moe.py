@@ -100,7 +100,7 @@ def build(d):
 
 ARCH = Arch(name="qwen35moe", rope_type=delta_net.ROPE_TYPE_IMROPE, tensors=tensors, build=build,
             read_hparams=read_hparams, n_pos_per_embd=4, rows_after_norm=True, hybrid=True,
-            n_ff_optional=True,
+            card_tensor=delta_net.card_tensor, n_ff_optional=True,
             card_hparams=delta_net.CARD_HPARAMS | {
                 "n_ff": ("feed_forward_length", False, None),
                 "n_expert": ("expert_count", True, None),
