@@ -5,8 +5,9 @@ gated delta-net layers, llama_memory_hybrid's recurrent state, the linear-attent
 full-attention layer (a doubled Q projection: query and gate; Q/K head norms; IMROPE).
 
 A graph's ubatch holds d.n_seqs sequences of equal length (1 unless a reserve with -np N, whose
-n_seq_max rows of state the graph sees whole), with fused gated delta net on (llama.cpp resolves it on when the op runs on the layer's device,
-as every ggml backend recorded does) and no rollback snapshots (n_rs_seq 0).
+n_seq_max rows of state the graph sees whole), with fused gated delta net on (llama.cpp
+resolves it on when the op runs on the layer's device, as every ggml backend recorded does)
+and no rollback snapshots (n_rs_seq 0).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHPa
         raise InputError(f"nextn_predict_layers {nextn} leaves no layers of block_count "
                          f"{common['n_layer']} to run")
     common = dict(common, n_layer=common["n_layer"] - nextn)
-    hp = cls(**common, **extra, n_layer_nextn=nextn, recurrent_layers=get("attention.recurrent_layers", ()),
+    hp = cls(**common, **extra, n_layer_nextn=nextn,
+             recurrent_layers=get("attention.recurrent_layers", ()),
              ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
              ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
              ssm_n_group=get("ssm.group_count"),
