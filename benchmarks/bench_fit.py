@@ -40,6 +40,8 @@ MOE_CASES = [  # the mixtures of experts: every layer on the device, --n-cpu-moe
     ("qwen3-235b-a22b-q4_k_m.yaml", 24, 8192),
     ("qwen3-235b-a22b-q4_k_m.yaml", (48, 24), None),
     ("glm-4.5-air-q4_k_m.yaml", 24, 8192),
+    ("gemma-4-26b-a4b-q4_k_m.yaml", 8, None),
+    ("gemma-4-26b-a4b-q4_k_m.yaml", 12, 32768),
 ]
 MOE_RAM = 256                     # GiB of host memory: the experts live there
 
@@ -89,7 +91,8 @@ def main() -> None:
     if not args.quick:
         print("\nthe whole command, interpreter start included (best of 3):")
         cmds = [whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "8192"),
-                whole_command("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192")]
+                whole_command("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192"),
+                whole_command("gemma-4-26b-a4b-q4_k_m.yaml", "12GiB", "32768")]
         print(table(["card", "--gpu", "--ctx", "seconds"], cmds))
 
 
