@@ -134,9 +134,122 @@ def test_recurrent_layers_array_is_read_when_the_file_has_it(tmp_path):
     assert code == 2 and "recurrent_layers must be an array of 4 booleans" in err
 
 
-def test_mtp_layers_are_refused_not_misbuilt(tmp_path):
+def test_mtp_blocks_count_for_ngl_but_are_never_loaded(tmp_path):
+    """nextn_predict_layers: the last blocks are MTP blocks (tiny-qwen35moe-q8_0's block 4):
+    counted by -ngl (-ngl 2 is the MTP block and the output), never loaded, no KV cache or
+    state; llama.cpp's figures for that file are in tests/test_llamacpp_figures.py. A count
+    that leaves no trunk is refused."""
     from tests.ggufkit import u32_kv
 
-    path = _with_kv(tmp_path, u32_kv("qwen35.nextn_predict_layers", 1))
+    model = read_gguf(MODELS / "tiny-qwen35moe-q8_0.gguf")
+    hp = model.hparams
+    assert (hp.n_layer, hp.n_layer_all, hp.is_recr(4)) == (4, 5, False)
+    mg = build_graph(model, 8, 8, 256, 256, False, "f16")
+    assert sorted(mg.cache.k) == [3] and sorted(mg.cache.r) == [0, 1, 2]
+    assert not any(n.name.startswith("blk.4.") for n in mg.graph.leafs if n.role == "weight")
+    two = measure(MODELS / "tiny-qwen35moe-q8_0.gguf", "--backends", RPC, "--ngl", "2")
+    one = measure(MODELS / "tiny-qwen35moe-q8_0.gguf", "--backends", RPC, "--ngl", "1")
+    assert two["RPC0"] == one["RPC0"] and two["RPC0"]["kv_bytes"] == 0
+    path = _with_kv(tmp_path, u32_kv("qwen35.nextn_predict_layers", 4))
     code, _, err = invoke("measure", path)
-    assert code == 2 and "nextn_predict_layers 1" in err and "--no-mtp" in err
+    assert code == 2 and "nextn_predict_layers 4 leaves no layers" in err
+
+
+# --- qwen35moe: the hybrid layers with routed experts and a gated shared expert ----------------
+CARD_35B = ROOT / "ggmlrun" / "models" / "cards" / "qwen3.5-35b-a3b-q4_k_m.yaml"
+
+
+def test_qwen35moe_graph_has_the_gated_shared_expert():
+    """Per layer: build_moe_ffn, then the shared expert (build_ffn on *_shexp) times the sigmoid
+    of the 1-D gate row's product with the input, one gate per token ([T, 1], broadcast)."""
+    model = read_gguf(MODELS / "tiny-qwen35moe-f16.gguf")
+    hp = model.hparams
+    # the f16 file has no feed_forward_length, as the real ones: the widths are the experts' own
+    assert (hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp, hp.n_expert, hp.n_expert_used) == (0, 32, 64, 8, 2)
+    q8 = read_gguf(MODELS / "tiny-qwen35moe-q8_0.gguf").hparams
+    assert (q8.n_ff, q8.n_ff_shexp) == (96, 96)        # no shared key: feed_forward_length
+    mg = build_graph(model, 5, 5, 256, 256, False, "f16")
+    by_name = {n.name: n for n in mg.graph.nodes}
+    gate = by_name["shared_expert_gate_sigmoid-0"]
+    assert gate.op == "sigmoid" and gate.shape == (5, 1)
+    gated = by_name["ffn_shexp_gated-0"]
+    assert gated.op == "mul" and gated.shape == (5, 64)
+
+
+def test_qwen35moe_without_any_ffn_width_is_an_input_error(tmp_path):
+    from tests.ggufkit import rebuild
+
+    path = tmp_path / "m.gguf"
+    raw = (MODELS / "tiny-qwen35moe-q8_0.gguf").read_bytes()
+    path.write_bytes(rebuild(raw, drop_key="qwen35moe.feed_forward_length"))
+    code, _, err = invoke("measure", path)
+    assert code == 2 and "expert_shared_feed_forward_length" in err and "Traceback" not in err
+
+
+def test_35b_a3b_card_types_and_fit_with_n_cpu_moe():
+    """The card as llama.cpp's quantizer makes Q4_K_M: attn_qkv and attn_v share the attn_v
+    counter (40 of them, one per layer), the down experts (routed and shared) follow ffn_down's
+    rule by layer, routers and the shared expert's gate row stay f32. fit puts every layer on
+    the device and the fewest expert layers on the CPU (that N fits, N - 1 does not), within a
+    second."""
+    model = read_card(CARD_35B)
+    hp = model.hparams
+    assert sum(hp.is_recr(il) for il in range(hp.n_layer)) == 30
+    assert (hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp) == (0, 512, 512)
+    types = {name: t.dtype for name, t in model.tensors.items()}
+    assert len(types) == 40 * 19 - 10 * 3 + 3           # 30 delta-net layers of 19, 10 of 16
+    # use_more_bits(i, 40): i < 5, i >= 35, (i - 5) % 3 == 2
+    assert [types[f"blk.{il}.attn_v.weight"] for il in (3, 7, 11, 15, 19, 35)] == \
+        ["q6_K", "q6_K", "q4_K", "q4_K", "q6_K", "q6_K"]
+    assert types["blk.0.attn_qkv.weight"] == types["blk.10.attn_qkv.weight"] == "q6_K"
+    assert types["blk.9.attn_qkv.weight"] == "q4_K"
+    assert types["blk.7.ffn_down_exps.weight"] == types["blk.7.ffn_down_shexp.weight"] == "q6_K"
+    assert types["blk.8.ffn_down_exps.weight"] == "q4_K"
+    assert types["blk.8.ffn_gate_inp.weight"] == types["blk.8.ffn_gate_inp_shexp.weight"] == "f32"
+    assert types["blk.0.ssm_conv1d.weight"] == "f32"
+    started = time.perf_counter()
+    code, out, err = invoke("fit", CARD_35B, "--gpu", "12GiB", "--ram", "64GiB", "--ctx", "32768",
+                            "--json")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["seconds"] < 1.0 and time.perf_counter() - started < 2.0
+    n = got["n_cpu_moe"]
+    assert got["ngl"] == 41 and 0 < n < 40
+    common = ("--gpu", "12GiB", "--ram", "64GiB", "--ctx", "32768", "--ngl", "41", "--json")
+    for ncm, fits in ((n, True), (n - 1, False)):
+        code, out, err = invoke("measure", CARD_35B, *common, "--n-cpu-moe", str(ncm))
+        assert code == 0, err
+        device = json.loads(out)["memory"][0]
+        assert (device["need_bytes"] + 2**30 <= device["memory_bytes"]) == fits
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen35-q8_0", "tiny-qwen35moe-f16"])
+def test_parallel_sequences_get_a_state_row_each(model):
+    """-np N: max(1, n_seq_max) rows of recurrent state per delta-net layer (wherever its layer
+    is), the reserve's ubatch split into N sequences; llama.cpp's bytes for -np 2, 3 and 4 are
+    compared in tests/test_llamacpp_figures.py."""
+    one = measure(MODELS / f"{model}.gguf", "--backends", RPC, "--ngl", "2")
+    for n in (2, 3):
+        many = measure(MODELS / f"{model}.gguf", "--backends", RPC, "--ngl", "2", "--parallel", str(n))
+        assert all(many[b]["state_bytes"] == n * one[b]["state_bytes"] for b in one)
+    graph = build_graph(read_gguf(MODELS / f"{model}.gguf"), 33, 33, 256, 256, False, "f16",
+                        n_seqs=3)
+    gdn = next(n for n in graph.graph.nodes if n.op == "gated_delta_net")
+    assert gdn.src[0].shape[:2] == (3, 11)        # [n_seqs, tokens per sequence, heads, S]
+
+
+def test_a_card_with_the_mtp_block(tmp_path):
+    """n_layer_nextn: 1 with n_layer 41 is the file Qwen3.6's converters write (753 tensors: the
+    MTP block's attention, experts and nextn.* too); llama.cpp's quantizer counts that block, here
+    with the same types for the trunk; -ngl counts it, nothing of it is loaded."""
+    text = CARD_35B.read_text().replace("  n_layer: 40\n", "  n_layer: 41\n  n_layer_nextn: 1\n")
+    card = tmp_path / "mtp.yaml"
+    card.write_text(text)
+    plain, mtp = read_card(CARD_35B), read_card(card)
+    assert (mtp.hparams.n_layer, mtp.hparams.n_layer_all) == (40, 41)
+    assert len(mtp.tensors) == 753 and "blk.40.nextn.eh_proj.weight" in mtp.tensors
+    assert all(mtp.tensors[name].dtype == t.dtype for name, t in plain.tensors.items())
+    args = ("--gpu", "24GiB", "--ram", "64GiB", "--ctx", "8192", "--json")
+    without = measure(CARD_35B, *args, "--ngl", "all")
+    with_mtp = measure(card, *args, "--ngl", "all")
+    assert with_mtp == without

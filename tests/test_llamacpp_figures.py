@@ -33,7 +33,8 @@ GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llam
                "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
                "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
                "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
-               "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0")
+               "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0",
+               "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0")
 # the sliding-window ones, recorded on the grid again with --swa-full
 SWA_MODELS = ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
               "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0")
@@ -62,6 +63,10 @@ def model_options(cfg: dict) -> list[str]:
         args.append("--cpu-moe")
     if opts.get("n_cpu_moe"):
         args += ["--n-cpu-moe", str(opts["n_cpu_moe"])]
+    if opts.get("parallel"):
+        args += ["--parallel", str(opts["parallel"])]
+    if opts.get("kv_unified"):
+        args.append("--kv-unified")
     return args
 
 

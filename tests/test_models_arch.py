@@ -37,7 +37,8 @@ TINY = sorted(MODELS.glob("tiny-*.gguf"))
 def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
-                                  "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss"}
+                                  "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
+                                  "qwen35moe"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -64,6 +65,7 @@ def test_unknown_architecture_exits_2_listing_the_supported_ones(tmp_path):
 # keys an architecture requires beyond the common ones (its load_arch_hparams reads them
 # without a default)
 REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
+                 "qwen35moe": {"expert_count": 8, "expert_used_count": 2},
                  "glm4moe": {"expert_count": 8, "expert_used_count": 2,
                              "expert_feed_forward_length": 32, "expert_shared_count": 1},
                  "gemma4": {"attention.sliding_window_pattern": [True, False],
@@ -256,6 +258,20 @@ weights: f16
 hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32, n_ff: 64,
           n_expert: 8, n_expert_used: 2, n_ff_exp: 32, n_vocab: 320, n_ctx_train: 2048}
 weights: f16
+""",
+    "tiny-qwen35moe-f16": """architecture: qwen35moe
+hparams: {n_layer: 4, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32, n_rot: 16,
+          rope_sections: [3, 3, 2, 0], ssm_d_conv: 4, ssm_d_state: 16, ssm_n_group: 2,
+          ssm_dt_rank: 4, ssm_d_inner: 64, full_attention_interval: 2, n_expert: 8,
+          n_expert_used: 2, n_ff_exp: 32, n_ff_shexp: 64, n_vocab: 320, n_ctx_train: 2048}
+weights: f16
+""",
+    "tiny-qwen35moe-q8_0": """architecture: qwen35moe
+hparams: {n_layer: 5, n_layer_nextn: 1, n_embd: 64, n_head: 4, n_head_kv: 2, n_embd_head_k: 32,
+          n_rot: 16, rope_sections: [3, 3, 2, 0], ssm_d_conv: 4, ssm_d_state: 16, ssm_n_group: 2,
+          ssm_dt_rank: 4, ssm_d_inner: 64, n_ff: 96, n_expert: 8, n_expert_used: 2, n_ff_exp: 32,
+          n_vocab: 320, n_ctx_train: 2048}
+weights: q8_0
 """,
 }
 

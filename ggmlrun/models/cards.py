@@ -68,6 +68,7 @@ _CLASS_RE = re.compile(r"(?:blk\.(\d+)\.)?([a-z_][a-z0-9_.]*?)(?:\.(weight|bias)
 # 2-D tensors llama.cpp's quantizer leaves in their converted type (llama-quant.cpp: "do not
 # quantize Mamba/Kimi's small conv1d weights"); the converters write them f32
 UNQUANTIZED = {"ssm_conv1d": "f32"}
+ATTN_V_LIKE = ("attn_v", "attn_qkv")      # llama-quant.cpp's category_is_attn_v (no kv_b here)
 
 
 # --- llama.cpp's quantization mixtures ----------------------------------------------------------
@@ -204,9 +205,10 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
         if tspec.required is not True and (tied and tname == "output.weight" or not carried):
             continue      # optional: only those the real files of the architecture have
         kept[tname] = tspec
-    # llama-quant.cpp counts attn_v tensors (i_attention_wv of n_attention_wv), which is the
-    # layer index only where every layer has one
-    n_attn_v = sum(1 for t in kept if _CLASS_RE.match(t).group(2) == "attn_v")
+    # llama-quant.cpp counts attn_v-like tensors (category_is_attn_v: attn_v and a fused or
+    # delta-net attn_qkv; i_attention_wv of n_attention_wv), which is the layer index only
+    # where every layer has one
+    n_attn_v = sum(1 for t in kept if _CLASS_RE.match(t).group(2) in ATTN_V_LIKE)
     i_attn_v = 0
     tensors = {}
     for tname, tspec in kept.items():
@@ -214,7 +216,7 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
         match = _CLASS_RE.match(tname)
         cls, layer = match.group(2), int(match.group(1) or 0)
         count = values["n_layer"]
-        if cls == "attn_v":
+        if cls in ATTN_V_LIKE:
             layer, count, i_attn_v = i_attn_v, n_attn_v, i_attn_v + 1
         if len(shape) == 1 or match.group(3) == "bias":   # the quantizer takes only 2-D+
             dtype = "f32"                                  # "*weight" tensors (gpt-oss's

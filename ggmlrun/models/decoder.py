@@ -108,7 +108,7 @@ class Decoder:
         # a hybrid memory's recurrent half (models/arch/delta_net.py): the states the graph
         # sees (n_rs: the whole memory in a reserve) and the one it clears first (rs_z; -1:
         # none, as after a sequence's first ubatch)
-        self.n_rs, self.rs_zero = 1, 0
+        self.n_rs, self.rs_zero, self.n_seqs = 1, 0, 1
         # llama_kv_cache_iswa (build_attn_inp_kv_iswa): a second cache for the sliding-window
         # layers, of swa_size cells (default: the full cache's), with its own idxs and mask
         self.swa_cache, self.swa_inputs, self.swa_n_kv = None, {}, 0
@@ -482,13 +482,15 @@ class Decoder:
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                 flash_attn: bool, kv_type: str, shared: tuple = (),
                 n_stream: int = 1, swa_size: int = 0, swa_n_kv: int = 0,
-                rs_zero: int = 0) -> ModelGraph:
+                rs_zero: int = 0, n_seqs: int = 1) -> ModelGraph:
     """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
     `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
     (Placement.shared_copies); without it every layer gets its own copy. `n_stream`: KV
     streams (-np N without -kvu: one per sequence, kv_size cells each). `swa_size`,
     `swa_n_kv`: the SWA cache's cells per stream and those attended over (models with SWA
-    layers; options.swa_kv_size; default the full cache's)."""
+    layers; options.swa_kv_size; default the full cache's). `n_seqs`: the ubatch's sequences
+    (a reserve's n_seq_max), equal splits of n_tokens; a hybrid model's recurrent state then
+    has that many rows, all of them seen by the graph (the whole memory, as in a reserve)."""
     from ggmlrun.models.arch import get_arch
 
     where = str(model.path) if model.path else None
@@ -498,6 +500,7 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                 n_stream, swa_size=swa_size, swa_n_kv=swa_n_kv)
     d.shared = dict(shared)
     d.rs_zero = rs_zero
+    d.n_seqs = d.n_rs = n_seqs
     return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm,
                     rows_before_norm=arch.rows_before_norm)
 

@@ -98,6 +98,8 @@ RULES: dict[str, Rule] = {
     "expert_used_count": Rule("u32", 0, LLAMA_MAX_EXPERTS, per_layer=True,
                               why="llama.cpp's LLAMA_MAX_EXPERTS"),
     "expert_feed_forward_length": Rule("u32", 0, per_layer=True),
+    # qwen35moe: the shared expert's FFN width (0 or absent: feed_forward_length)
+    "expert_shared_feed_forward_length": Rule("u32", 0),
     # glm4moe: shared experts, leading dense layers, routing weights, gating, NextN layers
     "expert_shared_count": Rule("u32", 0, LLAMA_MAX_EXPERTS),
     "leading_dense_block_count": Rule("u32", 0, LLAMA_MAX_LAYERS),

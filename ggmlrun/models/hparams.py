@@ -10,6 +10,7 @@ module's `read_hparams` (its load_arch_hparams) into a subclass (models/arch/).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ggmlrun.core.util.errors import InputError
 
@@ -19,6 +20,7 @@ ROPE_SCALING = ("none", "linear", "yarn", "longrope")     # llama.cpp's LLAMA_RO
 
 @dataclass(frozen=True)
 class LlamaHParams:
+    N_FF_OPTIONAL: ClassVar[bool] = False     # feed_forward_length may be 0 (absent)
     n_layer: int
     n_embd: int
     n_head: int
@@ -59,6 +61,8 @@ class LlamaHParams:
 
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
+            if key == "n_ff" and self.n_ff == 0 and self.N_FF_OPTIONAL:
+                continue
             if getattr(self, key) <= 0:
                 raise InputError(f"hyperparameter {key} must be positive, got {getattr(self, key)}")
         if self.n_head <= 0 or self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
@@ -141,7 +145,9 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
     factor = get("rope.scaling.factor", 0.0) or get("rope.scale_linear", 0.0)
     common = dict(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
-        n_ff=get("feed_forward_length"), n_vocab=n_vocab,
+        # llama.cpp reads it optionally; an architecture whose FFN widths have keys of their own
+        # (qwen35moe's experts) may lack it (0)
+        n_ff=get("feed_forward_length", 0 if spec.n_ff_optional else None), n_vocab=n_vocab,
         n_ctx_train=get("context_length"), n_rot=n_rot,
         rope_freq_base=get("rope.freq_base", 10000.0),
         rope_freq_scale=1.0 / factor if factor else 1.0,

@@ -77,19 +77,20 @@ _GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
                 flash_attn: bool, kv_type: str, shared: tuple = (),
-                n_stream: int = 1, swa: int = 0) -> ModelGraph:
+                n_stream: int = 1, swa: int = 0, n_seqs: int = 1) -> ModelGraph:
     """The graph for one ubatch shape, built once per model and shape (and sharing of the
     per-layer duplicated tensors, Placement.shared_copies; `swa`: the SWA cache's cells, all
     attended over, as in a reserve). Entries hold their model, so an id in a key always
     belongs to the model it was made for."""
-    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, n_stream, swa)
+    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, n_stream, swa,
+           n_seqs)
     entry = _GRAPHS.get(key)
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
         entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
                                                    flash_attn, kv_type, shared, n_stream,
-                                                   swa, swa))
+                                                   swa, swa, n_seqs=n_seqs))
     return entry[1]
 
 
@@ -141,11 +142,6 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
     if not 1 <= opts.parallel <= LLAMA_MAX_SEQ:
         raise InputError(f"--parallel must be 1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ), "
                          f"got {opts.parallel}")
-    if opts.parallel > 1 and getattr(model.hparams, "n_embd_s", 0):
-        # a hybrid model's recurrent layers with several sequences (n_seqs > 1 per ubatch,
-        # max(1, n_seq_max) state rows) are not built yet
-        raise InputError(f"--parallel {opts.parallel}: a {model.arch} model's recurrent state "
-                         f"with more than one sequence is not built by ggmlrun yet")
 
 
 @dataclass
@@ -297,7 +293,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) 
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
     for tokens, outputs in ((pp_tokens, n_tokens), (n_seqs, n_seqs)):
         mg = model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies(), kv_streams(opts), swa)
+                         placement.shared_copies(), kv_streams(opts), swa, n_seqs)
         apply_placement(mg, placement, backends)
         sched = scheduler.schedule(mg.graph)
         plan = allocator.plan(*allocation_sequence(sched))

@@ -61,6 +61,7 @@ class TinyModel:
     interval: int = 0          # full_attention_interval written when set (llama.cpp default 4)
     expert_scale: bool = False # gemma4: the down experts' per-expert scale (ffn_down_exps.scale)
     expert_type: str = ""      # the experts' type where it differs (gpt-oss: mxfp4)
+    n_ff_shexp: int = 0        # qwen35moe: expert_shared_feed_forward_length written when set
 
     @property
     def n_embd_head(self) -> int:
@@ -199,6 +200,17 @@ MODELS = [
               arch="qwen35", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), interval=2),
     TinyModel("tiny-qwen35-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=14,
               arch="qwen35", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64)),
+    # qwen35moe (Qwen3.5/3.6-35B-A3B in miniature): qwen35's layers with 8 experts of 32 (2
+    # used) beside a shared expert with its sigmoid gate row. The f16 file is as the real ones
+    # (no feed_forward_length; the shared expert's width, 64, from its own key; every second
+    # layer full attention); the q8_0 one gives feed_forward_length 96 for the shared expert
+    # and has an MTP block (block 4 of 5, as Qwen3.6's files: counted by -ngl, never loaded)
+    TinyModel("tiny-qwen35moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=0, seed=17,
+              arch="qwen35moe", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), interval=2,
+              n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
+    TinyModel("tiny-qwen35moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=96, seed=18,
+              arch="qwen35moe", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), n_layer=5,
+              nextn=1, n_expert=8, n_expert_used=2, n_ff_exp=32),
 ]
 
 # gpt-oss (gpt-oss-20b in miniature): Q/K/V/O biases, attention sinks, every other layer
@@ -244,9 +256,10 @@ def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     conv_dim = 2 * d_state * n_group + d_inner
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, n)}
     for i in range(m.n_layer):
+        mtp = i >= m.n_layer - m.nextn      # an MTP block: full attention, then nextn.*
         shapes[f"blk.{i}.attn_norm.weight"] = (n,)
         shapes[f"blk.{i}.post_attention_norm.weight"] = (n,)
-        if (i + 1) % (m.interval or 4) == 0:
+        if mtp or (i + 1) % (m.interval or 4) == 0:
             shapes[f"blk.{i}.attn_q.weight"] = (2 * m.n_head * hd, n)
             shapes[f"blk.{i}.attn_k.weight"] = (m.n_head_kv * hd, n)
             shapes[f"blk.{i}.attn_v.weight"] = (m.n_head_kv * hd, n)
@@ -263,13 +276,36 @@ def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
             shapes[f"blk.{i}.ssm_alpha.weight"] = (dt_rank, n)
             shapes[f"blk.{i}.ssm_norm.weight"] = (d_inner // dt_rank,)
             shapes[f"blk.{i}.ssm_out.weight"] = (n, d_inner)
-        shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, n)
-        shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, n)
-        shapes[f"blk.{i}.ffn_down.weight"] = (n, m.n_ff)
+        if m.n_expert:
+            qwen35moe_ffn(m, i, shapes)
+        else:
+            shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, n)
+            shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, n)
+            shapes[f"blk.{i}.ffn_down.weight"] = (n, m.n_ff)
+        if mtp:
+            shapes[f"blk.{i}.nextn.eh_proj.weight"] = (n, 2 * n)
+            shapes[f"blk.{i}.nextn.enorm.weight"] = (n,)
+            shapes[f"blk.{i}.nextn.hnorm.weight"] = (n,)
+            shapes[f"blk.{i}.nextn.shared_head_norm.weight"] = (n,)
     shapes["output_norm.weight"] = (n,)
     if not m.tied:
         shapes["output.weight"] = (N_VOCAB, n)
     return shapes
+
+
+def qwen35moe_ffn(m: TinyModel, i: int, shapes: dict) -> None:
+    """qwen35moe's FFN (llama_model_qwen35moe::load_arch_tensors' order): the router, the
+    routed experts (down, gate, up), the shared expert's gate row, its gate, up and down (of
+    expert_shared_feed_forward_length, else feed_forward_length)."""
+    n, n_sh = m.n_embd, m.n_ff_shexp or m.n_ff
+    shapes[f"blk.{i}.ffn_gate_inp.weight"] = (m.n_expert, n)
+    shapes[f"blk.{i}.ffn_down_exps.weight"] = (m.n_expert, n, m.n_ff_exp)
+    shapes[f"blk.{i}.ffn_gate_exps.weight"] = (m.n_expert, m.n_ff_exp, n)
+    shapes[f"blk.{i}.ffn_up_exps.weight"] = (m.n_expert, m.n_ff_exp, n)
+    shapes[f"blk.{i}.ffn_gate_inp_shexp.weight"] = (n,)
+    shapes[f"blk.{i}.ffn_gate_shexp.weight"] = (n_sh, n)
+    shapes[f"blk.{i}.ffn_up_shexp.weight"] = (n_sh, n)
+    shapes[f"blk.{i}.ffn_down_shexp.weight"] = (n, n_sh)
 
 
 def gemma4_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
@@ -334,7 +370,7 @@ def gemma4_experts(m: TinyModel, i: int, shapes: dict) -> None:
 
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
-    if m.arch == "qwen35":
+    if m.arch in ("qwen35", "qwen35moe"):
         return qwen35_shapes(m)
     if m.arch == "gemma4":
         return gemma4_shapes(m)
@@ -448,6 +484,8 @@ def random_weight(rng: np.random.Generator, name: str, shape: tuple[int, ...]) -
     stay O(1) through the layers and the logits are spread enough to compare meaningfully."""
     if name.endswith(".bias"):
         return (0.5 * rng.standard_normal(shape)).astype(np.float32)
+    if name.endswith(".ffn_gate_inp_shexp.weight"):   # a gate row: a dot product, not a gain
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
     if name.endswith(".ssm_a"):                      # -exp(A_log): negative decay rates
         return (-np.exp(0.5 * rng.standard_normal(shape))).astype(np.float32)
     if name.startswith("rope_factors_long"):        # LongRoPE divisors: 1 up to 8
@@ -490,7 +528,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_embedding_length(m.n_embd)
     writer.add_block_count(m.n_layer)
     arrays = {key for key, value in m.metadata if isinstance(value, tuple)}
-    if "feed_forward_length" not in arrays:
+    if "feed_forward_length" not in arrays and m.n_ff:    # qwen35moe's real files lack it
         writer.add_feed_forward_length(m.n_ff)
     writer.add_head_count(m.n_head)
     if "attention.head_count_kv" not in arrays:
@@ -518,9 +556,12 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_expert_count(m.n_expert)
         writer.add_expert_used_count(m.n_expert_used)
         writer.add_expert_feed_forward_length(m.n_ff_exp)
+    if m.n_ff_shexp:
+        writer.add_expert_shared_feed_forward_length(m.n_ff_shexp)
     if m.arch == "glm4moe":
         writer.add_expert_shared_count(m.n_expert_shared)
         writer.add_leading_dense_block_count(m.dense_lead)
+    if m.nextn:
         writer.add_nextn_predict_layers(m.nextn)
     for key, value in m.metadata:
         key = f"{m.arch}.{key}"

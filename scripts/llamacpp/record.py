@@ -47,7 +47,8 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
           "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
           "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
-          "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0"]
+          "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0",
+          "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0"]
 GPT_OSS_MODELS = ["tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4"]
 MODELS += GPT_OSS_MODELS
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
@@ -82,7 +83,10 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  # gpt-oss: sinks in soft_max (ngl 2) and flash attention, the MXFP4 experts
                  # on the CPU beside offloaded layers
                  "tiny-gpt-oss-f16/c256/ub32/fa0/ngl2",
-                 "tiny-gpt-oss-mxfp4/c256/ub32/fa1/nglall/ot-exps-cpu"}
+                 "tiny-gpt-oss-mxfp4/c256/ub32/fa1/nglall/ot-exps-cpu",
+                 # qwen35moe: the shared expert's gate beside the routed experts
+                 "tiny-qwen35moe-f16/c256/ub32/fa0/ngl2",
+                 "tiny-qwen35moe-q8_0/c256/ub32/fa0/nglall/ot-exps-cpu"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -239,6 +243,34 @@ TOKENS_2UB = [(i * 37 + 5) % 320 for i in range(40)]
 EXTRAS += [(model, "t40", {"ngl": ngl, "tokens": TOKENS_2UB, "ubatch": ub})
            for model in ("tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-llama-f16")
            for ngl, ub in ((2, 32), ("all", 32), (2, 512))]
+# qwen35moe: every expert on the CPU with every layer offloaded (-ot exps=CPU, --cpu-moe), the
+# experts of the first layers (--n-cpu-moe), the state under -nkvo, and two ubatches (the
+# recurrent state carried from the first to the second)
+EXTRAS += [
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "ubatch": 512}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True,
+                                          "ctx": 1024}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}),
+                         ("nkvo", {"no_kv_offload": True}),
+                         ("t40", {"tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB, "ubatch": 512}))
+]
+# hybrid models serving several sequences (-np N, llama.cpp's n_seq_max): max(1, n_seq_max)
+# rows of recurrent state per delta-net layer, reserves of N sequences of equal length (an odd
+# N rounds the ubatch's tokens up), a KV stream per sequence unless -kvu
+EXTRAS += [
+    (model, suffix, opts)
+    for model in ("tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0")
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("np2-kvu", {"ngl": "all", "parallel": 2, "kv_unified": True}),
+                         ("np3", {"ngl": "all", "parallel": 3, "flash_attn": True, "ubatch": 512}),
+                         ("np4", {"ngl": 0, "parallel": 4, "ctx": 1024}))
+]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 
 
@@ -534,7 +566,9 @@ def figures_of(cfg: dict, child: dict, shim_text: str, endpoints: list[str],
                    | ({"tensor_split": cfg["tensor_split"]} if cfg["tensor_split"] else {})
                    | ({"swa_full": True} if cfg["swa_full"] else {})
                    | ({"cpu_moe": True} if cfg.get("cpu_moe") else {})
-                   | ({"n_cpu_moe": cfg["n_cpu_moe"]} if cfg.get("n_cpu_moe") else {}),
+                   | ({"n_cpu_moe": cfg["n_cpu_moe"]} if cfg.get("n_cpu_moe") else {})
+                   | ({"parallel": cfg["parallel"]} if cfg.get("parallel", 1) > 1 else {})
+                   | ({"kv_unified": True} if cfg.get("kv_unified") else {}),
         "n_nodes": int(n_nodes_pp), "n_splits": int(n_splits_pp),
         "n_nodes_tg": int(n_nodes_tg or n_nodes_pp), "n_splits_tg": int(n_splits_tg or n_splits_pp),
         "backends": {k: backends[k] for k in sorted(backends, key=lambda k: (k == "CPU", k))},

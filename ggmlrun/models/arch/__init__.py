@@ -31,6 +31,7 @@ _MODULES = {
     "glm4moe": "ggmlrun.models.arch.glm4moe",
     "qwen35": "ggmlrun.models.arch.qwen35",
     "gpt-oss": "ggmlrun.models.arch.gpt_oss",
+    "qwen35moe": "ggmlrun.models.arch.qwen35moe",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -61,6 +61,8 @@ class Arch:
     # every row out of the last layer (h_nextn, an output), then the output rows, then the
     # output norm (gpt-oss: llama.cpp's embeddings_nextn_masked off, get_rows before the norm)
     rows_before_norm: bool = False
+    # feed_forward_length may be absent (0): the FFN widths have keys of their own (qwen35moe)
+    n_ff_optional: bool = False
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}
@@ -69,6 +71,13 @@ class Arch:
 # llama.cpp's LLM_TENSOR_FFN_NORM is gguf's FFN_PRE_NORM for the architectures with post-norms
 # (gemma3): one name, "blk.{bid}.ffn_norm", under either
 _SAME_NAME = {MODEL_TENSOR.FFN_NORM: MODEL_TENSOR.FFN_PRE_NORM}
+# tensors llama.cpp's loader creates for an architecture that the gguf package's table does not
+# list for it (the qwen35 family's MTP blocks: llama_model_qwen35(moe)::load_block_mtp); the
+# names are still gguf's (TENSOR_NAMES)
+_NEXTN = frozenset({MODEL_TENSOR.NEXTN_EH_PROJ, MODEL_TENSOR.NEXTN_ENORM, MODEL_TENSOR.NEXTN_HNORM,
+                    MODEL_TENSOR.NEXTN_EMBED_TOKENS, MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD,
+                    MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM})
+_LOADER_ONLY = {"qwen35": _NEXTN, "qwen35moe": _NEXTN}
 
 
 def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None = None) -> str:
@@ -77,7 +86,7 @@ def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None 
     listed = MODEL_TENSORS[_GGUF_ARCH[arch]]
     if tensor not in listed and _SAME_NAME.get(tensor) in listed:
         tensor = _SAME_NAME[tensor]
-    if tensor not in listed:
+    if tensor not in listed and tensor not in _LOADER_ONLY.get(arch, ()):
         raise KeyError(f"gguf lists no {tensor.name} tensor for architecture {arch}")
     base = TENSOR_NAMES[tensor]
     return (base.format(bid=bid) if bid is not None else base) + ("." + suffix if suffix else "")

@@ -4,9 +4,10 @@ gated delta-net layers, llama_memory_hybrid's recurrent state, the linear-attent
 (conv state, SSM_CONV, L2 norms, the fused GATED_DELTA_NET, the gated RMS norm) and the gated
 full-attention layer (a doubled Q projection: query and gate; Q/K head norms; IMROPE).
 
-Every graph is built for one sequence (n_seq_max 1: llama.cpp's default and llama-cpp-python's)
-with fused gated delta net on (llama.cpp resolves it on when the op runs on the layer's device,
-as every ggml backend recorded does) and no rollback snapshots (n_rs_seq 0).
+A graph's ubatch holds d.n_seqs sequences of equal length (1 unless a reserve with -np N, whose
+n_seq_max rows of state the graph sees whole), with fused gated delta net on (llama.cpp
+resolves it on when the op runs on the layer's device, as every ggml backend recorded does)
+and no rollback snapshots (n_rs_seq 0).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ class DeltaNetHParams(LlamaHParams):
 
     def is_recr(self, il: int) -> bool:
         """attention.recurrent_layers where given (newer converters write it from the model's
-        layer_types), else every full_attention_interval-th layer is attention."""
+        layer_types), else every full_attention_interval-th layer is attention; an MTP block
+        never (llama.cpp flags them attention)."""
         if self.recurrent_layers:
             return self.recurrent_layers[il]
-        return (il + 1) % self.full_attention_interval != 0
+        return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
 
     @property
     def n_embd_r(self) -> int:
@@ -61,22 +63,28 @@ CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
                 "ssm_dt_rank": ("ssm.time_step_rank", True, None),
                 "ssm_n_group": ("ssm.group_count", True, None),
                 "full_attention_interval": ("full_attention_interval", False, None),
-                "rope_sections": ("rope.dimension_sections", True, None)}
+                "rope_sections": ("rope.dimension_sections", True, None),
+                "n_layer_nextn": ("nextn_predict_layers", False, None)}
 
 
-def read_hparams(get, common: dict) -> DeltaNetHParams:
-    nextn = get("nextn_predict_layers", 0)
-    if nextn:
-        # llama.cpp then loads block_count - nextn trunk layers and skips the MTP blocks, but
-        # counts them in -ngl and in the mapped range: not modelled (and not recorded) yet
-        raise InputError(f"nextn_predict_layers {nextn}: the MTP layers of a qwen35 file are not "
-                         f"built by ggmlrun yet; a file converted without them (--no-mtp) is")
-    hp = DeltaNetHParams(**common, recurrent_layers=get("attention.recurrent_layers", ()),
-                         ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
-                         ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
-                         ssm_n_group=get("ssm.group_count"),
-                         full_attention_interval=get("full_attention_interval", 4),
-                         rope_sections=get("rope.dimension_sections"))
+def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHParams:
+    """The delta-net keys (`cls` with `extra`: an architecture's own on top, qwen35moe's
+    experts)."""
+    # the last nextn_predict_layers blocks are MTP (multi-token prediction) blocks: counted by
+    # block_count, so by -ngl and the layer split, but never loaded (TENSOR_SKIP without
+    # load_mtp) nor run, and without KV cache or state (the memory's filters take il < n_layer)
+    nextn = int(get("nextn_predict_layers", 0) or 0)
+    if nextn >= common["n_layer"]:
+        raise InputError(f"nextn_predict_layers {nextn} leaves no layers of block_count "
+                         f"{common['n_layer']} to run")
+    common = dict(common, n_layer=common["n_layer"] - nextn)
+    hp = cls(**common, **extra, n_layer_nextn=nextn,
+             recurrent_layers=get("attention.recurrent_layers", ()),
+             ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
+             ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
+             ssm_n_group=get("ssm.group_count"),
+             full_attention_interval=get("full_attention_interval", 4),
+             rope_sections=get("rope.dimension_sections"))
     if hp.ssm_d_inner % hp.ssm_dt_rank or hp.ssm_d_inner // hp.ssm_dt_rank != hp.ssm_d_state:
         raise InputError(f"ssm.inner_size {hp.ssm_d_inner} must be ssm.time_step_rank "
                          f"{hp.ssm_dt_rank} heads of ssm.state_size {hp.ssm_d_state} "
@@ -122,15 +130,46 @@ def layer_tensors(arch: str, hp: DeltaNetHParams, il: int) -> dict[str, TensorSp
     return out
 
 
+def mtp_tensors(arch: str, hp: DeltaNetHParams, ffn) -> dict[str, TensorSpec]:
+    """load_block_mtp for each MTP block (il >= n_layer): a full-attention block (its FFN from
+    `ffn(name, il)`: dense or the experts) and the nextn.* tensors, all optional: llama.cpp
+    skips them without load_mtp."""
+    out = {}
+    for il in range(hp.n_layer, hp.n_layer_all):
+        name = lambda t, s="weight": tn(arch, t, s, il)   # noqa: E731
+        block = dict(layer_tensors(arch, hp, il))
+        block.update(ffn(name, il))
+        n = hp.n_embd
+        block[name(T.NEXTN_EH_PROJ)] = TensorSpec((n, 2 * n))
+        block[name(T.NEXTN_ENORM)] = TensorSpec((n,))
+        block[name(T.NEXTN_HNORM)] = TensorSpec((n,))
+        block[name(T.NEXTN_EMBED_TOKENS)] = TensorSpec((hp.n_vocab, n))
+        block[name(T.NEXTN_SHARED_HEAD_HEAD)] = TensorSpec((hp.n_vocab, n))
+        block[name(T.NEXTN_SHARED_HEAD_NORM)] = TensorSpec((n,))
+        out.update((k, TensorSpec(v.shape, False)) for k, v in block.items())
+    return out
+
+
+def card_tensor(name: str, hp: DeltaNetHParams) -> bool:
+    """A card's model carries its MTP blocks' tensors as the converters write them (all but
+    nextn.embed_tokens and nextn.shared_head_head), so the quantizer's counters see them; they
+    are never loaded."""
+    if not name.startswith("blk."):
+        return False
+    il = int(name.split(".")[1])
+    return il >= hp.n_layer and not name.endswith(("nextn.embed_tokens.weight",
+                                                   "nextn.shared_head_head.weight"))
+
+
 def ssm_a(d, il: int):
     """LLM_TENSOR_SSM_A_NOSCAN: "blk.N.ssm_a", without a suffix."""
     return d.weight(T.SSM_A, il, "")
 
 
 def memory_inputs(d) -> None:
-    """build_inp_mem_hybrid's recurrent half: rs_s_copy and its views (one sequence; the whole
-    memory of max(1, n_seq_max) = 1 row in a reserve)."""
-    d.inputs.update(rs_inputs(d.b, d.n_rs, 1))
+    """build_inp_mem_hybrid's recurrent half: rs_s_copy and its views (the ubatch's n_seqs
+    states; in a reserve the whole memory of max(1, n_seq_max) rows)."""
+    d.inputs.update(rs_inputs(d.b, d.n_rs, d.n_seqs))
 
 
 def norm_l2(d, x, eps: float):
@@ -141,47 +180,49 @@ def norm_l2(d, x, eps: float):
 
 
 def linear_attn(d, cur, il: int):
-    """build_layer_attn_linear (n_seqs 1): projections, the conv state through SSM_CONV, the
-    fused gated delta net with the delta state, the gated norm and ssm_out."""
+    """build_layer_attn_linear: projections, the conv state through SSM_CONV, the fused gated
+    delta net with the delta state, the gated norm and ssm_out; Tn tokens per sequence of the
+    ubatch's ns sequences."""
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
-    Tn, S = d.T, hp.ssm_d_state
+    ns, S = d.n_seqs, hp.ssm_d_state
+    Tn = d.T // ns
     nkh, nvh = hp.ssm_n_group, hp.ssm_dt_rank
     conv_dim = 2 * S * nkh + hp.ssm_d_inner
     d.cache.add_recurrent(il, hp.n_embd_r, hp.n_embd_s, d.n_rs)
     r_l, s_l = d.cache.r[il], d.cache.s[il]
     qkv = ctx.mul_mat(w(T.ATTN_QKV, il), cur)
-    qkv = cb(b.reshape(qkv, (1, Tn, conv_dim)), "linear_attn_qkv_mixed", il)
+    qkv = cb(b.reshape(qkv, (ns, Tn, conv_dim)), "linear_attn_qkv_mixed", il)
     z = cb(ctx.mul_mat(w(T.ATTN_GATE, il), cur), "z", il)
     beta = ctx.mul_mat(w(T.SSM_BETA, il), cur)
-    beta = cb(b.reshape(beta, (1, Tn, nvh, 1)), "beta", il)
+    beta = cb(b.reshape(beta, (ns, Tn, nvh, 1)), "beta", il)
     beta = cb(b.op("sigmoid", [beta], beta.shape), "beta_sigmoid", il)
     alpha = ctx.mul_mat(w(T.SSM_ALPHA, il), cur)
-    alpha = cb(b.reshape(alpha, (1, Tn, nvh)), "alpha", il)
+    alpha = cb(b.reshape(alpha, (ns, Tn, nvh)), "alpha", il)
     alpha = b.op("add", [alpha, w(T.SSM_DT, il, "bias")], alpha.shape)
     alpha = cb(b.op("softplus", [alpha], alpha.shape), "a_softplus", il)
     gate = cb(b.op("mul", [alpha, ssm_a(d, il)], alpha.shape), "gate", il)
-    gate = b.reshape(gate, (1, Tn, nvh, 1))
+    gate = b.reshape(gate, (ns, Tn, nvh, 1))
     # build_conv_state (n_rs_seq 0): the conv state's columns before the ubatch's
-    states = cb(build_rs(b, d.inputs, r_l, hp.n_embd_r, 1, d.n_rs, 0, d.rs_zero),
+    states = cb(build_rs(b, d.inputs, r_l, hp.n_embd_r, ns, d.n_rs, 0, d.rs_zero),
                 "conv_states", il)
-    states = cb(b.reshape(states, (1, conv_dim, hp.ssm_d_conv - 1)), "conv_states_reshaped", il)
+    states = cb(b.reshape(states, (ns, conv_dim, hp.ssm_d_conv - 1)), "conv_states_reshaped", il)
     qkv_t = cb(b.transpose(qkv), "qkv_mixed_transposed", il)
-    conv_in = cb(b.op("concat", [states, qkv_t], (1, conv_dim, hp.ssm_d_conv - 1 + Tn), axis=2),
+    conv_in = cb(b.op("concat", [states, qkv_t], (ns, conv_dim, hp.ssm_d_conv - 1 + Tn), axis=2),
                  "conv_input", il)
-    last = cb(b.view(conv_in, (1, conv_dim, hp.ssm_d_conv - 1),
+    last = cb(b.view(conv_in, (ns, conv_dim, hp.ssm_d_conv - 1),
                      (conv_in.strides[0], conv_in.strides[1], 4), Tn * 4), "conv_state_last", il)
-    update = cb(b.view(r_l, (1, hp.n_embd_r), (r_l.strides[0], 4), 0), "conv_state_update", il)
+    update = cb(b.view(r_l, (ns, hp.n_embd_r), (r_l.strides[0], 4), 0), "conv_state_update", il)
     b.expand(b.cpy(last, update))
-    state = build_rs(b, d.inputs, s_l, hp.n_embd_s, 1, d.n_rs, 0, d.rs_zero)
-    state = cb(b.reshape(state, (1, nvh, S, S)), "state_predelta", il)
-    conv = cb(b.op("ssm_conv", [conv_in, w(T.SSM_CONV1D, il)], (1, Tn, conv_dim)),
+    state = build_rs(b, d.inputs, s_l, hp.n_embd_s, ns, d.n_rs, 0, d.rs_zero)
+    state = cb(b.reshape(state, (ns, nvh, S, S)), "state_predelta", il)
+    conv = cb(b.op("ssm_conv", [conv_in, w(T.SSM_CONV1D, il)], (ns, Tn, conv_dim)),
               "conv_output_raw", il)
     conv = cb(b.op("silu", [conv], conv.shape), "conv_output_silu", il)
     row = conv.strides[-2]
 
     def heads(n_head, offset):
-        return b.view(conv, (1, Tn, n_head, S), (row * Tn, row, S * 4, 4), offset)
+        return b.view(conv, (ns, Tn, n_head, S), (row * Tn, row, S * 4, 4), offset)
 
     q = cb(heads(nkh, 0), "q_conv", il)
     k = cb(heads(nkh, S * nkh * 4), "k_conv", il)
@@ -192,19 +233,20 @@ def linear_attn(d, cur, il: int):
     cb(k, "k_conv_predelta", il)
     cb(v, "v_conv_predelta", il)
     # build_recurrent_attn -> build_delta_net_fused (K = 1)
-    gdn = b.op("gated_delta_net", [q, k, v, gate, beta, state], (Tn + S, S * nvh), K=1)
-    out = b.view(gdn, (1, Tn, nvh, S), (S * nvh * Tn * 4, S * nvh * 4, S * 4, 4), 0)
-    new = b.view(gdn, (1, nvh, S, S), (S * S * nvh * 4, S * S * 4, S * 4, 4), S * nvh * Tn * 4)
+    gdn = b.op("gated_delta_net", [q, k, v, gate, beta, state], ((Tn + S) * ns, S * nvh), K=1)
+    out = b.view(gdn, (ns, Tn, nvh, S), (S * nvh * Tn * 4, S * nvh * 4, S * 4, 4), 0)
+    new = b.view(gdn, (ns, nvh, S, S), (S * S * nvh * 4, S * S * 4, S * 4, 4),
+                 S * nvh * Tn * ns * 4)
     cb(out, "attn_output", il)
     cb(new, "new_state", il)
-    b.expand(b.cpy(new, b.view(s_l, (1, hp.n_embd_s), (s_l.strides[0], 4), 0)))
+    b.expand(b.cpy(new, b.view(s_l, (ns, hp.n_embd_s), (s_l.strides[0], 4), 0)))
     # build_norm_gated: rms_norm "norm" * ssm_norm, times silu(z)
-    z4 = b.reshape(z, (1, Tn, nvh, S))
+    z4 = b.reshape(z, (ns, Tn, nvh, S))
     normed = d.norm(out, w(T.SSM_NORM, il), il)
     cur = b.op("mul", [normed, b.op("silu", [z4], z4.shape)], normed.shape)
-    cur = cb(b.reshape(cur, (1, Tn, nvh * S)), "final_output", il)
+    cur = cb(b.reshape(cur, (ns, Tn, nvh * S)), "final_output", il)
     cur = cb(ctx.mul_mat(w(T.SSM_OUT, il), cur), "linear_attn_out", il)
-    return b.reshape(cur, (Tn, hp.n_embd))
+    return b.reshape(cur, (Tn * ns, hp.n_embd))
 
 
 def gated_attn(d, cur, il: int):
@@ -237,7 +279,8 @@ def gated_attn(d, cur, il: int):
 
 def build(d, ffn) -> object:
     """The qwen35 / qwen35moe layer loop; `ffn(d, cur, il)` is the FFN (dense or MoE). The
-    output rows are picked after the final norm (embeddings_nextn_masked is off)."""
+    output rows are picked after the final norm (embeddings_nextn_masked is off). The FFN's
+    residual (qwen35moe names it "post_moe") is renamed l_out at once, as in llama.cpp."""
     hp, b = d.hp, d.b
     memory_inputs(d)
     inpL = b.cb(d.inpL, "model.input_embed", -1)

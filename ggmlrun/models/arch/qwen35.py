@@ -11,17 +11,23 @@ from ggmlrun.models.arch.base import Arch, TensorSpec, tn
 
 
 def tensors(hp):
-    """load_arch_tensors (no MTP layers): token_embd, output_norm, optional output, then per
-    layer its attention or delta-net tensors and the dense FFN."""
+    """load_arch_tensors: token_embd, output_norm, optional output, then per layer its
+    attention or delta-net tensors and the dense FFN, then the MTP blocks (optional: never
+    loaded)."""
     name = lambda t, s="weight", bid=None: tn("qwen35", t, s, bid)   # noqa: E731
+
+    def ffn(_, il: int) -> dict[str, TensorSpec]:
+        return {name(T.FFN_GATE, bid=il): TensorSpec((hp.n_ff, hp.n_embd)),
+                name(T.FFN_DOWN, bid=il): TensorSpec((hp.n_embd, hp.n_ff)),
+                name(T.FFN_UP, bid=il): TensorSpec((hp.n_ff, hp.n_embd))}
+
     out = {name(T.TOKEN_EMBD): TensorSpec((hp.n_vocab, hp.n_embd)),
            name(T.OUTPUT_NORM): TensorSpec((hp.n_embd,)),
            name(T.OUTPUT): TensorSpec((hp.n_vocab, hp.n_embd), False)}
     for il in range(hp.n_layer):
         out.update(delta_net.layer_tensors("qwen35", hp, il))
-        out[name(T.FFN_GATE, bid=il)] = TensorSpec((hp.n_ff, hp.n_embd))
-        out[name(T.FFN_DOWN, bid=il)] = TensorSpec((hp.n_embd, hp.n_ff))
-        out[name(T.FFN_UP, bid=il)] = TensorSpec((hp.n_ff, hp.n_embd))
+        out.update(ffn(None, il))
+    out.update(delta_net.mtp_tensors("qwen35", hp, ffn))
     return out
 
 
@@ -31,4 +37,4 @@ def build(d):
 
 ARCH = Arch(name="qwen35", rope_type=delta_net.ROPE_TYPE_IMROPE, tensors=tensors, build=build,
             read_hparams=delta_net.read_hparams, n_pos_per_embd=4, rows_after_norm=True,
-            hybrid=True, card_hparams=delta_net.CARD_HPARAMS)
+            hybrid=True, card_tensor=delta_net.card_tensor, card_hparams=delta_net.CARD_HPARAMS)
