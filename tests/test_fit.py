@@ -328,7 +328,7 @@ def test_kv_bound_up_to_a_uint32_context_takes_no_walk():
     rows = [fitmod.FitBackend("CPU", "cpu", 1000, 4096, 100, 2**60)]
     t0 = time.perf_counter()
     got = fitmod.kv_bound(rows, 4096, 2**32)
-    assert time.perf_counter() - t0 < 0.1
+    assert time.perf_counter() - t0 < 5      # a walk of 2**24 steps takes minutes: never a walk
     assert got == 2**32 - fitmod.CTX_STEP
 
 

@@ -7,7 +7,6 @@ by node in tests/test_models_oracle.py."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +56,8 @@ def test_attention_only_models_have_no_state():
     assert all(b["state_bytes"] == 0 for b in got.values())
 
 
-def test_27b_card_fits_under_a_second_counting_the_state():
+def test_27b_card_fits_in_a_few_reserves_counting_the_state():
+    """The 1 s target is benchmarks/bench_fit.py's; here the work it stands for: few reserves."""
     model = read_card(CARD_27B)
     hp = model.hparams
     assert sum(hp.is_recr(il) for il in range(hp.n_layer)) == 48
@@ -67,13 +67,11 @@ def test_27b_card_fits_under_a_second_counting_the_state():
     assert model.tensors["blk.0.attn_qkv.weight"].dtype == "q6_K"
     assert model.tensors["blk.11.attn_v.weight"].dtype == "q4_K"    # not a more-bits layer
     assert model.tensors["blk.63.attn_v.weight"].dtype == "q6_K"
-    started = time.perf_counter()
     code, out, err = invoke("fit", CARD_27B, "--gpu", "16GiB", "--ram", "64GiB", "--ctx", "auto",
                             "--json")
     assert code == 0, err
-    assert time.perf_counter() - started < 1.5     # the search itself: `seconds`
     got = json.loads(out)
-    assert got["seconds"] < 1.0 and got["ngl"] is not None
+    assert len(got["probes"]) <= 8 and got["ngl"] is not None
     rows = {b["name"]: b for b in got["backends"]}
     state = 48 * 4 * (hp.n_embd_r + hp.n_embd_s)
     assert sum(b["state_bytes"] for b in rows.values()) == state
@@ -207,12 +205,11 @@ def test_35b_a3b_card_types_and_fit_with_n_cpu_moe():
     assert types["blk.8.ffn_down_exps.weight"] == "q4_K"
     assert types["blk.8.ffn_gate_inp.weight"] == types["blk.8.ffn_gate_inp_shexp.weight"] == "f32"
     assert types["blk.0.ssm_conv1d.weight"] == "f32"
-    started = time.perf_counter()
     code, out, err = invoke("fit", CARD_35B, "--gpu", "12GiB", "--ram", "64GiB", "--ctx", "32768",
                             "--json")
     assert code == 0, err
     got = json.loads(out)
-    assert got["seconds"] < 1.0 and time.perf_counter() - started < 2.0
+    assert len(got["probes"]) <= 6       # the 1 s target: benchmarks/bench_fit.py
     n = got["n_cpu_moe"]
     assert got["ngl"] == 41 and 0 < n < 40
     common = ("--gpu", "12GiB", "--ram", "64GiB", "--ctx", "32768", "--ngl", "41", "--json")

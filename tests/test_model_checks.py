@@ -251,7 +251,7 @@ def test_a_huge_layer_count_is_refused_at_once(tmp_path):
     path = card(tmp_path, card_text(n_layer="16777216"))
     t0 = time.perf_counter()
     code, out, err = invoke("measure", path)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < 10     # was 30 s and 3.5 GB: refused before building
     one_line(code, err, 2, "n_layer", "512", f"{path}:2:")
     # the whole process's peak resident memory, interpreter and imports included: VmHWM
     # (ru_maxrss would count the test process's own size, inherited across fork and exec)
@@ -383,7 +383,7 @@ def test_override_patterns_take_linear_time():
         names = ["a" * n + "!", "blk.0.ffn_up.weight"]
         t0 = time.perf_counter()
         placed = place(hp, names, default_backends(), opts)
-        assert time.perf_counter() - t0 < 1.0, n
+        assert time.perf_counter() - t0 < 5, n     # backtracking: ~10 s at 26, forever at 100k
         assert placed.weights[names[0]] == len(default_backends()) - 1    # no match: the CPU
 
 

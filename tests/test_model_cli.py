@@ -68,9 +68,8 @@ def test_gemma3_card_slides_five_layers_of_six_and_fits_fast():
     assert "output.weight" not in model.tensors
     backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30, alignment=128),
                 BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30, alignment=32)]
-    started = time.monotonic()
     result = fit_model(model, backends, ModelOptions(ctx=8192), 2**30, 0, False)
-    assert time.monotonic() - started < 1.0
+    assert len(result.probes) <= 4        # the 1 s target: benchmarks/bench_fit.py
     assert result.ngl == 63
     # KV: 10 full layers x 8192 cells + 52 sliding layers x PAD(1024 + 512) cells, K and V f16
     assert result.backends[0].kv_bytes == (10 * 8192 + 52 * 1536) * 16 * 128 * 2 * 2
@@ -360,10 +359,9 @@ def test_gemma4_card_has_its_real_shapes_and_fits_fast():
     backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30, alignment=128),
                 BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30, alignment=32)]
     for flash_attn in (False, True):
-        started = time.monotonic()
         result = fit_model(model, backends, ModelOptions(ctx=8192, flash_attn=flash_attn),
                            2**30, 0, False)
-        assert time.monotonic() - started < 1.0
+        assert len(result.probes) <= 4
         assert result.ngl == 61
         # K: each layer's own width; V: without flash attention every layer's rows are the
         # widest (16 x 256), the full layers' 4 x 512 padded to it

