@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gguf.quants as gq
@@ -282,8 +281,10 @@ def test_fit_on_the_235b_card_answers_in_a_few_reserves():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "ggmlrun", "fit", str(CARDS / "qwen3-235b-a22b-q4_k_m.yaml"),
-                           "--gpu", "24GiB", "--ram", "256GiB", "--json"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "ggmlrun", "fit",
+                           str(CARDS / "qwen3-235b-a22b-q4_k_m.yaml"),
+                           "--gpu", "24GiB", "--ram", "256GiB", "--json"],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["command"].startswith("-ngl 95 -c 4096 -fa off --n-cpu-moe ")
