@@ -47,7 +47,7 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
           "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
           "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
-          "tiny-qwen35-f16", "tiny-qwen35-q8_0"]
+          "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-deepseek2-f16", "tiny-deepseek2-q8_0"]
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
 # full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
 SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0"]
@@ -73,7 +73,9 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-qwen3moe-q8_0/c256/ub32/fa0/nglall/n-cpu-moe1",
                  "tiny-glm4moe-f16/c256/ub32/fa1/ngl0", "tiny-glm4moe-q8_0/c256/ub32/fa0/ngl2",
                  # qwen35: its recurrent state (zero-sized nodes, the delta-net ops) on both sides
-                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall"}
+                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall",
+                 # deepseek2: MLA's K-only cache, v_cont / kqv_mla and fattn_mla
+                 "tiny-deepseek2-f16/c256/ub32/fa0/nglall", "tiny-deepseek2-q8_0/c256/ub32/fa1/ngl2"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -191,6 +193,14 @@ EXTRAS: list[tuple[str, str, dict]] = [
                          ("n-cpu-moe2", {"n_cpu_moe": 2}),
                          ("", {"ngl": 1}),
                          ("", {"ngl": 3}))
+] + [
+    # deepseek2 (MLA): the experts on the CPU with every layer offloaded, both attentions
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-deepseek2-f16", "tiny-deepseek2-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}),
+                         ("nkvo", {"no_kv_offload": True}))
 ]
 # Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
 # the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second

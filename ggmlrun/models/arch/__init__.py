@@ -30,6 +30,7 @@ _MODULES = {
     "qwen3moe": "ggmlrun.models.arch.qwen3moe",
     "glm4moe": "ggmlrun.models.arch.glm4moe",
     "qwen35": "ggmlrun.models.arch.qwen35",
+    "deepseek2": "ggmlrun.models.arch.deepseek2",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}
