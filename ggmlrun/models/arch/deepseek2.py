@@ -226,8 +226,20 @@ def build(d: Decoder):
     return inpL
 
 
+# a card's model: the optional tensors the real files carry, by name without "blk.<i>.": the
+# routers' selection bias (DeepSeek-V3, GLM-4.7-Flash) and GLM-4.7-Flash's NextN block, kept in
+# the file and never loaded (DeepSeek-V3's converter drops its MTP layer)
+_NEXTN_CARRIED = ("attn_norm.weight", "attn_q_a_norm.weight", "attn_kv_a_norm.weight",
+                  "attn_q_a.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight",
+                  "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight", "ffn_norm.weight",
+                  "ffn_gate_inp.weight", "ffn_down_exps.weight", "ffn_gate_exps.weight",
+                  "ffn_up_exps.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight",
+                  "ffn_up_shexp.weight", "nextn.eh_proj.weight", "nextn.enorm.weight",
+                  "nextn.hnorm.weight", "nextn.shared_head_norm.weight")
+
 ARCH = Arch(name="deepseek2", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
             read_hparams=read_hparams,
+            card_tensors=frozenset({"output.weight", "exp_probs_b.bias", *_NEXTN_CARRIED}),
             card_hparams={"n_expert": ("expert_count", True, None),
                           "n_expert_used": ("expert_used_count", True, None),
                           "n_ff_exp": ("expert_feed_forward_length", True, None),
