@@ -194,6 +194,12 @@ MODELS = [
               seed=18, arch="deepseek2", n_expert=8, n_expert_used=2, n_ff_exp=32,
               n_expert_shared=1, dense_lead=1, n_rot=16, mla=(32, 32, 32, 32),
               metadata=(("expert_weights_norm", True),)),
+    # the lite variant (DeepSeek-V2-Lite's shape): q_lora_rank 0, so a plain attn_q; 2 shared
+    # experts, weights neither normalised nor scaled, softmax gating, no selection bias
+    TinyModel("tiny-deepseek2-lite-f16", "f16", n_embd=64, n_head=4, n_head_kv=1, n_ff=128,
+              seed=19, arch="deepseek2", n_expert=8, n_expert_used=2, n_ff_exp=32,
+              n_expert_shared=2, dense_lead=1, n_rot=16, mla=(0, 32, 32, 32),
+              metadata=(("expert_gating_func", 1),)),
 ]
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
