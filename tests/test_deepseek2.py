@@ -146,3 +146,20 @@ def test_fit_answers_n_cpu_moe_at_the_edge(card, gpu, ctx):
     same = {b["name"]: b["weights_bytes"] + b["kv_bytes"] + b["arena_bytes"]
             + b.get("output_bytes", 0) for b in json.loads(out)["backends"]}
     assert same == {b["name"]: b["total_bytes"] for b in got["backends"]}
+
+
+def test_fit_context_grows_the_k_only_cache():
+    """--ctx auto: the context grows 256 cells at a time while MLA's K rows (576 f16 values a
+    layer, no V) fit; the answer is the edge."""
+    card = CARDS / "glm-4.7-flash-q4_k_m.yaml"
+    code, out, err = invoke("fit", card, "--gpu", "20GiB", "--ram", "64GiB", "--ctx", "auto",
+                            "--json")
+    assert code == 0, err
+    ctx = json.loads(out)["ctx"]
+    for c, fits in ((ctx, True), (ctx + 256, False)):
+        code, out, err = invoke("measure", card, "--gpu", "20GiB", "--ram", "64GiB", "--ctx",
+                                str(c), "--json")
+        dev = json.loads(out)["backends"][0]
+        assert dev["kv_bytes"] == 47 * c * 576 * 2
+        need = dev["weights_bytes"] + dev["kv_bytes"] + dev["arena_bytes"]
+        assert (need <= dev["memory_bytes"] - GiB) == fits
