@@ -101,11 +101,13 @@ def test_deepseek_v3_card_types_and_bytes():
         61, 1536, 512, 576, "sigmoid")
     assert hp.rope_yarn_log_mul == 1.0                       # 0.1 / 0.1 (the fix's division)
     assert t["blk.3.attn_k_b.weight"].shape == (128, 512, 128)
-    assert t["blk.3.attn_k_b.weight"].dtype == "q5_0" and t["blk.3.attn_v_b.weight"].dtype == "q4_K"
+    assert t["blk.3.attn_k_b.weight"].dtype == "q5_0"
+    assert t["blk.3.attn_v_b.weight"].dtype == "q4_K"
     assert (t["blk.0.ffn_down.weight"].dtype, t["blk.3.ffn_down_exps.weight"].dtype,
             t["blk.10.ffn_down_exps.weight"].dtype, t["blk.3.ffn_down_shexp.weight"].dtype) == (
         "q6_K", "q6_K", "q4_K", "q6_K")
-    assert t["blk.3.ffn_gate_inp.weight"].dtype == "f32" and t["blk.3.exp_probs_b.bias"].dtype == "f32"
+    assert t["blk.3.ffn_gate_inp.weight"].dtype == "f32"
+    assert t["blk.3.exp_probs_b.bias"].dtype == "f32"
     assert t["output.weight"].dtype == "q6_K" and "blk.61.attn_norm.weight" not in t
     total = sum(TYPES[i.dtype].row_bytes(int(np.prod(i.shape))) for i in t.values())
     assert 400e9 < total < 408e9
@@ -114,7 +116,8 @@ def test_deepseek_v3_card_types_and_bytes():
 def test_glm_flash_card_carries_the_nextn_block_and_gates_by_shape():
     m = read_card(CARDS / "glm-4.7-flash-q4_k_m.yaml")
     hp, t = m.hparams, m.tensors
-    assert (hp.n_layer, hp.n_layer_all, hp.gating, hp.expert_weights_scale) == (47, 48, "sigmoid", 1.8)
+    assert (hp.n_layer, hp.n_layer_all, hp.gating, hp.expert_weights_scale) == (
+        47, 48, "sigmoid", 1.8)
     assert "blk.47.nextn.eh_proj.weight" in t and "blk.47.attn_kv_a_mqa.weight" in t
     code, out, err = invoke("measure", CARDS / "glm-4.7-flash-q4_k_m.yaml", "--gpu", "64GiB",
                             "--ram", "64GiB", "--ctx", "4096", "--json")
@@ -138,7 +141,8 @@ def test_fit_answers_n_cpu_moe_at_the_edge(card, gpu, ctx):
     assert code == 0, err
     got = json.loads(out)
     assert got["ngl"] == got["n_layer"] + 1 and 0 < got["n_cpu_moe"] < got["n_layer"]
-    code, out, err = invoke("measure", CARDS / card, *base, "--n-cpu-moe", str(got["n_cpu_moe"] - 1))
+    fewer = str(got["n_cpu_moe"] - 1)
+    code, out, err = invoke("measure", CARDS / card, *base, "--n-cpu-moe", fewer)
     assert code in (0, 1), err
     assert any(b["weights_bytes"] + b["kv_bytes"] + b["arena_bytes"] > b["memory_bytes"] - GiB
                for b in json.loads(out)["backends"] if b["kind"] != "cpu")

@@ -226,8 +226,8 @@ class KVCache:
 
     def add_k_layer(self, il: int, n_embd_k_gqa: int) -> None:
         """An MLA layer (llama_hparams::is_mla): K rows only; V is a view of them."""
-        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", (self.n_stream, self.kv_size,
-                                                          n_embd_k_gqa), self.kv_type, role="weight")
+        shape = (self.n_stream, self.kv_size, n_embd_k_gqa)
+        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", shape, self.kv_type, role="weight")
 
     def _all_streams(self, b: GraphBuilder, cache: Tensor) -> Tensor:
         """Several streams: the cache as one 2-D buffer (the row indices are global)."""

@@ -156,7 +156,7 @@ def kq_scale(d: Decoder) -> float:
     llama_context's 1 / (1 + 0.1 ln factor) cancelled (in float, in llama.cpp's order)."""
     f = np.float32
     hp, rope = d.hp, d.rope
-    log_inv = np.log(f(1.0) / f(rope["freq_scale"]))
+    log_inv = f(np.log(np.float64(f(1.0) / f(rope["freq_scale"]))))     # logf
     attn_factor_org = f(rope["attn_factor"]) * (f(1.0) + f(0.1) * log_inv)
     mscale = attn_factor_org * (f(1.0) + f(0.1) * f(hp.rope_yarn_log_mul) * log_inv)
     return float(f(1.0) * mscale * mscale / np.sqrt(f(hp.n_embd_head_k_mla)))
@@ -166,7 +166,8 @@ def attention(d: Decoder, il: int, cur, scale: float):
     """The MLA block of deepseek2.cpp (is_mla, not OCR), up to and including wo."""
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, T_ = b.cb, d.T
-    k_mla, n_rot, nope, kv_lora = hp.n_embd_head_k_mla, hp.n_rot, hp.n_embd_head_qk_nope, hp.n_lora_kv
+    k_mla, n_rot, kv_lora = hp.n_embd_head_k_mla, hp.n_rot, hp.n_lora_kv
+    nope = hp.n_embd_head_qk_nope
     if hp.n_lora_q:
         q = cb(ctx.mul_mat(d.weight(T.ATTN_Q_A, il), cur), "q", il)
         q = cb(d.norm(q, d.weight(T.ATTN_Q_A_NORM, il), il), "q", il)
@@ -201,7 +202,7 @@ def build(d: Decoder):
     hp, b = d.hp, d.b
     if TYPES[d.cache.kv_type].is_block:
         raise InputError(f"a {d.cache.kv_type} KV cache is not built for deepseek2 (MLA) yet; "
-                         f"use f16, bf16 or f32")
+                         f"use f16 or f32")
     d.inputs.pop("v_idxs")           # build_attn_inp_k: no V to store
     scale = kq_scale(d)
     inpL = d.inpL
