@@ -50,6 +50,9 @@ MOE_CASES = [  # the mixtures of experts: every layer on the device, --n-cpu-moe
     ("gpt-oss-120b-mxfp4.yaml", 24, 32768),
 ]
 MOE_RAM = 256                     # GiB of host memory: the experts live there
+# deepseek2 (MLA): DeepSeek-V3's experts need 361 GiB of host memory, so 512
+MLA_CASES = [("deepseek-v3-q4_k_m.yaml", 24, 8192), ("glm-4.7-flash-q4_k_m.yaml", 12, 32768)]
+MLA_RAM = 512
 
 
 def one(card: str, device_gib, ctx: int | None, ram_gib: int = 64) -> list[str]:
@@ -70,7 +73,7 @@ def one(card: str, device_gib, ctx: int | None, ram_gib: int = 64) -> list[str]:
             str(len(result.probes)), f"{seconds:.3f}"]
 
 
-def whole_command(card: str, gpu: str, ctx: str) -> list[str]:
+def whole_command(card: str, gpu: str, ctx: str, ram: int = MOE_RAM) -> list[str]:
     """`python3 -m ggmlrun fit CARD --gpu .. --ram ..` in a fresh interpreter: the best of 3,
     wall and CPU (user + system of the child: what a loaded shared host inflates least)."""
     import resource
@@ -78,7 +81,7 @@ def whole_command(card: str, gpu: str, ctx: str) -> list[str]:
     import sys
 
     argv = [sys.executable, "-m", "ggmlrun", "fit", str(CARDS_DIR / card), "--gpu", gpu,
-            "--ram", f"{MOE_RAM}GiB", "--ctx", ctx, "--json"]
+            "--ram", f"{ram}GiB", "--ctx", ctx, "--json"]
     best, best_cpu = float("inf"), float("inf")
     for _ in range(3):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -94,7 +97,8 @@ def commands() -> list[list[str]]:
     return [whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "8192"),
             whole_command("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "8192"),
             whole_command("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192"),
-            whole_command("gemma-4-26b-a4b-q4_k_m.yaml", "12GiB", "32768")]
+            whole_command("gemma-4-26b-a4b-q4_k_m.yaml", "12GiB", "32768"),
+            whole_command("deepseek-v3-q4_k_m.yaml", "24GiB", "8192", MLA_RAM)]
 
 
 def main() -> None:
@@ -112,6 +116,7 @@ def main() -> None:
     rows = [one(*case) for case in cases]
     if not args.quick:
         rows += [one(*case, ram_gib=MOE_RAM) for case in MOE_CASES]
+        rows += [one(*case, ram_gib=MLA_RAM) for case in MLA_CASES]
     print(table(["card", "device", "ctx", "answer", "reserves", "seconds"], rows))
     if not args.quick:
         print("\nthe whole command, interpreter start included (best of 3):")

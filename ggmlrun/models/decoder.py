@@ -562,7 +562,9 @@ def rope_params(hp) -> dict:
             return 1.0 if scale <= 1.0 else f32(0.1 * m * np.log(np.float32(scale)) + 1.0)
 
         if hp.rope_yarn_log_mul:
-            attn_factor = f32(mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul))
+            # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: deepseek2's mscale is mscale_all_dims too
+            m = hp.rope_yarn_log_mul if getattr(hp, "yarn_mscale_all_dims", False) else 1.0
+            attn_factor = f32(mscale(factor, m) / mscale(factor, hp.rope_yarn_log_mul))
         else:
             attn_factor = mscale(factor, 1.0)
         attn_factor = f32(attn_factor * f32(1.0 / (1.0 + 0.1 * np.log(np.float32(factor)))))
