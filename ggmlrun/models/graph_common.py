@@ -315,7 +315,7 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
         k = cache.get_k(b, il, n_kv, n_head_kv, hd)
         v = cache.get_v(b, il, n_kv, n_head_kv, v_cur.shape[-1])
     cur = build_attn_mha(ctx, q_cur, k, v, inputs["kq_mask"], kq_scale, il, cache.n_stream,
-                         v_trans=cache.v_trans)
+                         v_trans=cache.v_trans, sinks=sinks)
     b.cb(cur, "kqv_out", il)
     if v_rot is not None:
         cur = mul_mat_hadamard(ctx, cur, v_rot)
@@ -324,12 +324,13 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
 
 def build_attn_mha(ctx: LayerContext, q_cur: Tensor, k: Tensor, v: Tensor, mask: Tensor,
                    kq_scale: float, il: int, ns: int, v_trans: bool,
-                   v_mla: Tensor | None = None) -> Tensor:
+                   v_mla: Tensor | None = None, sinks: Tensor | None = None) -> Tensor:
     """llm_graph_context::build_attn_mha over cache views k and v ([ns, n_kv, heads, hd]; v
     transposed when `v_trans`): Q split into the `ns` streams, then flash attention or
     KQ, soft_max, KQV. A V that is not transposed (MLA's view of K) is copied transposed
     first (v_cont) without flash attention; `v_mla` (MLA's attn_v_b, [n_head, v_head,
-    kv_lora]) decompresses each head's output (kqv_mla, or fattn_mla after flash attention)."""
+    kv_lora]) decompresses each head's output (kqv_mla, or fattn_mla after flash attention);
+    `sinks` (gpt-oss) is the extra source of flash attention and soft_max."""
     b = ctx.b
     T, n_head, hd = q_cur.shape[-3:]
     q = b.view(q_cur, (ns, T // ns, n_head, hd),
