@@ -19,7 +19,6 @@ from ggmlrun.core.util.lazynumpy import np     # graph building only: headers lo
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import TensorSpec, tn
-from ggmlrun.models.graph_common import build_attn_kv, build_rs, rs_inputs
 from ggmlrun.models.hparams import LlamaHParams
 
 ROPE_TYPE_IMROPE = 40    # LLAMA_ROPE_TYPE_IMROPE (GGML_ROPE_TYPE_IMROPE)
@@ -130,6 +129,8 @@ def ssm_a(d, il: int):
 def memory_inputs(d) -> None:
     """build_inp_mem_hybrid's recurrent half: rs_s_copy and its views (one sequence; the whole
     memory of max(1, n_seq_max) = 1 row in a reserve)."""
+    from ggmlrun.models.graph_common import rs_inputs
+
     d.inputs.update(rs_inputs(d.b, d.n_rs, 1))
 
 
@@ -143,6 +144,8 @@ def norm_l2(d, x, eps: float):
 def linear_attn(d, cur, il: int):
     """build_layer_attn_linear (n_seqs 1): projections, the conv state through SSM_CONV, the
     fused gated delta net with the delta state, the gated norm and ssm_out."""
+    from ggmlrun.models.graph_common import build_rs
+
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
     Tn, S = d.T, hp.ssm_d_state
@@ -210,6 +213,8 @@ def linear_attn(d, cur, il: int):
 def gated_attn(d, cur, il: int):
     """build_layer_attn: Q and its gate from one doubled projection, Q/K head norms, IMROPE,
     attention over the KV cache, the output times sigmoid(gate), then wo."""
+    from ggmlrun.models.graph_common import build_attn_kv
+
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
     hd, Tn = hp.n_embd_head_k, d.T
