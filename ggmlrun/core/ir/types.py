@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggmlrun.core.util.lazynumpy import np
-from ggmlrun.core.ir.blockdecode import decode_fast
 
 # NumPy holds these directly (by its names for them); bf16 and the block types have no dtype.
 _NUMPY = {"f32": "float32", "f16": "float16", "f64": "float64", "i8": "int8", "i16": "int16",
@@ -112,6 +111,8 @@ def ggml_type(name: str) -> GgmlType:
 
 def decode_blocks(raw: np.ndarray, name: str) -> np.ndarray:
     """Bytes of whole rows of type `name` (rows in the last axis) -> their values (f32)."""
+    from ggmlrun.core.ir.blockdecode import decode_fast   # weights only: headers never decode
+
     fast = decode_fast(raw, name)
     if fast is not None:
         return fast
