@@ -156,16 +156,17 @@ ENV["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [ENV.get("PYTHONPA
 
 def command_run(argv: list[str]) -> tuple[float, float]:
     """`python -m ggmlrun ARGV` as a user runs it: wall and CPU (user + sys) seconds."""
-    t0 = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-m", "ggmlrun", *argv], cwd=ROOT, env=ENV,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, use = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - t0
-    err = child.stderr.read().decode(errors="replace")
-    child.stderr.close()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"ggmlrun {' '.join(argv)}: exit "
-                         f"{os.waitstatus_to_exitcode(status)}: {err}")
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        child = subprocess.Popen([sys.executable, "-m", "ggmlrun", *argv], cwd=ROOT, env=ENV,
+                                 stdout=subprocess.DEVNULL, stderr=err)
+        _, status, use = os.wait4(child.pid, 0)      # the child's own CPU time, not ours
+        wall = time.perf_counter() - t0
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode:
+            err.seek(0)
+            raise SystemExit(f"ggmlrun {' '.join(argv)}: exit {child.returncode}: "
+                             f"{err.read().decode(errors='replace')}")
     return wall, use.ru_utime + use.ru_stime
 
 
@@ -189,7 +190,8 @@ def bare_interpreter() -> tuple[float, float]:
     """`python -c pass`: what any Python command costs here before its first import."""
     t0 = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-c", "pass"], env=ENV)
-    _, _, use = os.wait4(child.pid, 0)
+    _, status, use = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
     return time.perf_counter() - t0, use.ru_utime + use.ru_stime
 
 

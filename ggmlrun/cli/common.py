@@ -98,7 +98,7 @@ def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
 def memory_size(text: str, option: str, sep: str = " ") -> int:
     """A memory size given on the command line. A bare number is bytes, but one under 1 MiB is
     surely a size without its unit (`--gpu 12` meaning 12 GiB): an error that suggests it."""
-    from ggmlrun.core.util.sizes import SIZE_RE, parse_size
+    from ggmlrun.core.frontend.sizes import SIZE_RE, parse_size
     from ggmlrun.core.util.errors import InputError
 
     text = str(text).strip()
@@ -115,7 +115,7 @@ def memory_size(text: str, option: str, sep: str = " ") -> int:
 def _check_memory_specs(specs) -> None:
     """--memory NAME=SIZE: a size without NAME= (the user means "my GPU has 12 GiB") gets the
     plain way to say it; a bare size under 1 MiB is refused as memory_size refuses it."""
-    from ggmlrun.core.util.sizes import SIZE_RE
+    from ggmlrun.core.frontend.sizes import SIZE_RE
     from ggmlrun.core.util.errors import InputError
 
     for spec in specs:

@@ -11,7 +11,7 @@ from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.core.util.notes import note
 from ggmlrun.core.util.numbers import INT64_MAX, checked_float, checked_int
-from ggmlrun.core.util.sizes import SIZE_RE, SIZE_UNITS, parse_size  # noqa: F401  (re-exported)
+from ggmlrun.core.frontend.sizes import SIZE_RE, SIZE_UNITS, parse_size  # noqa: F401  (re-exported)
 from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.frontend.yamlfile import (
     Doc,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.core.util.sizes import parse_size
+from ggmlrun.core.frontend.sizes import parse_size
 
 if TYPE_CHECKING:     # every command parses its options here: no graph, op table or YAML parser
     from ggmlrun.core.backends.spec import BackendSpec
