@@ -11,7 +11,7 @@ CPU seconds, the fastest of `--trials`), and the same command in-process in a fr
 header read's own time and the peak RSS (VmHWM). Python's bytecode cache is used as an
 installed package uses it (PYTHONDONTWRITEBYTECODE is dropped for the children, which write
 it on a first, untimed run): compiling ggmlrun's modules from source costs `validate` 0.04 s
-of CPU (0.10 s before the lazy imports; docs/benchmarks.md).
+of CPU (0.09 s before the lazy imports; docs/benchmarks.md).
 
 Targets (issue 19): `validate` <= 0.15 s and <= 60 MB; `fit` on the GGUF within 1.2x of `fit`
 on the card.
