@@ -74,9 +74,9 @@ def brute_ngl(measure, model, backends, opts, margins, ctx):
 def tiny_model_with_fake_measure(tmp_path, monkeypatch):
     """The tiny card, fit's measure replaced by the layer-cost model; and its total bytes."""
     model = read_card(tiny_card(tmp_path))
-    costs = fitmod._layer_costs(model)
+    costs = fitmod.layer_costs(model)
     measure = fake_measure(model, costs)
-    monkeypatch.setattr(fitmod, "measure_model", measure)
+    monkeypatch.setattr(fitmod.core, "measure_model", measure)
     return model, measure, sum(costs.values())
 
 
@@ -101,7 +101,7 @@ def test_search_equals_brute_force_on_many_budgets(tmp_path, monkeypatch):
             assert len(got.probes) <= 8       # a guess and its confirmation, not every ngl
         else:
             assert got.advice.startswith("nothing fits: ")
-            assert got.backends == fitmod._Prober(model, backends, opts, [margin, 0])(
+            assert got.backends == fitmod.Prober(model, backends, opts, [margin, 0])(
                 got.shown_ngl, 1024)
 
 
@@ -320,14 +320,14 @@ def test_kv_bound_is_the_walks_edge():
             rows.append(fitmod.FitBackend(name, "sim" if name == "DEV" else "cpu", w, kv, a,
                                           memory, margin_bytes=rng.choice([0, 0, 100])))
         below = ctx + rng.randint(0, 200) * fitmod.CTX_STEP + rng.randint(0, 300)
-        assert fitmod._kv_bound(rows, ctx, below) == _kv_bound_walk(rows, ctx, below), \
+        assert fitmod.kv_bound(rows, ctx, below) == _kv_bound_walk(rows, ctx, below), \
             (rows, ctx, below)
 
 
 def test_kv_bound_up_to_a_uint32_context_takes_no_walk():
     rows = [fitmod.FitBackend("CPU", "cpu", 1000, 4096, 100, 2**60)]
     t0 = time.perf_counter()
-    got = fitmod._kv_bound(rows, 4096, 2**32)
+    got = fitmod.kv_bound(rows, 4096, 2**32)
     assert time.perf_counter() - t0 < 0.1
     assert got == 2**32 - fitmod.CTX_STEP
 
@@ -346,6 +346,6 @@ def test_ctx_auto_to_a_uint32_training_context_is_exact_and_quick(tmp_path):
     got = fitmod.fit_model(model, backends, ModelOptions(), 0, 0, ctx_auto=True)
     assert time.perf_counter() - t0 < 10 and len(got.probes) < 30
     assert got.fits and got.ngl == 3
-    probe = fitmod._Prober(model, backends, ModelOptions(), [0, 0])
-    assert fitmod._all_fit(probe(got.ngl, got.ctx))
-    assert not fitmod._all_fit(probe(got.ngl, got.ctx + fitmod.CTX_STEP))
+    probe = fitmod.Prober(model, backends, ModelOptions(), [0, 0])
+    assert fitmod.all_fit(probe(got.ngl, got.ctx))
+    assert not fitmod.all_fit(probe(got.ngl, got.ctx + fitmod.CTX_STEP))

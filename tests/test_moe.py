@@ -243,6 +243,9 @@ def test_fit_answers_n_cpu_moe_at_the_edge(card, gpu, ctx):
     assert f"--n-cpu-moe {got['n_cpu_moe']}" in got["command"]
     assert all(b["fits"] for b in got["backends"])
     base = ["--gpu", gpu, "--ram", "256GiB", "--ctx", str(got["ctx"]), "--json"]
+    words = got["command"].split()
+    if "-ts" in words:     # several devices: the split fit chose (tests/test_fit_moe_split.py
+        base += ["--tensor-split", words[words.index("-ts") + 1]]   # holds it to every split)
     code, out, err = invoke("measure", CARDS / card, *base, "--n-cpu-moe", str(got["n_cpu_moe"] - 1))
     assert code in (0, 1), err
     fewer = json.loads(out)

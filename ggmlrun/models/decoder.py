@@ -283,15 +283,20 @@ class Decoder:
 
     def moe_ffn(self, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
                 norm_w: bool, w_scale: float = 0.0, gating: str = "softmax",
-                exp_probs_b: Tensor | None = None) -> Tensor:
-        """build_moe_ffn with separate gate/up/down experts and LLM_FFN_SILU: the router
+                exp_probs_b: Tensor | None = None, logits: Tensor | None = None,
+                glu: str = "swiglu") -> Tensor:
+        """build_moe_ffn (LLM_FFN_SILU unless `glu` says otherwise): the router
         (ffn_gate_inp), its soft_max (or sigmoid) probabilities, the top n_expert_used by
         argsort (a view of its first columns), their weights (get_rows; with `norm_w` divided
         by their sum, clamped at f16's smallest normal), the experts' products (mul_mat_id),
-        each weighted, then the experts' outputs added up in order (views of one tensor)."""
+        each weighted, then the experts' outputs added up in order (views of one tensor).
+        `logits`: the router's output made by the architecture (llama.cpp's probs_in, gemma4);
+        `glu`: the experts' gate ("geglu": LLM_FFN_GELU); experts_ffn says the rest."""
         b, cb = self.b, self.b.cb
         T_, n_embd = self.n_tokens_of(cur), cur.shape[-1]
-        logits = cb(self.ctx.mul_mat(self.weight(T.FFN_GATE_INP, il), cur), "ffn_moe_logits", il)
+        if logits is None:
+            logits = cb(self.ctx.mul_mat(self.weight(T.FFN_GATE_INP, il), cur),
+                        "ffn_moe_logits", il)
         if gating == "softmax":
             probs = b.op("soft_max", [logits], logits.shape)
         elif gating == "sigmoid":
@@ -321,13 +326,7 @@ class Decoder:
                          "ffn_moe_weights_scaled", il)
         b.expand(weights)
         cur = b.reshape(cur, (T_, 1, n_embd))
-        up = cb(self.mul_mat_id(self.weight(T.FFN_UP_EXP, il), cur, selected), "ffn_moe_up", il)
-        gate = cb(self.mul_mat_id(self.weight(T.FFN_GATE_EXP, il), cur, selected),
-                  "ffn_moe_gate", il)
-        act = cb(b.op("glu", [gate, up], gate.shape, op="swiglu", swapped=False),
-                 "ffn_moe_swiglu", il)
-        experts = cb(self.mul_mat_id(self.weight(T.FFN_DOWN_EXP, il), act, selected),
-                     "ffn_moe_down", il)
+        experts = self.experts_ffn(il, cur, selected, glu)
         experts = cb(b.op("mul", [experts, weights], experts.shape), "ffn_moe_weighted", il)
         b.expand(experts)
         views = []
@@ -343,6 +342,39 @@ class Decoder:
         if n_expert_used == 1:
             out = b.cont(out)
         return cb(out, "ffn_moe_out", il)
+
+    def experts_ffn(self, il: int, cur: Tensor, selected: Tensor, glu: str) -> Tensor:
+        """The selected experts' FFN: up and gate products (or, with a fused ffn_gate_up_exps,
+        one product and its two halves as views), the GLU, the down product; each product
+        times its per-expert scale where the file has one (build_lora_mm_id's w_s: the scale
+        repeated over the tokens, its selected rows by get_rows)."""
+        b, cb = self.b, self.b.cb
+        gate_up = self.optional(T.FFN_GATE_UP_EXP, il)
+        if gate_up is not None:
+            gate_up = cb(self.mul_mat_id(gate_up, cur, selected), "ffn_moe_gate_up", il)
+            T_, used, n_ff2 = gate_up.shape
+            n_ff, item = n_ff2 // 2, TYPES[gate_up.dtype].type_size
+            strides = (gate_up.strides[-3], gate_up.strides[-2], item)
+            gate = cb(b.view(gate_up, (T_, used, n_ff), strides), "ffn_moe_gate", il)
+            up = cb(b.view(gate_up, (T_, used, n_ff), strides, n_ff * item), "ffn_moe_up", il)
+        else:
+            up = self.scaled_id(T.FFN_UP_EXP, il, cur, selected, "ffn_moe_up")
+            gate = self.scaled_id(T.FFN_GATE_EXP, il, cur, selected, "ffn_moe_gate")
+        act = cb(b.op("glu", [gate, up], gate.shape, op=glu, swapped=False), f"ffn_moe_{glu}", il)
+        return self.scaled_id(T.FFN_DOWN_EXP, il, act, selected, "ffn_moe_down")
+
+    def scaled_id(self, t, il: int, cur: Tensor, ids: Tensor, name: str) -> Tensor:
+        """The product named `name`; scaled, `name`_scaled (llama.cpp names it twice)."""
+        b = self.b
+        res = self.mul_mat_id(self.weight(t, il), cur, ids)
+        scale = self.optional(t, il, "scale")
+        if scale is None:
+            return b.cb(res, name, il)
+        (T_, used, _), n_expert = res.shape, scale.shape[-1]
+        s = b.reshape(scale, (1, n_expert, 1))
+        s = b.op("repeat", [s], (T_, n_expert, 1), shape=[T_, n_expert, 1])
+        s = b.op("get_rows", [s, ids], (T_, used, 1))
+        return b.cb(b.op("mul", [res, s], res.shape), f"{name}_scaled", il)
 
     def mul_mat_id(self, w: Tensor, cur: Tensor, ids: Tensor) -> Tensor:
         """ggml_mul_mat_id(w, cur, ids): w [E, M, K], cur [T, B, K], ids [T, U] -> [T, U, M]."""

@@ -120,6 +120,8 @@ def model_fit_dict(model, result) -> dict:
                                                 else {})}
                        for (n, c), m in zip(result.probes, result.probe_moe or
                                             [0] * len(result.probes))],
+            **({"tensor_split": [int(x) for x in result.tensor_split]}
+               if getattr(result, "tensor_split", None) else {}),
             "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
 
@@ -129,6 +131,8 @@ def fit_table(model, result) -> Table:
              else f"nothing fits; shown: -ngl {result.shown_ngl}")
     if result.n_cpu_moe:
         where += f", --n-cpu-moe {result.n_cpu_moe}"
+    if getattr(result, "tensor_split", None):
+        where += f", -ts {','.join(str(int(x)) for x in result.tensor_split)} (layers per device)"
     rows = result.backends
     unit, size = _unit([b.total_bytes for b in rows])    # the figures read, not the memory
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "

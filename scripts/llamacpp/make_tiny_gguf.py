@@ -59,6 +59,7 @@ class TinyModel:
     n_rot: int = 0
     ssm: tuple = ()            # (d_conv, d_state, n_group, dt_rank, d_inner)
     interval: int = 0          # full_attention_interval written when set (llama.cpp default 4)
+    expert_scale: bool = False # gemma4: the down experts' per-expert scale (ffn_down_exps.scale)
 
     @property
     def n_embd_head(self) -> int:
@@ -74,6 +75,14 @@ GEMMA4_KEYS = (("attention.sliding_window_pattern", GEMMA4_SWA),
                ("rope.dimension_count_swa", 16), ("embedding_length_per_layer_input", 8),
                ("rope.freq_base", 1e6), ("rope.freq_base_swa", 10000.0),
                ("final_logit_softcapping", 30.0))
+
+GEMMA4_MOE_SWA = (True, True, False, True, True, False)
+GEMMA4_MOE_KEYS = (("attention.sliding_window_pattern", GEMMA4_MOE_SWA),
+                   ("attention.head_count_kv", (2, 2, 1, 2, 2, 1)),
+                   ("attention.key_length_swa", 16), ("attention.value_length_swa", 16),
+                   ("rope.dimension_count_swa", 16), ("embedding_length_per_layer_input", 0),
+                   ("rope.freq_base", 1e6), ("rope.freq_base_swa", 10000.0),
+                   ("final_logit_softcapping", 30.0))
 
 MODELS = [
     TinyModel("tiny-llama-f32", "f32", n_embd=64, n_head=4, n_head_kv=4, n_ff=128, seed=1),
@@ -145,6 +154,22 @@ MODELS = [
               seed=16, arch="gemma4", head_dim=32, qk_norm=True, post_norms=True, tied=True,
               metadata=tuple((k, (2,) * 6 if k == "attention.head_count_kv" else v)
                              for k, v in GEMMA4_KEYS) + (("attention.sliding_window", 128),)),
+    # gemma4 with experts (Gemma-4-26B-A4B in miniature): 5 sliding layers to 1 full (layers 2
+    # and 5 full: heads of 32 over 1 KV head, V = K, rope_freqs), no per-layer embeddings nor
+    # KV sharing; each layer's dense GEGLU FFN of 128 beside 8 routed experts of 32 (2 used),
+    # gate and up fused (ffn_gate_up_exps), the router on the attention output with its scale,
+    # and in the f16 file the down experts' per-expert scale. The q8_0 one has 2 KV heads
+    # everywhere, no per-expert scale and a dense layer 0 (no router: llama.cpp's is_moe_layer
+    # is per layer).
+    TinyModel("tiny-gemma4moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+              n_layer=6, seed=17, arch="gemma4", head_dim=32, qk_norm=True, post_norms=True,
+              tied=True, n_expert=8, n_expert_used=2, n_ff_exp=32, expert_scale=True,
+              metadata=GEMMA4_MOE_KEYS + (("attention.sliding_window", 64),)),
+    TinyModel("tiny-gemma4moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+              n_layer=6, seed=18, arch="gemma4", head_dim=32, qk_norm=True, post_norms=True,
+              tied=True, n_expert=8, n_expert_used=2, n_ff_exp=32, dense_lead=1,
+              metadata=tuple((k, (2,) * 6 if k == "attention.head_count_kv" else v)
+                             for k, v in GEMMA4_MOE_KEYS) + (("attention.sliding_window", 128),)),
     # qwen3moe: qwen3's attention and 8 experts of 32, 2 used per token
     TinyModel("tiny-qwen3moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=64, seed=13,
               arch="qwen3moe", head_dim=32, qk_norm=True, n_expert=8, n_expert_used=2,
@@ -181,13 +206,14 @@ FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "q4_0": LlamaFileType.MOSTLY_Q4_0}
 
 
-def vocabulary() -> tuple[list[bytes], list[float], list[int]]:
-    """An SPM vocabulary llama.cpp accepts: specials, the 256 byte fallbacks, then fillers."""
+def vocabulary(n_vocab: int = N_VOCAB) -> tuple[list[bytes], list[float], list[int]]:
+    """An SPM vocabulary llama.cpp accepts: specials, the 256 byte fallbacks, then fillers
+    (record_real_dims.py asks for Llama 3's 128,256)."""
     tokens = [b"<unk>", b"<s>", b"</s>"]
     types = [TokenType.UNKNOWN, TokenType.CONTROL, TokenType.CONTROL]
     tokens += [f"<0x{b:02X}>".encode() for b in range(256)]
     types += [TokenType.BYTE] * 256
-    fillers = N_VOCAB - len(tokens)
+    fillers = n_vocab - len(tokens)
     tokens += [f"\u2581w{i}".encode() for i in range(fillers)]
     types += [TokenType.NORMAL] * fillers
     scores = [0.0] * 3 + [0.0] * 256 + [-float(i + 1) for i in range(fillers)]
@@ -232,13 +258,16 @@ def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
 def gemma4_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """gemma4's tensors (llama_model_gemma4::load_arch_tensors order), per-layer widths."""
     meta = dict(m.metadata)
-    swa, kv_heads, n_ff = GEMMA4_SWA, meta["attention.head_count_kv"], meta["feed_forward_length"]
-    ple, n_kv_layers = meta["embedding_length_per_layer_input"], m.n_layer - meta["attention.shared_kv_layers"]
-    shapes = {"token_embd.weight": (N_VOCAB, m.n_embd),
-              "per_layer_token_embd.weight": (N_VOCAB, ple * m.n_layer),
-              "per_layer_model_proj.weight": (ple * m.n_layer, m.n_embd),
-              "per_layer_proj_norm.weight": (ple,),
-              "output_norm.weight": (m.n_embd,)}
+    swa, kv_heads = meta["attention.sliding_window_pattern"], meta["attention.head_count_kv"]
+    n_ff = meta.get("feed_forward_length", (m.n_ff,) * m.n_layer)
+    ple = meta["embedding_length_per_layer_input"]
+    n_kv_layers = m.n_layer - meta.get("attention.shared_kv_layers", 0)
+    shapes = {"token_embd.weight": (N_VOCAB, m.n_embd)}
+    if ple:
+        shapes.update({"per_layer_token_embd.weight": (N_VOCAB, ple * m.n_layer),
+                       "per_layer_model_proj.weight": (ple * m.n_layer, m.n_embd),
+                       "per_layer_proj_norm.weight": (ple,)})
+    shapes["output_norm.weight"] = (m.n_embd,)
     rope_freqs = False
     for i in range(m.n_layer):
         hd = meta["attention.key_length_swa"] if swa[i] else m.head_dim
@@ -263,10 +292,27 @@ def gemma4_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
         shapes[f"blk.{i}.ffn_up.weight"] = (n_ff[i], m.n_embd)
         shapes[f"blk.{i}.ffn_down.weight"] = (m.n_embd, n_ff[i])
         shapes[f"blk.{i}.post_ffw_norm.weight"] = (m.n_embd,)
-        shapes[f"blk.{i}.inp_gate.weight"] = (ple, m.n_embd)
-        shapes[f"blk.{i}.proj.weight"] = (m.n_embd, ple)
-        shapes[f"blk.{i}.post_norm.weight"] = (m.n_embd,)
+        if m.n_expert and i >= m.dense_lead:
+            gemma4_experts(m, i, shapes)
+        if ple:
+            shapes[f"blk.{i}.inp_gate.weight"] = (ple, m.n_embd)
+            shapes[f"blk.{i}.proj.weight"] = (m.n_embd, ple)
+            shapes[f"blk.{i}.post_norm.weight"] = (m.n_embd,)
+    for i in range(m.dense_lead, m.n_layer) if m.expert_scale else ():
+        shapes[f"blk.{i}.ffn_down_exps.scale"] = (m.n_expert,)     # the per-expert scale
     return shapes
+
+
+def gemma4_experts(m: TinyModel, i: int, shapes: dict) -> None:
+    """A gemma4 MoE layer's router (with its input scale), the branch norms and the experts,
+    gate and up fused (load_arch_tensors' order)."""
+    shapes[f"blk.{i}.ffn_gate_inp.weight"] = (m.n_expert, m.n_embd)
+    shapes[f"blk.{i}.ffn_gate_inp.scale"] = (m.n_embd,)
+    shapes[f"blk.{i}.pre_ffw_norm_2.weight"] = (m.n_embd,)
+    shapes[f"blk.{i}.post_ffw_norm_1.weight"] = (m.n_embd,)
+    shapes[f"blk.{i}.post_ffw_norm_2.weight"] = (m.n_embd,)
+    shapes[f"blk.{i}.ffn_gate_up_exps.weight"] = (m.n_expert, 2 * m.n_ff_exp, m.n_embd)
+    shapes[f"blk.{i}.ffn_down_exps.weight"] = (m.n_expert, m.n_embd, m.n_ff_exp)
 
 
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:

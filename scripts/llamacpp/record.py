@@ -47,10 +47,11 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-mistral3-f16", "tiny-mistral3-q8_0", "tiny-phi3-f16", "tiny-phi3-q8_0",
           "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
           "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
-          "tiny-qwen35-f16", "tiny-qwen35-q8_0"]
+          "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0"]
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
 # full-size SWA cache, llama.cpp's CLI's is not: every configuration passes it explicitly)
-SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0"]
+SWA_MODELS = ["tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
+              "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0"]
 CTXS = [256, 1024]
 UBATCHES = [32, 512]
 FLASH_ATTN = [False, True]
@@ -73,7 +74,8 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-qwen3moe-q8_0/c256/ub32/fa0/nglall/n-cpu-moe1",
                  "tiny-glm4moe-f16/c256/ub32/fa1/ngl0", "tiny-glm4moe-q8_0/c256/ub32/fa0/ngl2",
                  # qwen35: its recurrent state (zero-sized nodes, the delta-net ops) on both sides
-                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall"}
+                 "tiny-qwen35-f16/c256/ub32/fa0/ngl2", "tiny-qwen35-q8_0/c256/ub512/fa1/nglall",
+                 "tiny-gemma4moe-f16/c256/ub32/fa0/ngl2"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -191,6 +193,22 @@ EXTRAS: list[tuple[str, str, dict]] = [
                          ("n-cpu-moe2", {"n_cpu_moe": 2}),
                          ("", {"ngl": 1}),
                          ("", {"ngl": 3}))
+]
+EXTRAS += [
+    # gemma4 with experts: the fused gate/up experts and their per-expert scale on the CPU
+    # with every layer offloaded (-ot exps=CPU, --cpu-moe), the first layers' (--n-cpu-moe N:
+    # the q8_0 file's layer 0 has no experts), and a prompt longer than the f16 file's window
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "ubatch": 512}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True}),
+                         ("ot-exps-cpu-swafull", {"overrides": [["exps", "CPU"]], "swa_full": True}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}),
+                         ("n-cpu-moe1", {"n_cpu_moe": 1, "ubatch": 512, "ctx": 1024}),
+                         ("", {"ngl": 4}),
+                         ("long", {"ngl": 2, "ubatch": 512, "tokens": LONG_TOKENS[:100]}))
 ]
 # Two ubatches: a prompt of 40 tokens at -ub 32 (and one ubatch of 40 at -ub 512 to compare),
 # the KV cache and a hybrid model's recurrent state carried from the first ubatch to the second

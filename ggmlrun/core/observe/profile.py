@@ -4,7 +4,7 @@
 Computes are grouped by (op, backend): calls (nodes x runs), total and mean seconds, the share
 of all compute time, and the FLOP/s achieved (the op table's FLOP counts over measured time).
 Copies are listed apart, grouped by route (source backend -> destination backend): count,
-bytes, seconds and bytes per second. Copy seconds per route need the run's step events
+bytes (as moved: an expert copy moves only the experts used), seconds and bytes per second. Copy seconds per route need the run's step events
 (`Executor.run(record_events=True)`); without them `total_s` is None.
 """
 
@@ -88,7 +88,7 @@ def profile(sched: Schedule, result: RunResult, by: str = "op", sort: str = "tot
             row = copies.setdefault((sched.backend_name(source), dst),
                                     CopyRow(sched.backend_name(source), dst, 0, 0, None, None))
             row.count += result.repeat
-            row.bytes += copy.nbytes * result.repeat
+            row.bytes += result.copy_moved.get(copy, copy.nbytes * result.repeat)
     timed = [e for e in result.events if e.kind == COPY]
     if timed or not copies:
         for row in copies.values():

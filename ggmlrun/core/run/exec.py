@@ -6,6 +6,10 @@ reported as "while executing node 'x' (op) on BACKEND". Copies really move bytes
 backend's memory into another's arena, and the executor counts what they moved as they move
 it, so the copy figures a run reports are what happened, not what the schedule promised.
 
+A copy of CPU-resident expert weights into a device that computes the mul_mat_id (op offload)
+moves only the experts the router picked, as ggml 0.25.3's ggml_backend_sched_compute_splits
+does (moe_copy.py): its bytes, and its modeled seconds, follow the ids of each run.
+
 Threads: the CPU backend's `threads` (else every core this process may use) become the
 run's `Workers`, which mul_mat shares a big product's panels among (ops/panels.py).
 """
@@ -25,6 +29,7 @@ from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import get_op
 from ggmlrun.core.ir.ops.panels import Workers
 from ggmlrun.core.memory.alloc import MemoryPlan
+from ggmlrun.core.run.moe_copy import expert_copy
 from ggmlrun.core.sched.schedule import COPY, Schedule, Step
 from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import RunError
@@ -71,6 +76,9 @@ class RunResult:
     repeat: int
     events: list[StepEvent] = field(default_factory=list)
     run_seconds: list[float] = field(default_factory=list)   # wall time of each run
+    # bytes a copy moved over the timed runs where that is not its whole tensor times the runs
+    # (the expert copies, moe_copy.py)
+    copy_moved: dict[Tensor, int] = field(default_factory=dict)
 
     @property
     def copied_count(self) -> int:
@@ -119,6 +127,9 @@ class Executor:
         # what the copy steps moved, per destination backend, over every run so far
         self.moved_count = [0] * len(self.backends)
         self.moved_bytes = [0] * len(self.backends)
+        # modeled seconds the expert copies saved against copying the whole tensor, per backend
+        self.moved_saved_s = [0.0] * len(self.backends)
+        self.moved_by_copy: dict[Tensor, int] = {}       # the expert copies' bytes, all runs
 
     # --- binding: every tensor an ndarray at its planned bytes -------------------------------
     def _root_location(self, root: Tensor) -> tuple[np.ndarray, int]:
@@ -151,6 +162,9 @@ class Executor:
                 for step in sched.execution_steps()]
 
     def _compile_copy(self, step: Step) -> ExecStep:
+        experts = expert_copy(self, step)
+        if experts is not None:
+            return ExecStep(step, experts, ())
         dst = self.views[step.tensor]
         src = self.views[self.schedule.copy_source[step.tensor]]
         span, b = byte_span(dst), step.backend
@@ -203,7 +217,8 @@ class Executor:
         events: list[tuple[int, int, float, float]] = []   # (run, step, start, end)
         clock = time.perf_counter
         input_views = [(self.views[t], inputs[t]) for t in self.schedule.graph.inputs]
-        moved_before = list(self.moved_count), list(self.moved_bytes)
+        moved_before = list(self.moved_count), list(self.moved_bytes), list(self.moved_saved_s)
+        by_copy_before = dict(self.moved_by_copy)
         origin = clock()
         for run_index in range(repeat):
             for view, value in input_views:
@@ -228,8 +243,11 @@ class Executor:
                 progress(run_index + 1)
         outputs = {t.name: np.array(self.views[t]) for t in self.schedule.graph.outputs}
         moved = ([c - c0 for c, c0 in zip(self.moved_count, moved_before[0])],
-                 [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])])
-        return self._result(seconds.tolist(), events, outputs, repeat, moved)
+                 [c - c0 for c, c0 in zip(self.moved_bytes, moved_before[1])],
+                 [c - c0 for c, c0 in zip(self.moved_saved_s, moved_before[2])])
+        result = self._result(seconds.tolist(), events, outputs, repeat, moved)
+        result.copy_moved = {c: n - by_copy_before.get(c, 0) for c, n in self.moved_by_copy.items()}
+        return result
 
     def _failure(self, step: Step, err: Exception) -> RunError:
         where = self.backends[step.backend].name
@@ -245,7 +263,9 @@ class Executor:
         if self._modeled is None:        # the schedule's, so the same for every run
             self._modeled = costs.modeled_by_backend(self.schedule)
         modeled = self._modeled
-        timings = [BackendTiming(name=s.name, kind=s.kind, copy_modeled_s=m.copy_s,
+        timings = [BackendTiming(name=s.name, kind=s.kind,
+                                 copy_modeled_s=(m.copy_s if m.copy_s is None
+                                                 else m.copy_s - moved[2][b] / repeat),
                                  compute_modeled_s=m.compute_s,
                                  copy_count=moved[0][b] // repeat, copy_bytes=moved[1][b] // repeat)
                    for b, (s, m) in enumerate(zip(specs, modeled))]

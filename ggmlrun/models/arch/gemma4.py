@@ -16,6 +16,9 @@ sqrt(n_embd), Q/K head norms, post-norms, GEGLU, softcapped logits, tied output)
 - every row through the output norm (`h_nextn`, an output), then the output rows
   (`result_norm`), as llama.cpp does without masked nextn embeddings.
 
+A layer with a router (`ffn_gate_inp`, Gemma-4-26B-A4B) adds routed experts beside its dense FFN:
+models/arch/gemma4_moe.py.
+
 Without flash attention every layer's V cache rows are the widest layer's (n_embd_v_gqa_max),
 a narrower layer's V padded with zeros (ggml_pad) before it is stored.
 """
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.arch import gemma4_moe
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, tn
 from ggmlrun.models.hparams import LlamaHParams
@@ -49,6 +53,9 @@ class Gemma4HParams(LlamaHParams):
     n_layer_kv_from_start: int = 0
     n_embd_per_layer: int = 0
     rope_freqs_layers: tuple = ()      # the full layers: they read rope_freqs
+    n_expert: int = 0                  # expert_count: 0 for the dense models
+    n_expert_used: int = 0             # expert_used_count
+    n_ff_exp: int = 0                  # expert_feed_forward_length (layer 0's, as n_ff_exp())
 
     def head(self, il: int) -> int:
         return self.n_embd_head_k_swa if self.is_swa(il) else self.n_embd_head_k
@@ -115,6 +122,14 @@ def read_hparams(get, common: dict) -> Gemma4HParams:
         raise InputError(f"{ARCH_NAME}.rope.dimension_count_swa {n_rot_swa} must be even and at "
                          f"most the sliding head size {head_swa}")
     common = dict(common, n_head=max(per["n_head"]), n_ff=max(per["n_ff"]))
+    n_expert, n_used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
+    n_ff_exp = arrays.get("expert_feed_forward_length") or (get("expert_feed_forward_length", 0),)
+    n_ff_exp = int(n_ff_exp[0] or 0)
+    if n_expert and not 0 < n_used <= n_expert:
+        raise InputError(f"{ARCH_NAME}.expert_used_count {n_used} must be from 1 to "
+                         f"expert_count {n_expert}")
+    if n_expert and n_ff_exp <= 0:
+        raise InputError(f"{ARCH_NAME}.expert_feed_forward_length must be positive with experts")
     return Gemma4HParams(
         **common, n_swa=get("attention.sliding_window"), swa_layers=pattern,
         rope_freq_base_swa=float(get("rope.freq_base_swa", 10000.0)),
@@ -122,7 +137,8 @@ def read_hparams(get, common: dict) -> Gemma4HParams:
         n_head_arr=per["n_head"], n_head_kv_arr=per["n_head_kv"], n_ff_arr=per["n_ff"],
         n_embd_head_k_swa=head_swa, n_rot_swa=n_rot_swa, n_layer_kv_from_start=from_start,
         n_embd_per_layer=get("embedding_length_per_layer_input"),
-        rope_freqs_layers=tuple(il for il in range(n_layer) if not pattern[il]))
+        rope_freqs_layers=tuple(il for il in range(n_layer) if not pattern[il]),
+        n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp)
 
 
 def tensors(hp: Gemma4HParams) -> dict[str, TensorSpec]:
@@ -154,10 +170,12 @@ def tensors(hp: Gemma4HParams) -> dict[str, TensorSpec]:
         out[name(T.FFN_UP, bid=i)] = TensorSpec((hp.ff(i), n_embd))
         out[name(T.FFN_DOWN, bid=i)] = TensorSpec((n_embd, hp.ff(i)))
         out[name(T.FFN_POST_NORM, bid=i)] = TensorSpec((n_embd,))
+        out.update(gemma4_moe.expert_tensors(hp, name, i))
         if ple:
             out[name(T.PER_LAYER_INP_GATE, bid=i)] = TensorSpec((ple, n_embd))
             out[name(T.PER_LAYER_PROJ, bid=i)] = TensorSpec((n_embd, ple))
             out[name(T.PER_LAYER_POST_NORM, bid=i)] = TensorSpec((n_embd,))
+    out.update(gemma4_moe.expert_scales(hp, name))
     return out
 
 
@@ -222,8 +240,11 @@ def build(d: Decoder):
             cur = d.attn(il, q, None, None, 1.0, kv_layer=hp.kv_source(il))
         cur = b.cb(d.norm(cur, d.weight(T.ATTN_POST_NORM, il), il), "attn_post_norm", il)
         attn_out = b.cb(d.add(cur, inpL), "attn_out", il)
-        cur = b.cb(d.norm(attn_out, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
-        cur = b.cb(d.ffn_swiglu(il, cur, glu="geglu"), "ffn_out", il)
+        if d.optional(T.FFN_GATE_INP, il) is not None:
+            cur = gemma4_moe.moe_layer_ffn(d, il, attn_out)
+        else:
+            cur = b.cb(d.norm(attn_out, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)
+            cur = b.cb(d.ffn_swiglu(il, cur, glu="geglu"), "ffn_out", il)
         cur = b.cb(d.norm(cur, d.weight(T.FFN_POST_NORM, il), -1), "ffn_post_norm", il)
         cur = d.add(cur, attn_out)
         if per_layer is not None:
@@ -247,7 +268,9 @@ def build(d: Decoder):
 
 def card_tensor(name: str, hp: Gemma4HParams) -> bool:
     """The optional tensors real Gemma 4 files carry: attn_v on the sliding layers (the full
-    ones use K as V) and each layer's output scale."""
+    ones use K as V), each layer's output scale and, with experts, every layer's MoE block."""
+    if hp.n_expert and gemma4_moe.card_tensor(name):
+        return True
     if name.endswith(".attn_v.weight"):
         return hp.is_swa(int(name.split(".")[1]))
     return name.endswith(".layer_output_scale.weight")
@@ -264,6 +287,9 @@ ARCH = Arch(name=ARCH_NAME, rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=bui
                           "n_embd_head_v_swa": ("attention.value_length_swa", True, None),
                           "n_rot_swa": ("rope.dimension_count_swa", False, None),
                           "shared_kv_layers": ("attention.shared_kv_layers", False, None),
-                          "n_embd_per_layer": ("embedding_length_per_layer_input", False, 0)},
+                          "n_embd_per_layer": ("embedding_length_per_layer_input", False, 0),
+                          "n_expert": ("expert_count", False, None),
+                          "n_expert_used": ("expert_used_count", False, None),
+                          "n_ff_exp": ("expert_feed_forward_length", False, None)},
             per_layer=frozenset({"feed_forward_length", "attention.head_count",
                                  "attention.head_count_kv"}))

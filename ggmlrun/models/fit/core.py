@@ -1,0 +1,152 @@
+"""What every search of `fit` shares: llama.cpp's figures per backend with the margin kept
+free on it, one reserve per placement (measured once), whether a placement fits, and the bytes
+per layer the searches' guesses move."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from ggmlrun.models.modelfile import ModelFile
+from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
+
+CTX_STEP = 256                    # llama.cpp pads the KV cache to 256 cells
+MIN_CTX = 4096                    # llama.cpp's --fit-ctx default
+SAME = object()                   # Prober.full: the split the prober holds
+
+
+@dataclass
+class FitBackend(BackendFigures):
+    """llama.cpp's figures for one backend, with the margin the fit keeps free on it."""
+    margin_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.kv_bytes + self.state_bytes + self.arena_bytes
+                + self.output_bytes)
+
+    @property
+    def free_bytes(self) -> int:
+        """What is left of the memory after the total and the margin (negative: short)."""
+        return self.memory_bytes - self.margin_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.free_bytes >= 0
+
+
+@dataclass
+class FitResult:
+    ngl: int | None               # None: nothing fits
+    ctx: int
+    n_layer: int
+    shown_ngl: int                # the -ngl of `backends`: the answer, or the nearest miss
+    backends: list[FitBackend]
+    measure: ModelMeasure | None
+    probes: list[tuple[int, int]] = field(default_factory=list)   # (ngl, ctx) measured
+    probe_moe: list[int] = field(default_factory=list)   # each probe's --n-cpu-moe
+    seconds: float = 0.0
+    advice: str = ""
+    command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
+    n_cpu_moe: int | None = None  # a mixture of experts: the answer's --n-cpu-moe (else None)
+    # the layer split fit chose over several devices (layers per device: -ts); None: llama.cpp's
+    # default (by memory) or the one given
+    tensor_split: tuple[float, ...] | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.ngl is not None
+
+
+class Prober:
+    """measure_model per placement (ngl, ctx, --n-cpu-moe, tensor split), each measured once,
+    as FitBackend rows. `n_cpu_moe` and `split` are what a probe that names neither uses: the
+    searches set them to their answer, so the later ones measure with it."""
+
+    def __init__(self, model, backends, opts, margins):
+        self.model, self.backends, self.opts, self.margins = model, backends, opts, margins
+        self.seen: dict[tuple, tuple[list[FitBackend], ModelMeasure]] = {}
+        self.order: list[tuple[int, int]] = []
+        self.order_moe: list[int] = []
+        self.n_cpu_moe = opts.n_cpu_moe          # what (ngl, ctx) probes are measured with
+        self.split = opts.tensor_split
+
+    def __call__(self, ngl: int, ctx: int) -> list[FitBackend]:
+        return self.full(ngl, ctx)[0]
+
+    def full(self, ngl: int, ctx: int, n_cpu_moe: int | None = None, split=SAME):
+        ncm = self.n_cpu_moe if n_cpu_moe is None else n_cpu_moe
+        split = self.split if split is SAME else split
+        key = (ngl, ctx, ncm, split)
+        if key not in self.seen:
+            m = measure_model(self.model, self.backends,
+                              replace(self.opts, ngl=ngl, ctx=ctx, n_cpu_moe=ncm,
+                                      tensor_split=split))
+            rows = [FitBackend(**vars(f), margin_bytes=margin)
+                    for f, margin in zip(m.backends, self.margins)]
+            self.seen[key] = (rows, m)
+            self.order.append((ngl, ctx))
+            self.order_moe.append(ncm)
+        return self.seen[key]
+
+
+def devices_fit(rows: list[FitBackend]) -> bool:
+    return all(r.fits for r in rows if r.kind != "cpu")
+
+
+def all_fit(rows: list[FitBackend]) -> bool:
+    return all(r.fits for r in rows)
+
+
+def device_room(rows: list[FitBackend]) -> float:
+    """Bytes of layers the devices can still take (negative: must give back). Layers are
+    shared among devices, so a device holding share s of them runs out after free / s bytes;
+    the first to run out decides."""
+    devices = [r for r in rows if r.kind != "cpu"]
+    held = [r.weights_bytes + r.kv_bytes + r.state_bytes for r in devices]
+    total = sum(held)
+    if total == 0:
+        return min((r.free_bytes * len(devices) for r in devices), default=0)
+    room = [r.free_bytes / (h / total) for r, h in zip(devices, held) if h]
+    short = [r.free_bytes for r, h in zip(devices, held) if not h and r.free_bytes < 0]
+    return min(room + [f * len(devices) for f in short])
+
+
+def ctx_top(n_ctx_train: int) -> int:
+    return max(CTX_STEP, n_ctx_train // CTX_STEP * CTX_STEP) if n_ctx_train >= CTX_STEP \
+        else n_ctx_train
+
+
+def layer_costs(model: ModelFile) -> dict[int, int]:
+    """Weight bytes per layer from the header (the output layer as layer n_layer): what the
+    guess moves between the CPU and the devices."""
+    from ggmlrun.core.ir.types import TYPES
+
+    n_layer = model.hparams.n_layer_all
+    sizes: dict[int, int] = {}
+    for info in model.tensors.values():
+        if info.name.startswith("blk."):
+            layer = int(info.name.split(".")[1])
+            if layer >= model.hparams.n_layer:
+                continue                   # a NextN layer: never loaded
+        elif info.name.startswith("output"):
+            layer = n_layer
+        else:
+            continue
+        sizes[layer] = sizes.get(layer, 0) + TYPES[info.dtype].row_bytes(math.prod(info.shape))
+    return sizes
+
+
+def expert_costs(model: ModelFile) -> dict[int, int]:
+    """Bytes per layer of the tensors --n-cpu-moe moves (LLM_FFN_EXPS_REGEX); empty for a
+    model without experts."""
+    from ggmlrun.core.ir.types import TYPES
+    from ggmlrun.models.options import LLM_FFN_EXPS_REGEX, compile_override
+
+    rx = compile_override(LLM_FFN_EXPS_REGEX)
+    sizes: dict[int, int] = {}
+    for info in model.tensors.values():
+        if info.name.startswith("blk.") and rx.search(info.name):
+            layer = int(info.name.split(".")[1])
+            sizes[layer] = sizes.get(layer, 0) + TYPES[info.dtype].row_bytes(math.prod(info.shape))
+    return sizes

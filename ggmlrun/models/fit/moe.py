@@ -1,0 +1,65 @@
+"""The --n-cpu-moe search: every layer on the devices and the fewest expert layers on the CPU
+(llama.cpp's rule: the experts of layers 0..N-1), a guess from the expert bytes per layer
+confirmed by measuring N and N - 1; with every expert on the CPU still too much, -ngl. Over
+several devices (and no -ts given) the split is searched with N (moe_split.py)."""
+
+from __future__ import annotations
+
+from ggmlrun.models.fit.core import FitBackend, Prober, device_room, devices_fit
+from ggmlrun.models.fit.moe_split import moe_split_fit
+from ggmlrun.models.fit.ngl import device_ngl
+
+
+def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
+                    experts: dict[int, int]) -> int | None:
+    """Every layer on the devices and the fewest expert layers on the CPU (probe.n_cpu_moe
+    set to it): the smallest N in [given, n_layer] whose devices fit at -ngl all. The devices
+    only lose bytes as N grows (from N = 1 on: the first expert layer on the CPU may bring the
+    op-offload copies of its experts into a device's compute buffer, which then stays), so a
+    guess from the expert bytes per layer is confirmed by measuring N and N - 1, and a miss
+    narrows a bracket. When every expert on the CPU is still too much, -ngl is searched with
+    every expert on the CPU."""
+    n_layer = n_max - 1
+    lo = probe.n_cpu_moe
+    rows = probe.full(n_max, ctx, lo)[0]
+    if devices_fit(rows):
+        return n_max
+    if probe.split is None and sum(b.kind != "cpu" for b in probe.backends) > 1:
+        found = moe_split_fit(probe, ctx, n_max, costs, experts, lo, rows)
+        if found is not None:
+            probe.n_cpu_moe, probe.split = found
+            return n_max
+        probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
+        return device_ngl(probe, ctx, n_max, costs)
+    miss_lo, fit_hi = lo, None            # devices miss at miss_lo; fit at fit_hi (None: unknown)
+    last = (lo, rows)
+    while not (fit_hi is not None and fit_hi - miss_lo <= 1) and miss_lo < n_layer:
+        top = fit_hi if fit_hi is not None else n_layer + 1     # no N at or past it to try
+        guess = moe_guess(*last, experts, n_layer)
+        if not miss_lo < guess < top:
+            guess = (miss_lo + top) // 2
+        for n in (guess, guess - 1):
+            if not miss_lo < n < (fit_hi if fit_hi is not None else n_layer + 1):
+                continue
+            rows = probe.full(n_max, ctx, n)[0]
+            last = (n, rows)
+            if devices_fit(rows):
+                fit_hi = n       # and confirm the edge below right away: usually the guess is it
+            else:
+                miss_lo = n
+                break
+    if fit_hi is not None:
+        probe.n_cpu_moe = fit_hi
+        return n_max
+    probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
+    return device_ngl(probe, ctx, n_max, costs)
+
+
+def moe_guess(n: int, rows: list[FitBackend], experts: dict[int, int], n_layer: int) -> int:
+    """The N whose expert layers n, n+1, ... moved to the CPU cover what the devices lack at N
+    = n (at least n + 1)."""
+    room = device_room(rows)
+    while room < 0 and n < n_layer:
+        room += experts.get(n, 0)
+        n += 1
+    return max(n, 1)
