@@ -15,10 +15,10 @@ src/models/.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from ggmlrun.core.ir.graph import Graph, Tensor, contiguous_strides
-from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.ir.types import TYPES
 
 
@@ -31,9 +31,18 @@ def row_size(dtype: str, n: int) -> int:
     return TYPES[dtype].row_bytes(n)
 
 
+@functools.cache
+def _op_registry() -> dict:
+    """The op registry (every op module), imported when the first node is built: the
+    architecture modules import this one, and reading a model's header must not pay for it."""
+    from ggmlrun.core.ir.ops import OPS
+
+    return OPS
+
+
 def _params(op: str, params: dict) -> dict:
     """Params as the op registry declares them (defaults filled in); unknown ops keep theirs."""
-    spec = OPS.get(op)
+    spec = _op_registry().get(op)
     if spec is None:
         return params
     out = {k: v for k, v in spec.params.items()}
