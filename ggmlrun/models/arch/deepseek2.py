@@ -22,6 +22,7 @@ read for the lite shapes llama.cpp lists (26 or 27 trunk layers, or 48 with a vo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.lazynumpy import np
@@ -29,9 +30,10 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, TENSOR_NAMES, Arch, TensorSpec, tn
 from ggmlrun.models.arch.glm4moe import GATING, Glm4MoeHParams
-from ggmlrun.models.decoder import Decoder
-from ggmlrun.models.graph_common import build_attn_k
 from ggmlrun.models.hparam_rules import as_f32
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder
 
 GLM47_VOCAB = 154880       # GLM-4.7-Flash: sigmoid gating without the key
 LITE_VOCAB = 128256        # a 48-layer lite model (Kanana-2-30B-A3B): no q_lora_rank
@@ -164,6 +166,8 @@ def kq_scale(d: Decoder) -> float:
 
 def attention(d: Decoder, il: int, cur, scale: float):
     """The MLA block of deepseek2.cpp (is_mla, not OCR), up to and including wo."""
+    from ggmlrun.models.graph_common import build_attn_k
+
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, T_ = b.cb, d.T
     k_mla, n_rot, kv_lora = hp.n_embd_head_k_mla, hp.n_rot, hp.n_lora_kv
