@@ -23,7 +23,8 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 # check_tensors and default_kq_scale lived here; arch modules import them from base
 from ggmlrun.models.arch.base import check_tensors, default_kq_scale, tn  # noqa: F401
-from ggmlrun.models.graph_common import GraphBuilder, KVCache, LayerContext, build_attn_kv
+from ggmlrun.models.attention import KVCache, build_attn_kv
+from ggmlrun.models.graph_common import GraphBuilder, LayerContext
 
 
 @dataclass

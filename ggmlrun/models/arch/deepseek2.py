@@ -166,7 +166,7 @@ def kq_scale(d: Decoder) -> float:
 
 def attention(d: Decoder, il: int, cur, scale: float):
     """The MLA block of deepseek2.cpp (is_mla, not OCR), up to and including wo."""
-    from ggmlrun.models.graph_common import build_attn_k
+    from ggmlrun.models.attention import build_attn_k
 
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, T_ = b.cb, d.T

@@ -255,7 +255,7 @@ def linear_attn(d, cur, il: int):
 def gated_attn(d, cur, il: int):
     """build_layer_attn: Q and its gate from one doubled projection, Q/K head norms, IMROPE,
     attention over the KV cache, the output times sigmoid(gate), then wo."""
-    from ggmlrun.models.graph_common import build_attn_kv
+    from ggmlrun.models.attention import build_attn_kv
 
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
