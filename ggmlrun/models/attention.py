@@ -2,7 +2,8 @@
 
 `KVCache` is llama_kv_cache's tensors (cache_k_l{il} / cache_v_l{il}, a hybrid model's
 recurrent cache_r / cache_s) and its views: cpy_k / cpy_v store the ubatch's K and V through
-set_rows, get_k / get_v view the cells attended over. `build_attn_kv` is build_attn for
+set_rows, get_k / get_v view the cells attended over; `attn_inputs` are the graph inputs
+they need (build_attn_inp_kv). `build_attn_kv` is build_attn for
 llm_graph_input_attn_kv (and the iSWA one), `build_attn_k` the K-only (MLA) cache's,
 `build_attn_mha` the attention itself, `mul_mat_hadamard` the quantized cache's rotation.
 Kept apart from models/graph_common.py (the builder every graph uses) as llama.cpp keeps
@@ -100,6 +101,37 @@ class KVCache:
             return b.view(v, (ns, n_kv, n_head_kv, hd), (rs(gqa * self.kv_size), rs(gqa), rs(hd), item))
         return b.view(v, (ns, hd, n_head_kv, n_kv),
                       (rs(self.kv_size * gqa), rs(self.kv_size), rs(self.kv_size * hd), item))
+
+
+def attn_inputs(b: GraphBuilder, hp, n_tokens: int, n_kv: int, n_stream: int,
+                flash_attn: bool, kv_type: str) -> dict[str, Tensor]:
+    """build_attn_inp_kv_impl: the cells K and V are stored to (V's per element when it is
+    stored transposed, without flash attention), the mask over the `n_kv` cells attended
+    over (f16 for flash attention), and a quantized cache's rotations. An iSWA model makes
+    a second set for its sliding-window cache, named as the first."""
+    v_rows = n_tokens if flash_attn else n_tokens * hp.n_embd_v_gqa
+    out = {"k_idxs": b.leaf("attn_inp_k_idxs", (n_tokens,), "i64"),
+           "v_idxs": b.leaf("attn_inp_v_idxs", (v_rows,), "i64"),
+           "kq_mask": b.leaf("attn_inp_kq_mask", (n_stream, 1, n_tokens // n_stream, n_kv),
+                             "f16" if flash_attn else "f32")}
+    out.update(rotation_inputs(b, hp, kv_type))
+    return out
+
+
+def rotation_inputs(b: GraphBuilder, hp, kv_type: str) -> dict[str, Tensor]:
+    """llama_kv_cache's Hadamard rotations for a quantized cache (attn_rot_k / attn_rot_v): K
+    rotates by the largest power of two from 64 up dividing the head size, V by 64."""
+    if not TYPES[kv_type].is_block:
+        return {}
+    out = {}
+    if hp.n_embd_head_k % 64 == 0:
+        nrot = 64
+        while hp.n_embd_head_k % (nrot * 2) == 0:
+            nrot *= 2
+        out["k_rot"] = b.leaf("attn_inp_k_rot", (nrot, nrot), "f32")
+    if hp.n_embd_head_v % 64 == 0:
+        out["v_rot"] = b.leaf("attn_inp_v_rot", (64, 64), "f32")
+    return out
 
 
 def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor | None,

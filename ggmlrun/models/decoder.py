@@ -24,7 +24,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 # check_tensors and default_kq_scale lived here; arch modules import them from base
 from ggmlrun.models.arch.base import check_tensors, default_kq_scale, tn  # noqa: F401
-from ggmlrun.models.attention import KVCache, build_attn_kv
+from ggmlrun.models.attention import KVCache, attn_inputs, build_attn_kv
 from ggmlrun.models.graph_common import GraphBuilder, LayerContext
 from ggmlrun.models.moe_ffn import build_moe_ffn
 
@@ -99,13 +99,8 @@ class Decoder:
         self.inputs = {
             "tokens": tokens, "embd": inp_embd,
             "pos": b.leaf("inp_pos", (T_ * arch.n_pos_per_embd,), "i32"),
-            "k_idxs": b.leaf("attn_inp_k_idxs", (T_,), "i64"),
-            "v_idxs": b.leaf("attn_inp_v_idxs",
-                             (T_ * hp.n_embd_v_gqa,) if not flash_attn else (T_,), "i64"),
-            "kq_mask": b.leaf("attn_inp_kq_mask", (n_stream, 1, T_ // n_stream, n_kv),
-                              "f16" if flash_attn else "f32"),
             "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
-        self.inputs.update(rotation_inputs(b, hp, kv_type))
+        self.inputs.update(attn_inputs(b, hp, T_, n_kv, n_stream, flash_attn, kv_type))
         self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, **rope_params(hp))
         if arch.n_pos_per_embd == 4:       # ggml_rope_multi: the sections pick each pair's position
             self.rope["sections"] = list(hp.rope_sections)
@@ -121,14 +116,8 @@ class Decoder:
             swa_size = swa_size or kv_size
             self.swa_cache = KVCache(kv_type=kv_type, kv_size=swa_size, v_trans=not flash_attn,
                                      n_stream=n_stream)
-            self.swa_inputs = {
-                "k_idxs": b.leaf("attn_inp_k_idxs", (T_,), "i64"),
-                "v_idxs": b.leaf("attn_inp_v_idxs",
-                                 (T_ * hp.n_embd_v_gqa,) if not flash_attn else (T_,), "i64"),
-                "kq_mask": b.leaf("attn_inp_kq_mask", (n_stream, 1, T_ // n_stream,
-                                                       self.swa_n_kv),
-                                  "f16" if flash_attn else "f32")}
-            self.swa_inputs.update(rotation_inputs(b, hp, kv_type))
+            self.swa_inputs = attn_inputs(b, hp, T_, self.swa_n_kv, n_stream, flash_attn,
+                                          kv_type)
 
     # --- weights by gguf's names --------------------------------------------------------------
     def _lists(self, t) -> bool:
@@ -385,22 +374,6 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     d.n_seqs = d.n_rs = n_seqs
     return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm,
                     rows_before_norm=arch.rows_before_norm)
-
-
-def rotation_inputs(b: GraphBuilder, hp, kv_type: str) -> dict[str, Tensor]:
-    """llama_kv_cache's Hadamard rotations for a quantized cache (attn_rot_k / attn_rot_v): K
-    rotates by the largest power of two from 64 up dividing the head size, V by 64."""
-    if not TYPES[kv_type].is_block:
-        return {}
-    out = {}
-    if hp.n_embd_head_k % 64 == 0:
-        nrot = 64
-        while hp.n_embd_head_k % (nrot * 2) == 0:
-            nrot *= 2
-        out["k_rot"] = b.leaf("attn_inp_k_rot", (nrot, nrot), "f32")
-    if hp.n_embd_head_v % 64 == 0:
-        out["v_rot"] = b.leaf("attn_inp_v_rot", (64, 64), "f32")
-    return out
 
 
 def rope_params(hp) -> dict:
