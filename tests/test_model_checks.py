@@ -162,7 +162,7 @@ def test_rope_scaling_yarn_is_built_and_longrope_refused_outside_phi3(tmp_path):
     """YaRN with a factor is llama_context's: freq_scale 1/factor, ext_factor 1 (its ramp; the
     mistral3 recordings hold it to llama.cpp's logits); LongRoPE needs factor tensors only
     phi3's graph builds: exit 2 for llama. Linear scaling is rope's freq_scale."""
-    from ggmlrun.models.decoder import rope_params
+    from ggmlrun.models.rope import rope_params
     from ggmlrun.models.modelfile import read_gguf
 
     vt = _vt()

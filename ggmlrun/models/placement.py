@@ -132,7 +132,7 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
                 return cpu
         return default
 
-    from ggmlrun.models.decoder import rope_freqs_layers
+    from ggmlrun.models.rope import rope_freqs_layers
 
     dup_layers = rope_freqs_layers(hp)
     weights = {}
