@@ -1,13 +1,14 @@
 """llama.cpp's build_moe_ffn: a mixture-of-experts FFN for one layer of the graph a `Decoder`
-is building (the router, the top experts, their products by mul_mat_id, the weighted sum).
-Apart from models/decoder.py because only the MoE architectures use it; they call it as
-`d.moe_ffn(il, cur, ...)`, so an architecture module reads as llama.cpp's src/models/<arch>.cpp.
+(`d` below) is building: the router, the top experts, their products by mul_mat_id, the
+weighted sum. Apart from models/decoder.py because only the MoE architectures use it; they call
+it as `d.moe_ffn(il, cur, ...)`, so an architecture module reads as llama.cpp's
+src/models/<arch>.cpp. `d` is not annotated: decoder.py imports this module, and an import
+back (even for annotations) is a cycle tests/test_layers.py refuses.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
@@ -15,11 +16,8 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.graph_common import GraphBuilder
 
-if TYPE_CHECKING:
-    from ggmlrun.models.decoder import Decoder
 
-
-def build_moe_ffn(d: Decoder, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
+def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
                   norm_w: bool, w_scale: float = 0.0, gating: str = "softmax",
                   exp_probs_b: Tensor | None = None, logits: Tensor | None = None,
                   biases: bool = False, glu: str | dict = "swiglu") -> Tensor:
@@ -95,7 +93,7 @@ def build_moe_ffn(d: Decoder, il: int, cur: Tensor, *, n_expert: int, n_expert_u
     return cb(out, "ffn_moe_out", il)
 
 
-def experts_ffn(d: Decoder, il: int, cur: Tensor, selected: Tensor, glu: str | dict,
+def experts_ffn(d, il: int, cur: Tensor, selected: Tensor, glu: str | dict,
                 biases: bool = False) -> Tensor:
     """The selected experts' FFN: up and gate products (or, with a fused ffn_gate_up_exps,
     one product and its two halves as views), the GLU, the down product; each product
@@ -122,7 +120,7 @@ def experts_ffn(d: Decoder, il: int, cur: Tensor, selected: Tensor, glu: str | d
     return biased_id(d, down, T.FFN_DOWN_EXP, il, selected, "ffn_moe_down", biases)
 
 
-def biased_id(d: Decoder, x: Tensor, t, il: int, ids: Tensor, label: str, biases: bool) -> Tensor:
+def biased_id(d, x: Tensor, t, il: int, ids: Tensor, label: str, biases: bool) -> Tensor:
     """gpt-oss: each selected expert's bias row added to its product (add_id)."""
     if not biases:
         return x
@@ -130,7 +128,7 @@ def biased_id(d: Decoder, x: Tensor, t, il: int, ids: Tensor, label: str, biases
     return d.b.cb(d.b.op("add_id", [x, row, ids], x.shape), f"{label}_biased", il)
 
 
-def scaled_id(d: Decoder, t, il: int, cur: Tensor, ids: Tensor, name: str) -> Tensor:
+def scaled_id(d, t, il: int, cur: Tensor, ids: Tensor, name: str) -> Tensor:
     """The product named `name`; scaled, `name`_scaled (llama.cpp names it twice)."""
     b = d.b
     res = mul_mat_id(b, d.weight(t, il), cur, ids)
