@@ -385,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     lib_dir = record.llama_cpp_dir() / "lib"
     data["ggml"] = next((p.name.split(".so.")[1] for p in lib_dir.glob("libggml.so.*.*")), None)
     data["build"] = os.environ.get("LLAMA_CUDA_BUILD", "")
+    # ggml-cuda's switches that change the figures (GGML_CUDA_DISABLE_FUSION: no fusion, so its
+    # graph_optimize adds no allocation dependencies), as the children inherit them
+    data["env"] = {k: v for k, v in os.environ.items() if k.startswith("GGML_CUDA_")}
     data.update(machine_info(), **runtime_versions())
     data.update(tokens=record.TOKENS, n_threads=record.N_THREADS, n_batch=record.N_BATCH)
     proc = subprocess.run([sys.executable, __file__, "--probe", "--models", str(args.models)]
