@@ -100,7 +100,8 @@ VULKAN_FLASH_ATTN_HEAD_SIZES = HeadSizeRule("K and V multiples of 8", _vulkan_he
 
 PROFILES: dict[str, dict] = {
     "cuda": {"alignment": 128, "offload_min_batch": 32, "row_padding": 512,
-             "flash_attn_head_sizes": CUDA_FLASH_ATTN_HEAD_SIZES, "host_buffer": True},
+             "flash_attn_head_sizes": CUDA_FLASH_ATTN_HEAD_SIZES, "host_buffer": True,
+             "fusion_alloc_deps": True},
     "metal": {"alignment": 32, "offload_min_batch": 32,
               "offload_ops": frozenset({"mul_mat", "mul_mat_id"}),   # ggml-metal: both
               "unsupported": frozenset({"diag_mask_inf"}),
