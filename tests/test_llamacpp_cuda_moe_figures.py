@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from ggmlrun.core.frontend.backends_file import load_backends
+from ggmlrun.core.util.errors import InputError
 from tests.clikit import invoke
 from tests.test_llamacpp_figures import compare_measure, model_options
 
@@ -162,3 +164,17 @@ def test_the_fusion_dependencies_are_what_changes(cid):
     """Where fusion changed llama.cpp's compute buffer, the profile without its fusion rule
     misses the default recording: the rule is what makes these exact (a few of the 155)."""
     assert compare_measure(BY_ID[cid], measure_cuda(BY_ID[cid], NOFUSION_BACKENDS))
+
+
+def test_the_fusion_key(tmp_path):
+    """`fusion: false` turns the profile's rule off; it is a boolean, and `true` needs the
+    cuda profile (no other device fuses these ops)."""
+    assert [b.fusion_alloc_deps for b in load_backends(CUDA_BACKENDS)] == [True, False]
+    assert [b.fusion_alloc_deps for b in load_backends(NOFUSION_BACKENDS)] == [False, False]
+    f = tmp_path / "b.yaml"
+    for entry, said in (("{name: G, kind: sim, profile: cuda, fusion: 0}", "fusion must be true or false"),
+                        ("{name: G, kind: sim, fusion: true}", "needs profile: cuda"),
+                        ("{name: G, kind: sim, profile: metal, fusion: true}", "needs profile: cuda")):
+        f.write_text(f"backends:\n  - {entry}\n  - {{name: CPU, kind: cpu}}\n")
+        with pytest.raises(InputError, match=said):
+            load_backends(f)
