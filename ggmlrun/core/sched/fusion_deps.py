@@ -96,7 +96,8 @@ def alloc_deps(nodes: list[Tensor], srcs: list[list[Tensor]], use_count: dict[Te
             fused = topk_moe(nodes, i, src)
             if fused is not None:
                 ops, outs, logits, weights, ids = fused
-                if can_fuse(i, len(ops), ops, outs) and should_use_topk_moe(node, logits, weights, ids):
+                if can_fuse(i, len(ops), ops, outs) \
+                        and should_use_topk_moe(node, logits, weights, ids):
                     last = i + len(ops)
                     until = nodes[last] if last < n else after
                     for k in range(i, last):
