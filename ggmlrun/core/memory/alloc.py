@@ -365,14 +365,14 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
         where, replaced, add = sched.where, sched.replaced, seq.add
         fusing = any(b.fusion_alloc_deps for b in sched.backends)
         use_count = _use_counts(sched.graph.nodes) if fusing else {}
-        for split in sched.splits:
+        for k, split in enumerate(sched.splits):
             for original, copy in split.copy_of.items():
                 add(original, [original], where[original.index], dependency=True)
                 add(copy, [], split.backend)
             nodes = split.nodes
             srcs = [replaced.get(node, node.src) for node in nodes]
             if fusing and sched.backends[split.backend].fusion_alloc_deps:
-                _extend_with_deps(seq, sched, split, srcs, use_count)
+                _extend_with_deps(seq, sched, k, srcs, use_count)
                 continue
             seq.extend(nodes, srcs, [where[node.index] for node in nodes])
         leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
@@ -394,13 +394,13 @@ def _use_counts(nodes: list[Tensor]) -> dict[Tensor, int]:
     return counts
 
 
-def _extend_with_deps(seq: AllocationSequence, sched: Schedule, split, srcs, use_count) -> None:
+def _extend_with_deps(seq: AllocationSequence, sched: Schedule, k: int, srcs, use_count) -> None:
     """A split's nodes with ggml-cuda's fusion dependencies after their `until` nodes: one
     GGML_OP_NONE entry per GGML_MAX_SRC kept tensors (ggml_backend_sched_split_graph)."""
     from ggmlrun.core.sched.fusion_deps import MAX_SRC, alloc_deps
 
+    split = sched.splits[k]
     nodes, where = split.nodes, sched.where
-    k = sched.splits.index(split)
     after = sched.splits[k + 1].nodes[0] if k + 1 < len(sched.splits) and sched.splits[k + 1].nodes \
         else None
     deps = alloc_deps(nodes, srcs, use_count, after)
