@@ -166,6 +166,12 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     from ggmlrun.core.backends.repack import repacked
 
     sizes = [0] * len(backends)
+    # a device's host buffer type comes before CPU_REPACK in llama.cpp's CPU list (profiles.py)
+    host_first = any(b.kind != "cpu" and b.host_buffer for b in backends)
+
+    def to_repack(spec: BackendSpec, dtype: str, shape) -> bool:
+        return not host_first and repacked(spec.repack_kind, dtype, shape)
+
     cpu_range: list[int] = []
     mapped = repack = 0
     placed = list(placement.weights.items())
@@ -184,7 +190,7 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
         if spec.kind != "cpu":
             sizes[b] += _align(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
             continue
-        if name != "token_embd.weight" and repacked(spec.repack_kind, info.dtype, info.shape):
+        if name != "token_embd.weight" and to_repack(spec, info.dtype, info.shape):
             repack += _align(nbytes, spec.alignment)      # read by MUL_MAT: CPU_REPACK
         elif no_mmap:
             mapped += _align(nbytes, spec.alignment)
@@ -197,7 +203,7 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     if "output.weight" not in model.tensors and backends[placement.output_weight].kind == "cpu":
         info = model.tensors["token_embd.weight"]
         spec = backends[placement.output_weight]
-        if repacked(spec.repack_kind, info.dtype, info.shape):
+        if to_repack(spec, info.dtype, info.shape):
             repack += _align(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
     if cpu_range:
         mapped += max(cpu_range) - min(cpu_range)

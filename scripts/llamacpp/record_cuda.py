@@ -14,7 +14,13 @@ weight-shaped tensors of several types (ggml-cuda pads quantized rows to MATRIX_
 512 elements) and of FLASH_ATTN_EXT nodes (f16 copies of K and V), every tensor of the bundled
 models, and ggml_backend_dev_offload_op for a few ops and batch sizes.
 
-    python3 scripts/llamacpp/record_cuda.py [--out FILE] [--jobs N] [--deadline SECONDS]
+    python3 scripts/llamacpp/record_cuda.py [--out FILE] [--jobs N] [--deadline SECONDS] [--moe]
+    python3 scripts/llamacpp/record_cuda.py --moe --list      (the selection, nothing recorded)
+
+--moe records the mixtures of experts instead (tests/data/llamacpp/figures_cuda_moe.json): their
+experts left on the CPU (-ot exps=CPU, --cpu-moe, --n-cpu-moe N) first, the configurations where
+ggml-cuda's op offload moves MUL_MAT_ID to the GPU, then their grid at ctx 256; the probe then
+reads the MoE files' tensors and asks offload_op / supports_op of MUL_MAT_ID and ADD_ID too.
 
 Writes tests/data/llamacpp/figures_cuda.json: the device (GPU, driver, CUDA runtime, compute
 capability), the llama.cpp build, the probe, then `configs` shaped as figures.json's; with
@@ -40,6 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402  (record.py beside this file: the grid, the child, the parsing)
 
 FIGURES_CUDA = record.REPO / "tests" / "data" / "llamacpp" / "figures_cuda.json"
+FIGURES_CUDA_MOE = record.REPO / "tests" / "data" / "llamacpp" / "figures_cuda_moe.json"
+MOE_MODELS = ["tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
+              "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0", "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0",
+              "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16"] \
+    + record.GPT_OSS_MODELS
 # The llama.cpp commit llama-cpp-python 0.3.36's sdist vendors (.git/modules/vendor/llama.cpp/HEAD).
 VENDORED_LLAMA_CPP = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
@@ -73,13 +84,31 @@ def configs() -> list[dict]:
             if not cfg["tensor_split"] and all(b == "CPU" for _, b in cfg["overrides"])]
 
 
+def experts_on_cpu(cfg: dict) -> bool:
+    return bool(cfg["cpu_moe"] or cfg["n_cpu_moe"] or any("exps" in p for p, _ in cfg["overrides"]))
+
+
+def moe_configs() -> list[dict]:
+    """The mixtures of experts, most telling first (a deadline cuts the tail): experts on the CPU
+    beside offloaded layers (op offload takes their MUL_MAT_ID at ubatch >= 32), the other
+    single-device extras at ctx 256 (-ngl N, -nkvo, two ubatches, -np), then the grid at ctx 256
+    (the ctx 1024 grid, the -swa-full grid and the long prompts are left to the RPC recording)."""
+    mine = [cfg for cfg in configs() if cfg["model"] in MOE_MODELS
+            and "swafull" not in cfg["suffix"] and "long" not in cfg["suffix"]]
+    first = [cfg for cfg in mine if experts_on_cpu(cfg)]
+    extras = [cfg for cfg in mine if not experts_on_cpu(cfg) and cfg["suffix"] and cfg["ctx"] == 256]
+    grid = [cfg for cfg in mine if not cfg["suffix"] and cfg["ctx"] == 256
+            and cfg not in extras]
+    return first + extras + grid
+
+
 def model_layers(path: Path) -> int:
-    """llama.block_count: through the gguf package (cuda_build.sh puts the sdist's gguf-py on the
+    """<arch>.block_count: through the gguf package (cuda_build.sh puts the sdist's gguf-py on the
     path), else read off the GGUF header directly."""
     try:
         return record.model_layers(path)
     except ImportError:
-        return int(gguf_value(path, "llama.block_count"))
+        return int(gguf_value(path, f"{gguf_value(path, 'general.architecture')}.block_count"))
 
 
 def gguf_value(path: Path, wanted: str):
@@ -161,6 +190,8 @@ def probe(models: list[Path]) -> dict:
     get_rows = _fn(base, "ggml_get_rows", P, P, P, P)
     add = _fn(base, "ggml_add", P, P, P, P)
     rms_norm = _fn(base, "ggml_rms_norm", P, P, P, ctypes.c_float)
+    mul_mat_id = _fn(base, "ggml_mul_mat_id", P, P, P, P, P)
+    add_id = _fn(base, "ggml_add_id", P, P, P, P, P)
     fa = _fn(base, "ggml_flash_attn_ext", P, P, P, P, P, P, ctypes.c_float, ctypes.c_float, ctypes.c_float)
     first = _fn(base, "ggml_get_first_tensor", P, P)
     nxt = _fn(base, "ggml_get_next_tensor", P, P, P)
@@ -229,6 +260,19 @@ def probe(models: list[Path]) -> dict:
             for op, node in (("MUL_MAT", mul_mat(ctx, w, x)), ("GET_ROWS", get_rows(ctx, w, ids)),
                              ("ADD", add(ctx, x, x)), ("RMS_NORM", rms_norm(ctx, x, 1e-5))):
                 out["offload_op"].append({"op": op, "batch": n, "offload": bool(dev_offload(cuda, node))})
+            # experts [64, 64, 8] (weight types of the tiny MoE files), 2 used per token
+            for tname in ("f16", "q8_0", "mxfp4"):
+                experts = new_3d(ctx, GGML_TYPES[tname], 64, 64, 8)
+                xs = new_3d(ctx, 0, 64, 2, n)
+                ids2 = new_2d(ctx, 26, 2, n)
+                node = mul_mat_id(ctx, experts, xs, ids2)
+                out["offload_op"].append({"op": "MUL_MAT_ID", "type": tname, "batch": n,
+                                          "offload": bool(dev_offload(cuda, node)),
+                                          "supported": bool(dev_supports(cuda, node))})
+            bias = new_2d(ctx, 0, 64, 8)
+            node = add_id(ctx, new_3d(ctx, 0, 64, 2, n), bias, new_2d(ctx, 26, 2, n))
+            out["offload_op"].append({"op": "ADD_ID", "batch": n, "offload": bool(dev_offload(cuda, node)),
+                                      "supported": bool(dev_supports(cuda, node))})
     finally:
         free(ctx)
     for path in models:
@@ -240,7 +284,10 @@ def probe(models: list[Path]) -> dict:
         t = first(mctx)
         while t:
             ts = Tensor.from_address(t)
-            rows.append([get_name(t).decode(), type_name(ts.type).decode(), list(ts.ne)[:2],
+            ne = list(ts.ne)
+            while len(ne) > 2 and ne[-1] == 1:   # [ne0, ne1] for a matrix, [ne0, ne1, ne2] for experts
+                ne.pop()
+            rows.append([get_name(t).decode(), type_name(ts.type).decode(), ne,
                          nbytes(t), buft_alloc(cuda_buft, t)])
             t = nxt(mctx, t)
         out["model_tensors"][path.name] = rows
@@ -312,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4, help="configurations recorded at once")
     parser.add_argument("--deadline", type=float, default=1e9,
                         help="start no configuration after this many seconds")
+    parser.add_argument("--moe", action="store_true", help="the mixtures of experts (figures_cuda_moe.json)")
+    parser.add_argument("--list", action="store_true", help="print the selected ids and stop")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -319,17 +368,30 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record.run_config(json.loads(args.child), [])))
         return 0
     if args.probe:
-        print(json.dumps(probe(sorted(args.models.glob("tiny-llama-*.gguf")))))
+        names = [f"{m}.gguf" for m in MOE_MODELS] if args.moe else None
+        paths = sorted(p for p in args.models.glob("tiny-*.gguf")
+                       if (p.name in names if names else p.name.startswith("tiny-llama-")))
+        print(json.dumps(probe(paths)))
         return 0
+    todo = [c for c in (moe_configs() if args.moe else configs()) if args.only in c["id"]]
+    if args.list:
+        print("\n".join(c["id"] for c in todo) + f"\n{len(todo)} configurations")
+        return 0
+    if args.moe and args.out == FIGURES_CUDA:
+        args.out = FIGURES_CUDA_MOE
 
     started = time.monotonic()
     data: dict = {"llama_cpp_python": "0.3.36", "llama_cpp_commit": VENDORED_LLAMA_CPP}
     lib_dir = record.llama_cpp_dir() / "lib"
     data["ggml"] = next((p.name.split(".so.")[1] for p in lib_dir.glob("libggml.so.*.*")), None)
     data["build"] = os.environ.get("LLAMA_CUDA_BUILD", "")
+    # ggml-cuda's switches that change the figures (GGML_CUDA_DISABLE_FUSION: no fusion, so its
+    # graph_optimize adds no allocation dependencies), as the children inherit them
+    data["env"] = {k: v for k, v in os.environ.items() if k.startswith("GGML_CUDA_")}
     data.update(machine_info(), **runtime_versions())
     data.update(tokens=record.TOKENS, n_threads=record.N_THREADS, n_batch=record.N_BATCH)
-    proc = subprocess.run([sys.executable, __file__, "--probe", "--models", str(args.models)],
+    proc = subprocess.run([sys.executable, __file__, "--probe", "--models", str(args.models)]
+                          + (["--moe"] if args.moe else []),
                           capture_output=True, text=True, timeout=300)
     if proc.returncode == 0:
         data["probe"] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -341,7 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"probe: {json.dumps(data['probe'].get('buffer_types'))} ({time.monotonic() - started:.1f}s)",
           flush=True)
 
-    todo = [c for c in configs() if args.only in c["id"]]
     order = {c["id"]: i for i, c in enumerate(todo)}
     recorded: dict[str, dict] = {}
     failed: dict[str, str] = {}

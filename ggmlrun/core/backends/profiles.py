@@ -14,7 +14,17 @@ measured on NVIDIA H200"):
   40, 64, 72, 80, 96, 112, 128, 256 and 512, and (K, V) (192, 128), (320, 256), (576, 512). The
   kernel's further conditions for the last four (a GQA ratio, a padded cache) and its KV types
   are not modeled, nor the f16 copies of a quantized K/V its alloc size adds (measured by the
-  probe, not by a configuration yet).
+  probe, not by a configuration yet);
+- host_buffer: ggml-cuda has a host buffer type (CUDA_Host, pinned), which make_cpu_buft_list
+  (llama-model.cpp) puts before ggml-cpu's extra buffer types; a CPU weight then picks it, and
+  under mmap llama_model_loader::create_tensor swaps it for the plain CPU buffer type ("avoid
+  using a host buffer when using mmap"): beside a CUDA device no CPU weight is repacked, the
+  experts of -ot exps=CPU / --cpu-moe / --n-cpu-moe included (tests/data/llamacpp/
+  figures_cuda_moe.json: the MXFP4 file's q8_0 matrices and experts stay in CPU_Mapped).
+- fusion_alloc_deps: ggml_backend_cuda_graph_optimize's allocation dependencies for the MoE
+  fusions it will make (the top-k router, the experts' weighted sum: core/sched/fusion_deps.py),
+  unless GGML_CUDA_DISABLE_FUSION is set (`fusion: false` in a backends file); measured, they
+  change the GPU's compute buffer in 155 of 257 MoE configurations.
 
 `metal`, read from ggml-metal's source, not measured (no Apple GPU recorded it); lines are
 ggml/src/ggml-metal/ in ggml 0.25.3:
@@ -94,7 +104,8 @@ VULKAN_FLASH_ATTN_HEAD_SIZES = HeadSizeRule("K and V multiples of 8", _vulkan_he
 
 PROFILES: dict[str, dict] = {
     "cuda": {"alignment": 128, "offload_min_batch": 32, "row_padding": 512,
-             "flash_attn_head_sizes": CUDA_FLASH_ATTN_HEAD_SIZES},
+             "flash_attn_head_sizes": CUDA_FLASH_ATTN_HEAD_SIZES, "host_buffer": True,
+             "fusion_alloc_deps": True},
     "metal": {"alignment": 32, "offload_min_batch": 32,
               "offload_ops": frozenset({"mul_mat", "mul_mat_id"}),   # ggml-metal: both
               "unsupported": frozenset({"diag_mask_inf"}),

@@ -41,6 +41,12 @@ class BackendSpec:
     # that answers `in`, core/backends/profiles.py); None: any
     flash_attn_head_sizes: Container[tuple[int, int]] | None = None
     profile: str | None = None             # the device profile the defaults came from
+    # a device with a host buffer type (ggml-cuda's pinned CUDA_Host): llama.cpp puts it before
+    # ggml-cpu's extra buffer types in the CPU's list, so no CPU weight is repacked beside it
+    host_buffer: bool = False
+    # ggml-cuda's graph_optimize: the allocation dependencies of the MoE fusions it will make
+    # (core/sched/fusion_deps.py)
+    fusion_alloc_deps: bool = False
     # cpu: which weight types ggml-cpu repacks into CPU_REPACK (core/backends/repack.py):
     # avx2 | avx512 | neon | none; None: this host's CPU flags
     repack: str | None = None

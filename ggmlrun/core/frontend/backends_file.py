@@ -26,15 +26,15 @@ from ggmlrun.core.frontend.yamlfile import (
 
 BACKEND_KEYS = ("name", "kind", "profile", "memory", "alignment", "threads", "repack", "supports",
                 "unsupported", "offload_min_batch", "flops", "mem_bw", "link_bw", "link_latency",
-                "endpoint", "device")
+                "endpoint", "device", "fusion")
 RPC_ONLY_KEYS = ("endpoint", "device")
 # an rpc device's alignment is asked of the server, its op support is every op (ggml-rpc runs
 # the server's backend), and it has no op offload
 NOT_RPC_KEYS = ("threads", "repack", "alignment", "supports", "unsupported", "offload_min_batch",
-                "profile")
+                "profile", "fusion")
 CPU_ONLY_KEYS = ("threads", "repack")
 SIM_ONLY_KEYS = ("profile", "supports", "unsupported", "offload_min_batch", "link_bw",
-                 "link_latency")
+                 "link_latency", "fusion")
 KINDS = ("cpu", "sim", "rpc")
 MAX_THREADS = 4096
 RATE_RANGE = {key: (1.0, 1e30) for key in ("flops", "mem_bw", "link_bw")}   # per second
@@ -142,6 +142,14 @@ def _parse_backend(doc, item, path, i) -> BackendSpec:
                      f"{host.cores()} cores of this machine")
                 value = host.cores()
             setattr(spec, key, value)
+    if "fusion" in item:   # false: as GGML_CUDA_DISABLE_FUSION=1 (no fusion allocation deps)
+        if not isinstance(item["fusion"], bool):
+            raise doc.error(f"fusion must be true or false, got {describe_value(item['fusion'])}",
+                            at("fusion"), culprit)
+        if item["fusion"] and spec.profile != "cuda":
+            raise doc.error("fusion: true needs profile: cuda (ggml-cuda's MoE fusions)",
+                            at("fusion"), culprit)
+        spec.fusion_alloc_deps = item["fusion"]
     if "repack" in item:
         from ggmlrun.core.backends.repack import REPACK_KINDS
 

@@ -363,13 +363,18 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
         sched.renumber()
         seq = AllocationSequence(sched.rows, sched.stamp)
         where, replaced, add = sched.where, sched.replaced, seq.add
-        for split in sched.splits:
+        fusing = any(b.fusion_alloc_deps for b in sched.backends)
+        use_count = _use_counts(sched.graph.nodes) if fusing else {}
+        for k, split in enumerate(sched.splits):
             for original, copy in split.copy_of.items():
                 add(original, [original], where[original.index], dependency=True)
                 add(copy, [], split.backend)
             nodes = split.nodes
-            seq.extend(nodes, [replaced.get(node, node.src) for node in nodes],
-                       [where[node.index] for node in nodes])
+            srcs = [replaced.get(node, node.src) for node in nodes]
+            if fusing and sched.backends[split.backend].fusion_alloc_deps:
+                _extend_with_deps(seq, sched, k, srcs, use_count)
+                continue
+            seq.extend(nodes, srcs, [where[node.index] for node in nodes])
         leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
         if sched.parallel_leafs:
             # n_copies > 1: the copies of every graph input and split input come first, flagged
@@ -378,3 +383,32 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
                 seq.pin(tensor)
             leafs = [(t, where[t.index]) for t in sched.parallel_leafs] + leafs
     return leafs, seq
+
+
+def _use_counts(nodes: list[Tensor]) -> dict[Tensor, int]:
+    """ggml's cgraph use_counts: how many src slots of the graph's nodes name each tensor."""
+    counts: dict[Tensor, int] = {}
+    for node in nodes:
+        for s in node.src:
+            counts[s] = counts.get(s, 0) + 1
+    return counts
+
+
+def _extend_with_deps(seq: AllocationSequence, sched: Schedule, k: int, srcs, use_count) -> None:
+    """A split's nodes with ggml-cuda's fusion dependencies after their `until` nodes: one
+    GGML_OP_NONE entry per GGML_MAX_SRC kept tensors (ggml_backend_sched_split_graph)."""
+    from ggmlrun.core.sched.fusion_deps import MAX_SRC, alloc_deps
+
+    split = sched.splits[k]
+    nodes, where = split.nodes, sched.where
+    after = sched.splits[k + 1].nodes[0] if k + 1 < len(sched.splits) and sched.splits[k + 1].nodes \
+        else None
+    deps = alloc_deps(nodes, srcs, use_count, after)
+    if not deps:
+        seq.extend(nodes, srcs, [where[node.index] for node in nodes])
+        return
+    for node, reads in zip(nodes, srcs):
+        seq.add(node, reads, where[node.index])
+        for j in range(0, len(deps.get(node, ())), MAX_SRC):
+            kept = deps[node][j:j + MAX_SRC]
+            seq.add(kept[0], kept, split.backend, dependency=True)
