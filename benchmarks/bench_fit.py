@@ -121,7 +121,11 @@ def commands() -> list[list[str]]:
     return [whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "8192"),
             whole_command("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "8192"),
             whole_command("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192"),
-            whole_command("gemma-4-26b-a4b-q4_k_m.yaml", "12GiB", "32768")]
+            whole_command("gemma-4-26b-a4b-q4_k_m.yaml", "12GiB", "32768"),
+            # --ctx auto on the hybrid cards (issue 22) and the largest MoE card (issue 21)
+            whole_command("qwen3.5-27b-q4_k_m.yaml", "8GiB", "auto"),
+            whole_command("qwen3.5-35b-a3b-q4_k_m.yaml", "8GiB", "auto"),
+            whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "auto")]
 
 
 def main() -> None:
