@@ -80,27 +80,34 @@ def ctx_guess(points: dict[int, list[FitBackend]], fit_lo: int, miss_hi: int) ->
 
 def backend_model(points: dict[int, list[FitBackend]], i: int, fit_lo: int):
     """Whether backend i is predicted to fit at a context: linear KV exactly, the rest flat
-    from fit_lo, or on a line down from the nearest measured context above."""
+    from fit_lo, or on a line down from the nearest miss above. The line's slope: between two
+    misses that both grew, their chord (the growth the scores give); from a fit that already
+    grew past the smallest context, the chord to it; else the larger of that chord and the
+    miss's compute buffer in proportion to its context (the chord from a flat fit is too
+    shallow: the buffer grew only past some knee between them)."""
     base = points[fit_lo][i]
     per_cell = base.kv_linear / fit_lo
     room = base.memory_bytes - base.margin_bytes
     rest = {c: rows[i].total_bytes - rows[i].kv_linear for c, rows in points.items()}
-    arena = {c: rows[i].arena_bytes for c, rows in points.items()}
     ctxs = sorted(points)
+    first = ctxs[0]
+
+    def slope_below(m: int) -> float:
+        higher = [x for x in ctxs if x > m and rest[x] > rest[m]]
+        if higher:
+            return (rest[higher[0]] - rest[m]) / (higher[0] - m)
+        chord = (rest[m] - rest[fit_lo]) / (m - fit_lo)
+        if rest[fit_lo] > rest[first]:
+            return chord
+        return max(chord, points[m][i].arena_bytes / m)
 
     def fits(c: int) -> bool:
         above = [x for x in ctxs if x >= c]
         guess = rest[fit_lo]                           # flat from the largest fit
-        if above:
+        if above and rest[above[0]] > rest[fit_lo]:
             m = above[0]
-            under = [x for x in ctxs if x < m and rest[x] < rest[m]]
-            if len(under) and rest[m] > rest[fit_lo]:
-                p = under[-1]
-                chord = (rest[m] - rest[p]) / (m - p)
-                grown = [x for x in ctxs if x <= m and rest[x] > rest[fit_lo]]
-                slope = chord if len(grown) > 1 else max(chord, arena[m] / m)
-                guess = max(guess, rest[m] - slope * (m - c))
-        elif len(ctxs) > 1:                            # past every measurement: the last slope
+            guess = max(guess, rest[m] - slope_below(m) * (m - c))
+        elif not above and len(ctxs) > 1:              # past every measurement: the last slope
             a, b = ctxs[-2], ctxs[-1]
             guess = max(guess, rest[b] + (rest[b] - rest[a]) / (b - a) * (c - b))
         return guess + per_cell * c <= room
