@@ -51,6 +51,9 @@ MOE_CASES = [  # the mixtures of experts: every layer on the device, --n-cpu-moe
     ("gpt-oss-120b-mxfp4.yaml", 24, 32768),
 ]
 MOE_RAM = 256                     # GiB of host memory: the experts live there
+# deepseek2 (MLA): DeepSeek-V3's experts need 361 GiB of host memory, so 512
+MLA_CASES = [("deepseek-v3-q4_k_m.yaml", 24, 8192), ("glm-4.7-flash-q4_k_m.yaml", 12, 32768)]
+MLA_RAM = 512
 
 
 def one(card: str, device_gib, ctx: int | None, ram_gib: int = 64) -> list[str]:
@@ -71,7 +74,7 @@ def one(card: str, device_gib, ctx: int | None, ram_gib: int = 64) -> list[str]:
             str(len(result.probes)), f"{seconds:.3f}"]
 
 
-def whole_command(card: str, gpu: str, ctx: str) -> list[str]:
+def whole_command(card: str, gpu: str, ctx: str, ram: int = MOE_RAM) -> list[str]:
     """`python3 -m ggmlrun fit CARD --gpu .. --ram ..` in a fresh interpreter: the best of 3,
     wall and CPU (user + system of the child: what a loaded shared host inflates least)."""
     import resource
@@ -79,7 +82,7 @@ def whole_command(card: str, gpu: str, ctx: str) -> list[str]:
     import sys
 
     argv = [sys.executable, "-m", "ggmlrun", "fit", str(CARDS_DIR / card), "--gpu", gpu,
-            "--ram", f"{MOE_RAM}GiB", "--ctx", ctx, "--json"]
+            "--ram", f"{ram}GiB", "--ctx", ctx, "--json"]
     best, best_cpu = float("inf"), float("inf")
     for _ in range(3):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -96,7 +99,8 @@ SURVEY_GIB = (8, 12, 16, 24)
 
 def survey() -> list[list[str]]:
     """`fit --ctx auto` on every bundled card at each of SURVEY_GIB, flash attention off and
-    on: the reserves in all and those of the context phase (after -ngl / --n-cpu-moe)."""
+    on, with MLA_RAM of host memory (DeepSeek-V3's experts): the reserves in all and those of
+    the context phase (after -ngl / --n-cpu-moe)."""
     rows = []
     for path in sorted(CARDS_DIR.glob("*.yaml")):
         model = read_card(path)
@@ -104,7 +108,7 @@ def survey() -> list[list[str]]:
             for gib in SURVEY_GIB:
                 reserve._GRAPHS.clear()
                 backends = [BackendSpec("GPU0", "sim", gib * GiB, 32),
-                            BackendSpec("CPU", "cpu", MOE_RAM * GiB, 32)]
+                            BackendSpec("CPU", "cpu", MLA_RAM * GiB, 32)]
                 t0 = time.perf_counter()
                 r = fit_model(model, backends, ModelOptions(flash_attn=fa), GiB, 0,
                               ctx_auto=True)
@@ -125,7 +129,8 @@ def commands() -> list[list[str]]:
             # --ctx auto on the hybrid cards (issue 22) and the largest MoE card (issue 21)
             whole_command("qwen3.5-27b-q4_k_m.yaml", "8GiB", "auto"),
             whole_command("qwen3.5-35b-a3b-q4_k_m.yaml", "8GiB", "auto"),
-            whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "auto")]
+            whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "auto"),
+            whole_command("deepseek-v3-q4_k_m.yaml", "24GiB", "8192", MLA_RAM)]
 
 
 def main() -> None:
@@ -149,6 +154,7 @@ def main() -> None:
     rows = [one(*case) for case in cases]
     if not args.quick:
         rows += [one(*case, ram_gib=MOE_RAM) for case in MOE_CASES]
+        rows += [one(*case, ram_gib=MLA_RAM) for case in MLA_CASES]
     print(table(["card", "device", "ctx", "answer", "reserves", "seconds"], rows))
     if not args.quick:
         print("\nthe whole command, interpreter start included (best of 3):")

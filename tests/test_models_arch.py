@@ -37,7 +37,7 @@ def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
                                   "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
-                                  "qwen35moe"}
+                                  "qwen35moe", "deepseek2"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -67,6 +67,12 @@ REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                  "qwen35moe": {"expert_count": 8, "expert_used_count": 2},
                  "glm4moe": {"expert_count": 8, "expert_used_count": 2,
                              "expert_feed_forward_length": 32, "expert_shared_count": 1},
+                 "deepseek2": {"expert_count": 8, "expert_used_count": 2,
+                               "expert_feed_forward_length": 32, "expert_shared_count": 1,
+                               "attention.head_count_kv": 1, "attention.key_length": 48,
+                               "attention.value_length": 32, "rope.dimension_count": 16,
+                               "attention.q_lora_rank": 32, "attention.kv_lora_rank": 32,
+                               "attention.key_length_mla": 48, "attention.value_length_mla": 32},
                  "gemma4": {"attention.sliding_window_pattern": [True, False],
                             "attention.sliding_window": 64, "attention.key_length_swa": 16,
                             "attention.value_length_swa": 16,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ggmlrun import report
+from ggmlrun import __version__, report
 
 
 @functools.cache
@@ -98,7 +98,7 @@ def _prepare(graph_path: Path, backends_file: Path | None, policy: str = "ggml",
 def memory_size(text: str, option: str, sep: str = " ") -> int:
     """A memory size given on the command line. A bare number is bytes, but one under 1 MiB is
     surely a size without its unit (`--gpu 12` meaning 12 GiB): an error that suggests it."""
-    from ggmlrun.core.frontend.backends_file import SIZE_RE, parse_size
+    from ggmlrun.core.frontend.sizes import SIZE_RE, parse_size
     from ggmlrun.core.util.errors import InputError
 
     text = str(text).strip()
@@ -115,7 +115,7 @@ def memory_size(text: str, option: str, sep: str = " ") -> int:
 def _check_memory_specs(specs) -> None:
     """--memory NAME=SIZE: a size without NAME= (the user means "my GPU has 12 GiB") gets the
     plain way to say it; a bare size under 1 MiB is refused as memory_size refuses it."""
-    from ggmlrun.core.frontend.backends_file import SIZE_RE
+    from ggmlrun.core.frontend.sizes import SIZE_RE
     from ggmlrun.core.util.errors import InputError
 
     for spec in specs:
@@ -189,7 +189,9 @@ def _raise_unless_fits(sched, memory, fit) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ggmlrun")
+# the version from the package itself: asking the installed metadata (importlib.metadata,
+# email, ...) is ~10 ms of a `--version` that should cost nothing
+@click.version_option(version=__version__, package_name="ggmlrun")
 @DEBUG
 def cli():
     """See and run how a ggml compute graph is placed, sized and executed across devices."""

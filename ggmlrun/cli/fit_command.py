@@ -112,8 +112,7 @@ def _ngl_refused(value) -> None:
 def _parse_margins(text: str | None) -> tuple[int, int, dict[str, int]]:
     """Device and CPU margins, and per-backend ones (NAME=SIZE); unlike a memory size, a
     margin may be 0."""
-    from ggmlrun.core.frontend.backends_file import SIZE_RE, SIZE_UNITS
-    from ggmlrun.core.frontend.loader import parse_size
+    from ggmlrun.core.frontend.sizes import SIZE_RE, SIZE_UNITS, parse_size
     from ggmlrun.core.backends.spec import GiB
 
     def size(part: str) -> int:

@@ -8,7 +8,6 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.frontend.backends_file import load_backends
 from ggmlrun.cli.common import stdout, stderr, BACKENDS, JSON, DEBUG, emit_json, cli
 
 
@@ -19,6 +18,7 @@ from ggmlrun.cli.common import stdout, stderr, BACKENDS, JSON, DEBUG, emit_json,
 def ops(backends_file, as_json):
     """The op table, and which backends support each op."""
     from ggmlrun.core.backends.spec import default_backends
+    from ggmlrun.core.frontend.backends_file import load_backends
 
     backends = load_backends(backends_file) if backends_file else default_backends()
     if as_json:

@@ -21,7 +21,8 @@ from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import tn
+# check_tensors and default_kq_scale lived here; arch modules import them from base
+from ggmlrun.models.arch.base import check_tensors, default_kq_scale, tn  # noqa: F401
 from ggmlrun.models.graph_common import GraphBuilder, KVCache, LayerContext, build_attn_kv
 
 
@@ -505,31 +506,6 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                     rows_before_norm=arch.rows_before_norm)
 
 
-MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down
-
-
-def check_tensors(arch, hp, tensors: dict, where: str | None, table: dict | None = None) -> dict:
-    """Every tensor llama.cpp requires for the architecture, and every optional one present, in
-    the shape the hyperparameters give it (models/arch/base.py TensorSpec)."""
-    if hp.n_layer * MIN_LAYER_TENSORS > len(tensors):   # before listing a corrupt block_count's
-        raise InputError(f"block_count {hp.n_layer} needs at least "
-                         f"{hp.n_layer * MIN_LAYER_TENSORS} tensors but the model has "
-                         f"{len(tensors)}", file=where)
-    table = table if table is not None else arch.tensors(hp)
-    for name, spec in table.items():
-        info = tensors.get(name)
-        if info is None:
-            if spec.required is True or (isinstance(spec.required, str)
-                                         and spec.required not in tensors):
-                raise InputError(f"model lacks tensor '{name}', which a {arch.name} model "
-                                 f"needs", file=where)
-            continue
-        if info.shape != spec.shape:
-            raise InputError(f"tensor '{name}' has shape {list(info.shape)}; the model's "
-                             f"hyperparameters make it {list(spec.shape)}", file=where)
-    return table
-
-
 def rotation_inputs(b: GraphBuilder, hp, kv_type: str) -> dict[str, Tensor]:
     """llama_kv_cache's Hadamard rotations for a quantized cache (attn_rot_k / attn_rot_v): K
     rotates by the largest power of two from 64 up dividing the head size, V by 64."""
@@ -562,7 +538,9 @@ def rope_params(hp) -> dict:
             return 1.0 if scale <= 1.0 else f32(0.1 * m * np.log(np.float32(scale)) + 1.0)
 
         if hp.rope_yarn_log_mul:
-            attn_factor = f32(mscale(factor, 1.0) / mscale(factor, hp.rope_yarn_log_mul))
+            # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: deepseek2's mscale is mscale_all_dims too
+            m = hp.rope_yarn_log_mul if getattr(hp, "yarn_mscale_all_dims", False) else 1.0
+            attn_factor = f32(mscale(factor, m) / mscale(factor, hp.rope_yarn_log_mul))
         else:
             attn_factor = mscale(factor, 1.0)
         attn_factor = f32(attn_factor * f32(1.0 / (1.0 + 0.1 * np.log(np.float32(factor)))))
@@ -577,7 +555,3 @@ def rope_freqs_layers(hp) -> tuple[int, ...]:
     (every layer, or gemma4's full-attention ones: hp.rope_freqs_layers)."""
     layers = getattr(hp, "rope_freqs_layers", None)
     return tuple(layers) if layers is not None else tuple(range(hp.n_layer))
-
-
-def default_kq_scale(hp) -> float:
-    return 1.0 / math.sqrt(float(hp.n_embd_head_k))

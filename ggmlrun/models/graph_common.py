@@ -15,10 +15,10 @@ src/models/.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from ggmlrun.core.ir.graph import Graph, Tensor, contiguous_strides
-from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.ir.types import TYPES
 
 
@@ -31,9 +31,18 @@ def row_size(dtype: str, n: int) -> int:
     return TYPES[dtype].row_bytes(n)
 
 
+@functools.cache
+def _op_registry() -> dict:
+    """The op registry (every op module), imported when the first node is built: the
+    architecture modules import this one, and reading a model's header must not pay for it."""
+    from ggmlrun.core.ir.ops import OPS
+
+    return OPS
+
+
 def _params(op: str, params: dict) -> dict:
     """Params as the op registry declares them (defaults filled in); unknown ops keep theirs."""
-    spec = OPS.get(op)
+    spec = _op_registry().get(op)
     if spec is None:
         return params
     out = {k: v for k, v in spec.params.items()}
@@ -224,6 +233,11 @@ class KVCache:
         self.v[il] = GraphBuilder.leaf(f"cache_v_l{il}", (ns, self.kv_size, n_embd_v_gqa),
                                        self.kv_type, role="weight")
 
+    def add_k_layer(self, il: int, n_embd_k_gqa: int) -> None:
+        """An MLA layer (llama_hparams::is_mla): K rows only; V is a view of them."""
+        shape = (self.n_stream, self.kv_size, n_embd_k_gqa)
+        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", shape, self.kv_type, role="weight")
+
     def _all_streams(self, b: GraphBuilder, cache: Tensor) -> Tensor:
         """Several streams: the cache as one 2-D buffer (the row indices are global)."""
         if self.n_stream == 1:
@@ -309,8 +323,25 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
         n_head_kv = k_cur.shape[-2]
         k = cache.get_k(b, il, n_kv, n_head_kv, hd)
         v = cache.get_v(b, il, n_kv, n_head_kv, v_cur.shape[-1])
-    mask = inputs["kq_mask"]
-    ns = cache.n_stream                  # the batch split into streams (one per sequence)
+    cur = build_attn_mha(ctx, q_cur, k, v, inputs["kq_mask"], kq_scale, il, cache.n_stream,
+                         v_trans=cache.v_trans, sinks=sinks)
+    b.cb(cur, "kqv_out", il)
+    if v_rot is not None:
+        cur = mul_mat_hadamard(ctx, cur, v_rot)
+    return cur if wo is None else ctx.mul_mat(wo, cur)
+
+
+def build_attn_mha(ctx: LayerContext, q_cur: Tensor, k: Tensor, v: Tensor, mask: Tensor,
+                   kq_scale: float, il: int, ns: int, v_trans: bool,
+                   v_mla: Tensor | None = None, sinks: Tensor | None = None) -> Tensor:
+    """llm_graph_context::build_attn_mha over cache views k and v ([ns, n_kv, heads, hd]; v
+    transposed when `v_trans`): Q split into the `ns` streams, then flash attention or
+    KQ, soft_max, KQV. A V that is not transposed (MLA's view of K) is copied transposed
+    first (v_cont) without flash attention; `v_mla` (MLA's attn_v_b, [n_head, v_head,
+    kv_lora]) decompresses each head's output (kqv_mla, or fattn_mla after flash attention);
+    `sinks` (gpt-oss) is the extra source of flash attention and soft_max."""
+    b = ctx.b
+    T, n_head, hd = q_cur.shape[-3:]
     q = b.view(q_cur, (ns, T // ns, n_head, hd),
                (q_cur.strides[-3] * (T // ns), *q_cur.strides[-3:]))
     q = b.permute(q, (0, 2, 1, 3))
@@ -324,21 +355,45 @@ def build_attn_kv(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], 
         srcs = [q, k, v, mask] + ([sinks] if sinks is not None else [])
         cur = b.op("flash_attn_ext", srcs, (ns, T // ns, n_head, dv), scale=kq_scale,
                    max_bias=0.0, logit_softcap=0.0, prec="f32")
-        cur = b.reshape(cur, (T, n_head * dv))
+        if v_mla is not None:
+            cur = b.permute(cur, (0, 2, 1, 3))
+            cur = b.cb(ctx.mul_mat(v_mla, cur), "fattn_mla", il)
+            cur = b.cont(b.permute(cur, (0, 2, 1, 3)))
+        cur = b.reshape(cur, (T, n_head * cur.shape[-1]))
     else:
         kq = b.cb(ctx.mul_mat(k, q), "kq", il)
         srcs = [kq, mask] + ([sinks] if sinks is not None else [])
         kq = b.cb(b.op("soft_max", srcs, kq.shape, scale=kq_scale, max_bias=0.0),
                   "kq_soft_max", il)
+        if not v_trans:
+            v = b.cb(b.cont(b.transpose(v)), "v_cont", il)
         kqv = b.cb(ctx.mul_mat(v, kq), "kqv", il)
+        if v_mla is not None:
+            kqv = b.cb(ctx.mul_mat(v_mla, kqv), "kqv_mla", il)
         cur = b.permute(kqv, (0, 2, 1, 3))
         cur = b.cont(cur, (T, n_head * kqv.shape[-1]))
         b.kqv_outs.append(cur)      # pinned to the CPU under --no-kv-offload
     b.expand(cur)
+    return cur
+
+
+def build_attn_k(ctx: LayerContext, cache: KVCache, inputs: dict[str, Tensor], wo: Tensor,
+                 q_cur: Tensor, k_cur: Tensor, v_cur: Tensor, v_mla: Tensor | None,
+                 kq_scale: float, il: int) -> Tensor:
+    """llm_graph_context::build_attn for llm_graph_input_attn_k (MLA's K-only cache): Q, V,
+    K expanded in that order, only K stored, V read as a view of the first v_cur-width values
+    of each cached K row, then build_attn_mha with `v_mla` and wo."""
+    b = ctx.b
+    for t in (q_cur, v_cur, k_cur):
+        b.expand(t)
+    b.expand(cache.cpy_k(b, k_cur, inputs["k_idxs"], il))
+    hd, dv = k_cur.shape[-1], v_cur.shape[-1]
+    k = cache.get_k(b, il, ctx.n_kv, k_cur.shape[-2], hd)
+    v = b.view(k, (*k.shape[:-1], dv), k.strides)
+    cur = build_attn_mha(ctx, q_cur, k, v, inputs["kq_mask"], kq_scale, il, cache.n_stream,
+                         v_trans=False, v_mla=v_mla)
     b.cb(cur, "kqv_out", il)
-    if v_rot is not None:
-        cur = mul_mat_hadamard(ctx, cur, v_rot)
-    return cur if wo is None else ctx.mul_mat(wo, cur)
+    return ctx.mul_mat(wo, cur)
 
 
 def rs_inputs(b: GraphBuilder, n_rs: int, n_seqs: int) -> dict[str, Tensor]:

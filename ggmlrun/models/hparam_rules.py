@@ -43,6 +43,9 @@ MAX_EPS = 1.0                     # an rms_norm eps past this is no longer "smal
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")    # LLAMA_ROPE_SCALING_TYPES
 # architectures whose graph rotates the whole head (llama.cpp: n_rot == n_embd_head)
 FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3", "qwen3moe")
+# architectures whose cached key and value differ in size (MLA: K is kv_lora_rank plus the
+# rotated part, V the first kv_lora_rank values of the same row)
+MLA_HEADS = ("deepseek2",)
 
 # Weight types a card may give a tensor: those ggmlrun has a kernel for (f32/f16/bf16 and the
 # block types core/ir/types.decode_blocks decodes) and llama.cpp loads as weights. Not the
@@ -139,6 +142,12 @@ RULES: dict[str, Rule] = {
     "rope.dimension_sections": Rule("u32arr", 0, MAX_DIM, why="up to 4 section sizes"),
     "attention.recurrent_layers": Rule("boolarr", why="one per layer: recurrent or not"),
     "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="MTP / NextN blocks"),
+    # deepseek2's multi-head latent attention: the low-rank Q (0: none, the lite variant) and
+    # KV compressions, and the per-head sizes Q/K and V decompress to
+    "attention.q_lora_rank": Rule("u32", 0, MAX_DIM, why="0: no Q compression"),
+    "attention.kv_lora_rank": Rule("u32"),
+    "attention.key_length_mla": Rule("u32"),
+    "attention.value_length_mla": Rule("u32"),
 }
 VOCAB_LIST = "tokenizer.ggml.tokens"     # its length is the vocabulary when vocab_size is absent
 
@@ -352,7 +361,8 @@ def check_heads(arch: str, *, n_embd: int, n_head: int, n_head_kv: int, head_k: 
                               f"{name('rope.dimension_count')} {n_rot} must equal the head "
                               f"size {head_k} for {arch} (llama.cpp: invalid n_rot, or its "
                               f"graph's assert)")
-    if head_v != head_k:      # every registered graph asserts n_embd_head_v == n_embd_head_k
+    # every other registered graph asserts n_embd_head_v == n_embd_head_k
+    if head_v != head_k and arch not in MLA_HEADS:
         raise HParamError("attention.value_length",
                           f"{name('attention.value_length')} {head_v} must equal the key "
                           f"head size {head_k} for {arch}")

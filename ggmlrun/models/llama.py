@@ -7,9 +7,13 @@ order and their names are llama.cpp's: a change here should be read against that
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors
-from ggmlrun.models.decoder import Decoder, ModelGraph, build_graph, default_kq_scale  # noqa: F401
+from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors, default_kq_scale
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder, ModelGraph
 
 
 def tensors(hp):
@@ -46,4 +50,6 @@ ARCH = Arch(name="llama", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build
 def build_llama(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                 flash_attn: bool, kv_type: str) -> ModelGraph:
     """The graph of any registered architecture (the name stays for its callers)."""
+    from ggmlrun.models.decoder import build_graph
+
     return build_graph(model, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type)

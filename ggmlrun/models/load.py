@@ -8,11 +8,12 @@ errors keep their lines.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ggmlrun.core.frontend.yamlfile import read_yaml
-from ggmlrun.core.ir.graph import Graph
-from ggmlrun.models.cards import card_model, is_card
 from ggmlrun.models.modelfile import ModelFile, is_gguf, read_gguf
+
+if TYPE_CHECKING:
+    from ggmlrun.core.ir.graph import Graph
 
 
 def load_input(path: Path) -> Graph | ModelFile:
@@ -30,6 +31,10 @@ def load_model(path: Path) -> ModelFile | None:
     if path.is_file() and is_gguf(path):
         return read_gguf(path)
     if path.is_file() and _looks_like_card(path):
+        # a card's reader (and the YAML parser) only for a card: a GGUF file needs neither
+        from ggmlrun.core.frontend.yamlfile import read_yaml
+        from ggmlrun.models.cards import card_model, is_card
+
         data, doc = read_yaml(path)
         if is_card(data):
             return card_model(data, doc, path)

@@ -109,7 +109,7 @@ def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: 
     """Every tensor llama.cpp requires for the architecture, in the shape the hyperparameters
     give it, and no other: llama.cpp's loader counts the tensors it made against the file's
     ("wrong number of tensors"), so a tensor the architecture does not load is refused too."""
-    from ggmlrun.models.decoder import check_tensors as check
+    from ggmlrun.models.arch.base import check_tensors as check
 
     spec = get_arch(arch, where)
     table = check(spec, hparams, tensors, where)

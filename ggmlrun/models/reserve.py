@@ -107,7 +107,9 @@ def apply_placement(mg: ModelGraph, placement: Placement, backends: list[Backend
         leaf.backend = names[copies[il]]
     for cache in mg.caches:              # each layer's K/V where its layer is (full or SWA)
         for il, leaf in cache.k.items():
-            leaf.backend = cache.v[il].backend = names[placement.kv[il]]
+            for t in (leaf, cache.v.get(il)):     # MLA: K only
+                if t is not None:
+                    t.backend = names[placement.kv[il]]
     for il, leaf in mg.cache.r.items():       # the recurrent state: where the KV would be
         leaf.backend = mg.cache.s[il].backend = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
@@ -222,7 +224,7 @@ def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec],
             continue
         for il, k in cache.k.items():
             b = placement.kv[il]
-            for t in (k, cache.v[il]):
+            for t in (k, cache.v[il]) if il in cache.v else (k,):    # MLA: K only
                 spec = backends[b]
                 sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
     return sizes

@@ -69,7 +69,9 @@ def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa:
     (llama_kv_cache's set_input_k_idxs / v_idxs / kq_mask): a causal mask over its n_kv cells,
     and with `n_swa` the standard sliding window too (is_masked_swa: p1 - p0 >= n_swa)."""
     cells = np.arange(p0, p0 + T, dtype=np.int64)
-    if inp["v_idxs"].shape[0] == T:
+    if "v_idxs" not in inp:       # MLA: the K-only cache
+        v_idxs = None
+    elif inp["v_idxs"].shape[0] == T:
         v_idxs = cells
     else:       # transposed V: one row per element, element e of token t at e * kv_size + t
         v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
@@ -81,8 +83,11 @@ def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa:
     mask = np.where(keep, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
     mask_t = inp["kq_mask"]
     rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
-    return {**rotations, inp["k_idxs"]: cells, inp["v_idxs"]: v_idxs,
-            mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape)}
+    out = {**rotations, inp["k_idxs"]: cells,
+           mask_t: mask.astype(mask_t.np_dtype).reshape(mask_t.shape)}
+    if v_idxs is not None:
+        out[inp["v_idxs"]] = v_idxs
+    return out
 
 
 def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,

@@ -62,6 +62,10 @@ class TinyModel:
     expert_scale: bool = False # gemma4: the down experts' per-expert scale (ffn_down_exps.scale)
     expert_type: str = ""      # the experts' type where it differs (gpt-oss: mxfp4)
     n_ff_shexp: int = 0        # qwen35moe: expert_shared_feed_forward_length written when set
+    # deepseek2's MLA: (q_lora_rank, kv_lora_rank, nope head size, value head size); probs_b:
+    # the routers' selection bias (exp_probs_b)
+    mla: tuple = ()
+    probs_b: bool = False
 
     @property
     def n_embd_head(self) -> int:
@@ -211,6 +215,29 @@ MODELS = [
     TinyModel("tiny-qwen35moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=96, seed=18,
               arch="qwen35moe", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), n_layer=5,
               nextn=1, n_expert=8, n_expert_used=2, n_ff_exp=32),
+    # deepseek2 (DeepSeek-V3's shape, small): MLA with Q compressed to 32 and K/V to 32, heads
+    # of 32 + 16 rotated (the cache row 48), V heads of 32; layer 0 dense, then 8 experts of
+    # 32 (2 used) beside one shared expert. The f16 file has V3's sigmoid gates with a selection
+    # bias, normalised weights scaled by 2.5 and YaRN (factor 4 over 512, V2-Lite's mscale_all_dim
+    # 0.707); the q8_0 one has no gating key (llama.cpp then picks softmax, as for V2's files)
+    TinyModel("tiny-deepseek2-f16", "f16", n_embd=64, n_head=4, n_head_kv=1, n_ff=128, seed=17,
+              arch="deepseek2", n_expert=8, n_expert_used=2, n_ff_exp=32, n_expert_shared=1,
+              dense_lead=1, n_rot=16, mla=(32, 32, 32, 32), probs_b=True,
+              metadata=(("expert_weights_scale", 2.5), ("expert_weights_norm", True),
+                        ("expert_gating_func", 2), ("rope.scaling.type", "yarn"),
+                        ("rope.scaling.factor", 4.0),
+                        ("rope.scaling.original_context_length", 512),
+                        ("rope.scaling.yarn_log_multiplier", 0.0707))),
+    TinyModel("tiny-deepseek2-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=128,
+              seed=18, arch="deepseek2", n_expert=8, n_expert_used=2, n_ff_exp=32,
+              n_expert_shared=1, dense_lead=1, n_rot=16, mla=(32, 32, 32, 32),
+              metadata=(("expert_weights_norm", True),)),
+    # the lite variant (DeepSeek-V2-Lite's shape): q_lora_rank 0, so a plain attn_q; 2 shared
+    # experts, weights neither normalised nor scaled, softmax gating, no selection bias
+    TinyModel("tiny-deepseek2-lite-f16", "f16", n_embd=64, n_head=4, n_head_kv=1, n_ff=128,
+              seed=19, arch="deepseek2", n_expert=8, n_expert_used=2, n_ff_exp=32,
+              n_expert_shared=2, dense_lead=1, n_rot=16, mla=(0, 32, 32, 32),
+              metadata=(("expert_gating_func", 1),)),
 ]
 
 # gpt-oss (gpt-oss-20b in miniature): Q/K/V/O biases, attention sinks, every other layer
@@ -368,8 +395,51 @@ def gemma4_experts(m: TinyModel, i: int, shapes: dict) -> None:
     shapes[f"blk.{i}.ffn_down_exps.weight"] = (m.n_expert, m.n_embd, m.n_ff_exp)
 
 
+def deepseek2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """deepseek2's tensors (llama_model_deepseek2::load_arch_tensors order), NumPy order."""
+    q_lora, kv_lora, nope, v_head = m.mla
+    n, h = m.n_embd, m.n_head
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, n)}
+    for i in range(m.n_layer):
+        shapes[f"blk.{i}.attn_norm.weight"] = (n,)
+        if q_lora:
+            shapes[f"blk.{i}.attn_q_a_norm.weight"] = (q_lora,)
+        shapes[f"blk.{i}.attn_kv_a_norm.weight"] = (kv_lora,)
+        if q_lora:
+            shapes[f"blk.{i}.attn_q_a.weight"] = (q_lora, n)
+            shapes[f"blk.{i}.attn_q_b.weight"] = (h * (nope + m.n_rot), q_lora)
+        else:
+            shapes[f"blk.{i}.attn_q.weight"] = (h * (nope + m.n_rot), n)
+        shapes[f"blk.{i}.attn_kv_a_mqa.weight"] = (kv_lora + m.n_rot, n)
+        shapes[f"blk.{i}.attn_k_b.weight"] = (h, kv_lora, nope)
+        shapes[f"blk.{i}.attn_v_b.weight"] = (h, v_head, kv_lora)
+        shapes[f"blk.{i}.attn_output.weight"] = (n, h * v_head)
+        shapes[f"blk.{i}.ffn_norm.weight"] = (n,)
+        if i < m.dense_lead:
+            shapes[f"blk.{i}.ffn_gate.weight"] = (m.n_ff, n)
+            shapes[f"blk.{i}.ffn_down.weight"] = (n, m.n_ff)
+            shapes[f"blk.{i}.ffn_up.weight"] = (m.n_ff, n)
+            continue
+        shapes[f"blk.{i}.ffn_gate_inp.weight"] = (m.n_expert, n)
+        if m.probs_b:
+            shapes[f"blk.{i}.exp_probs_b.bias"] = (m.n_expert,)
+        shapes[f"blk.{i}.ffn_down_exps.weight"] = (m.n_expert, n, m.n_ff_exp)
+        shapes[f"blk.{i}.ffn_gate_exps.weight"] = (m.n_expert, m.n_ff_exp, n)
+        shapes[f"blk.{i}.ffn_up_exps.weight"] = (m.n_expert, m.n_ff_exp, n)
+        n_sh = m.n_ff_exp * m.n_expert_shared
+        shapes[f"blk.{i}.ffn_gate_shexp.weight"] = (n_sh, n)
+        shapes[f"blk.{i}.ffn_down_shexp.weight"] = (n, n_sh)
+        shapes[f"blk.{i}.ffn_up_shexp.weight"] = (n_sh, n)
+    shapes["output_norm.weight"] = (n,)
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    return shapes
+
+
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    if m.arch == "deepseek2":
+        return deepseek2_shapes(m)
     if m.arch in ("qwen35", "qwen35moe"):
         return qwen35_shapes(m)
     if m.arch == "gemma4":
@@ -536,6 +606,14 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     if m.head_dim:
         writer.add_key_length(m.head_dim)
         writer.add_value_length(m.head_dim)
+    if m.mla:              # the MLA cache row: kv_lora_rank + the rotated part; V within it
+        q_lora, kv_lora, nope, v_head = m.mla
+        writer.add_key_length(kv_lora + m.n_rot)
+        writer.add_value_length(kv_lora)
+        writer.add_key_length_mla(nope + m.n_rot)
+        writer.add_value_length_mla(v_head)
+        writer.add_q_lora_rank(q_lora)
+        writer.add_kv_lora_rank(kv_lora)
     writer.add_rope_dimension_count(m.n_rot or m.n_embd_head)
     if m.ssm:
         d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
@@ -558,6 +636,9 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_expert_feed_forward_length(m.n_ff_exp)
     if m.n_ff_shexp:
         writer.add_expert_shared_feed_forward_length(m.n_ff_shexp)
+    if m.arch == "deepseek2":
+        writer.add_expert_shared_count(m.n_expert_shared)
+        writer.add_leading_dense_block_count(m.dense_lead)
     if m.arch == "glm4moe":
         writer.add_expert_shared_count(m.n_expert_shared)
         writer.add_leading_dense_block_count(m.dense_lead)

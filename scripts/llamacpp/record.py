@@ -48,7 +48,8 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
           "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
           "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0",
-          "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0"]
+          "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0",
+          "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16"]
 GPT_OSS_MODELS = ["tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4"]
 MODELS += GPT_OSS_MODELS
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
@@ -86,7 +87,9 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-gpt-oss-mxfp4/c256/ub32/fa1/nglall/ot-exps-cpu",
                  # qwen35moe: the shared expert's gate beside the routed experts
                  "tiny-qwen35moe-f16/c256/ub32/fa0/ngl2",
-                 "tiny-qwen35moe-q8_0/c256/ub32/fa0/nglall/ot-exps-cpu"}
+                 "tiny-qwen35moe-q8_0/c256/ub32/fa0/nglall/ot-exps-cpu",
+                 # deepseek2: MLA's K-only cache, v_cont / kqv_mla and fattn_mla
+                 "tiny-deepseek2-f16/c256/ub32/fa0/nglall", "tiny-deepseek2-q8_0/c256/ub32/fa1/ngl2"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -204,6 +207,14 @@ EXTRAS: list[tuple[str, str, dict]] = [
                          ("n-cpu-moe2", {"n_cpu_moe": 2}),
                          ("", {"ngl": 1}),
                          ("", {"ngl": 3}))
+] + [
+    # deepseek2 (MLA): the experts on the CPU with every layer offloaded, both attentions
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-deepseek2-f16", "tiny-deepseek2-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}),
+                         ("nkvo", {"no_kv_offload": True}))
 ]
 EXTRAS += [
     # gemma4 with experts: the fused gate/up experts and their per-expert scale on the CPU

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.core.frontend.backends_file import parse_size
-from ggmlrun.core.ir.graph import Graph
 from ggmlrun.core.util import host
 from ggmlrun.core.util.errors import InputError, did_you_mean
+from ggmlrun.core.frontend.sizes import parse_size
+
+if TYPE_CHECKING:     # every command parses its options here: no graph, op table or YAML parser
+    from ggmlrun.core.backends.spec import BackendSpec
+    from ggmlrun.core.ir.graph import Graph
 
 NO_OFFLOAD = sys.maxsize   # a batch no op reaches: ggml's op_offload = false
 

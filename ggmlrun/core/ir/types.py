@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ggmlrun.core.util.lazynumpy import np
-from ggmlrun.core.ir.blockdecode import decode_fast
 
 # NumPy holds these directly (by its names for them); bf16 and the block types have no dtype.
 _NUMPY = {"f32": "float32", "f16": "float16", "f64": "float64", "i8": "int8", "i16": "int16",
@@ -59,6 +58,7 @@ class GgmlType:
         return self.row_bytes(math.prod(shape))
 
 
+@functools.cache
 def gguf_constants():
     """gguf's `constants` module alone: importing it the usual way runs the gguf package's
     __init__, which also loads its GGUF reader and writer, vocab and metadata code (30-40 ms of
@@ -66,7 +66,8 @@ def gguf_constants():
     its file under a private name; the type table and the architectures' tensor names
     (models/arch/base.py) are all that is taken from it, and the codecs below import gguf
     properly. Where gguf is already imported, or its file is not where its spec says, the usual
-    import."""
+    import. Made once per process (cached): the type table here and the tensor tables share one
+    copy, where each run of the file makes its ~600 enum members again (~10 ms)."""
     if "gguf.constants" not in sys.modules:
         name = "_ggmlrun_gguf_constants"
         try:
@@ -110,6 +111,8 @@ def ggml_type(name: str) -> GgmlType:
 
 def decode_blocks(raw: np.ndarray, name: str) -> np.ndarray:
     """Bytes of whole rows of type `name` (rows in the last axis) -> their values (f32)."""
+    from ggmlrun.core.ir.blockdecode import decode_fast   # weights only: headers never decode
+
     fast = decode_fast(raw, name)
     if fast is not None:
         return fast

@@ -32,6 +32,7 @@ _MODULES = {
     "qwen35": "ggmlrun.models.arch.qwen35",
     "gpt-oss": "ggmlrun.models.arch.gpt_oss",
     "qwen35moe": "ggmlrun.models.arch.qwen35moe",
+    "deepseek2": "ggmlrun.models.arch.deepseek2",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ggmlrun.core.ir.types import gguf_constants
+from ggmlrun.core.util.errors import InputError
 
 # gguf's tables without the gguf package's start-up (core/ir/types.py says why)
 _CONSTANTS = gguf_constants()
@@ -90,6 +92,11 @@ def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None 
         raise KeyError(f"gguf lists no {tensor.name} tensor for architecture {arch}")
     base = TENSOR_NAMES[tensor]
     return (base.format(bid=bid) if bid is not None else base) + ("." + suffix if suffix else "")
+
+
+def default_kq_scale(hp) -> float:
+    """llama.cpp's kq_scale for most architectures: 1/sqrt(head size)."""
+    return 1.0 / math.sqrt(float(hp.n_embd_head_k))
 
 
 T = MODEL_TENSOR
@@ -167,3 +174,28 @@ def moe_tensors(hp, name, il: int) -> dict[str, TensorSpec]:
             name(T.FFN_GATE_EXP, bid=il): TensorSpec((n_exp, n_ff_exp, n_embd)),
             name(T.FFN_DOWN_EXP, bid=il): TensorSpec((n_exp, n_embd, n_ff_exp)),
             name(T.FFN_UP_EXP, bid=il): TensorSpec((n_exp, n_ff_exp, n_embd))}
+
+
+MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down
+
+
+def check_tensors(arch, hp, tensors: dict, where: str | None, table: dict | None = None) -> dict:
+    """Every tensor llama.cpp requires for the architecture, and every optional one present, in
+    the shape the hyperparameters give it (TensorSpec above)."""
+    if hp.n_layer * MIN_LAYER_TENSORS > len(tensors):   # before listing a corrupt block_count's
+        raise InputError(f"block_count {hp.n_layer} needs at least "
+                         f"{hp.n_layer * MIN_LAYER_TENSORS} tensors but the model has "
+                         f"{len(tensors)}", file=where)
+    table = table if table is not None else arch.tensors(hp)
+    for name, spec in table.items():
+        info = tensors.get(name)
+        if info is None:
+            if spec.required is True or (isinstance(spec.required, str)
+                                         and spec.required not in tensors):
+                raise InputError(f"model lacks tensor '{name}', which a {arch.name} model "
+                                 f"needs", file=where)
+            continue
+        if info.shape != spec.shape:
+            raise InputError(f"tensor '{name}' has shape {list(info.shape)}; the model's "
+                             f"hyperparameters make it {list(spec.shape)}", file=where)
+    return table

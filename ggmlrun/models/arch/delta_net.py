@@ -20,7 +20,6 @@ from ggmlrun.core.util.lazynumpy import np     # graph building only: headers lo
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import TensorSpec, tn
-from ggmlrun.models.graph_common import build_attn_kv, build_rs, rs_inputs
 from ggmlrun.models.hparams import LlamaHParams
 
 ROPE_TYPE_IMROPE = 40    # LLAMA_ROPE_TYPE_IMROPE (GGML_ROPE_TYPE_IMROPE)
@@ -169,6 +168,8 @@ def ssm_a(d, il: int):
 def memory_inputs(d) -> None:
     """build_inp_mem_hybrid's recurrent half: rs_s_copy and its views (the ubatch's n_seqs
     states; in a reserve the whole memory of max(1, n_seq_max) rows)."""
+    from ggmlrun.models.graph_common import rs_inputs
+
     d.inputs.update(rs_inputs(d.b, d.n_rs, d.n_seqs))
 
 
@@ -183,6 +184,8 @@ def linear_attn(d, cur, il: int):
     """build_layer_attn_linear: projections, the conv state through SSM_CONV, the fused gated
     delta net with the delta state, the gated norm and ssm_out; Tn tokens per sequence of the
     ubatch's ns sequences."""
+    from ggmlrun.models.graph_common import build_rs
+
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
     ns, S = d.n_seqs, hp.ssm_d_state
@@ -252,6 +255,8 @@ def linear_attn(d, cur, il: int):
 def gated_attn(d, cur, il: int):
     """build_layer_attn: Q and its gate from one doubled projection, Q/K head norms, IMROPE,
     attention over the KV cache, the output times sigmoid(gate), then wo."""
+    from ggmlrun.models.graph_common import build_attn_kv
+
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
     hd, Tn = hp.n_embd_head_k, d.T

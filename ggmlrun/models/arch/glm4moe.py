@@ -11,12 +11,15 @@ never loaded (TENSOR_SKIP) nor run, and without a KV cache (hparams.n_layer is t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, tn
-from ggmlrun.models.decoder import Decoder, default_kq_scale
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, default_kq_scale, tn
 from ggmlrun.models.hparams import LlamaHParams
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder
 
 GATING = {1: "softmax", 2: "sigmoid"}     # LLAMA_EXPERT_GATING_FUNC_TYPE_*
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, tn
 from ggmlrun.models.arch.gemma3 import read_swa
-from ggmlrun.models.decoder import Decoder
 from ggmlrun.models.hparams import LlamaHParams
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder
 
 # LLM_FFN_SWIGLU_OAI_MOE's constants (build_moe_ffn: "TODO: move to hparams?")
 SWIGLU_OAI = {"op": "swiglu_oai", "alpha": 1.702, "limit": 7.0}

@@ -8,12 +8,15 @@ log multiplier (the rope scaling itself is every architecture's: models/decoder.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors
 from ggmlrun.models import llama
-from ggmlrun.models.decoder import Decoder
 from ggmlrun.models.hparams import LlamaHParams
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder
 
 
 @dataclass(frozen=True)

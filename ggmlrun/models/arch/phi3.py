@@ -7,10 +7,13 @@ copy in each layer's buffer. The residual adds are (residual + FFN), in llama.cp
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors
-from ggmlrun.models.decoder import Decoder
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder
 
 
 def tensors(hp):

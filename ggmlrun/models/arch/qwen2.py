@@ -4,9 +4,13 @@ output tied to token_embd when the file has no output.weight (the small Qwen2.5 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors
-from ggmlrun.models.decoder import Decoder, default_kq_scale
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, default_kq_scale
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder
 
 
 def tensors(hp):

@@ -7,12 +7,15 @@ experts of expert_feed_forward_length (default feed_forward_length / expert_used
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import qwen3
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, moe_tensors
-from ggmlrun.models.decoder import Decoder
 from ggmlrun.models.hparams import LlamaHParams
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.decoder import Decoder
 
 
 @dataclass(frozen=True)

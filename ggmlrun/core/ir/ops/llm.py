@@ -136,6 +136,23 @@ def _fa_tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> bool:
             and type_of(q) == "f32")
 
 
+def _dot(q32: np.ndarray, k32: np.ndarray, tiled: bool) -> np.ndarray:
+    """q·kᵀ: in f32 on the tiled path; on the per-row path in f64, rounded once to f32, as
+    ggml_vec_dot_f16 sums a row shorter than its SIMD step (64 values on AVX-512) in double;
+    a q8_0 cache's per-block sums come closer to that than to an f32 matmul's order too (the
+    recorded logits: docs/format.md)."""
+    if tiled:
+        return np.matmul(q32, k32.T)
+    return np.matmul(q32.astype(np.float64), k32.T.astype(np.float64)).astype(F32)
+
+
+def _expf(x: np.ndarray) -> np.ndarray:
+    """libm's expf, as ggml-cpu's per-row path calls it: exp in f64 rounded to f32 (glibc's
+    expf is correctly rounded but for rare cases; NumPy's f32 exp is off by an ulp often)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.exp(x.astype(np.float64)).astype(F32)
+
+
 def _with_sinks(acc: np.ndarray, best: np.ndarray, total: np.ndarray, sinks):
     """ggml-cpu's sinks after the last key: each row's sink logit s joins the running max and
     sum (acc scaled by exp(M - s) where s is the new max, else exp(s - M) added to the sum)."""
@@ -160,8 +177,8 @@ def _online_f16(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
         s = scores[..., ic:ic + 1]
         masked = np.isneginf(s)
         new_max = (s > best) & ~masked
-        ms = np.where(new_max, np.exp(best - s), F32(1)).astype(F32)
-        vs = np.where(new_max, F32(1), np.exp(s - best)).astype(F32)
+        ms = np.where(new_max, _expf(best - s), F32(1)).astype(F32)
+        vs = np.where(new_max, F32(1), _expf(s - best)).astype(F32)
         vs[masked] = 0
         best = np.where(new_max, s, best)
         if new_max.any():
@@ -206,7 +223,7 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
             k32 = to_f32(k[si, g])                                      # [KV, D]
             v32 = to_f32(v[si, g])                                      # [KV, Dv]
             heads = slice(g * group, (g + 1) * group)
-            scores = np.matmul(q32[si, heads], k32.T) * kq_scale        # [G, T, KV]
+            scores = _dot(q32[si, heads], k32, tiled) * kq_scale        # [G, T, KV]
             if logit_softcap:
                 scores = F32(logit_softcap) * np.tanh(scores)
             if mask32 is not None:
