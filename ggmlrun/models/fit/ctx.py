@@ -4,12 +4,11 @@ chosen: it fits, and 256 more cells were measured not to (or are past the traini
 Each guess is read off a model of every backend's bytes against the context, rebuilt from all
 the reserves so far: the cells of the full caches are exactly linear in the context (their
 bytes per cell are known from any reserve), and the rest (the compute buffer, an SWA cache up to
-its window, a hybrid model's recurrent state) never shrinks with it. The compute buffer stays
-flat while the context is short and then grows with the attention scores (n_kv x n_ubatch per
-head), so the rest is modelled as flat from the largest context known to fit and, below a
-context known to miss, as a line down from it: the slope of the last two distinct
-measurements there, or while only one shows growth, its compute buffer in proportion to the
-context (the scores' shape). The first guess is therefore the KV bound itself (nothing measured
+its window, a hybrid model's recurrent state) is taken not to shrink with it. The compute
+buffer usually stays flat while the context is short and then grows with the attention scores
+(n_kv x n_ubatch per head), so the rest is modelled as flat from the largest context known to
+fit and, below a context known to miss, as a line down from it (its slope: backend_model). The
+first guess is therefore the KV bound itself (nothing measured
 grows yet): when it fits it is the answer in one reserve. Guesses only narrow a bracket (the
 largest context measured to fit, the smallest measured to miss), and after a few the bracket
 is bisected, so the answer stays exact whatever the model is worth.
