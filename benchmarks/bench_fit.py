@@ -11,6 +11,7 @@ per-shape graph cache is cleared first.
     python benchmarks/bench_fit.py --quick   # the 70B fixed-context row only
     python benchmarks/bench_fit.py --moe     # the MoE rows only
     python benchmarks/bench_fit.py --command # the whole commands only
+    python benchmarks/bench_fit.py --ctx-survey  # reserves of --ctx auto on every card
 """
 
 from __future__ import annotations
@@ -93,11 +94,42 @@ def whole_command(card: str, gpu: str, ctx: str, ram: int = MOE_RAM) -> list[str
     return [card, gpu, ctx, f"{best:.3f}", f"{best_cpu:.3f}"]
 
 
+SURVEY_GIB = (8, 12, 16, 24)
+
+
+def survey() -> list[list[str]]:
+    """`fit --ctx auto` on every bundled card at each of SURVEY_GIB, flash attention off and
+    on, with MLA_RAM of host memory (DeepSeek-V3's experts): the reserves in all and those of
+    the context phase (after -ngl / --n-cpu-moe)."""
+    rows = []
+    for path in sorted(CARDS_DIR.glob("*.yaml")):
+        model = read_card(path)
+        for fa in (False, True):
+            for gib in SURVEY_GIB:
+                reserve._GRAPHS.clear()
+                backends = [BackendSpec("GPU0", "sim", gib * GiB, 32),
+                            BackendSpec("CPU", "cpu", MLA_RAM * GiB, 32)]
+                t0 = time.perf_counter()
+                r = fit_model(model, backends, ModelOptions(flash_attn=fa), GiB, 0,
+                              ctx_auto=True)
+                seconds = time.perf_counter() - t0
+                first = next((i for i, (_, c) in enumerate(r.probes) if c != 4096),
+                             len(r.probes))
+                answer = f"-ngl {r.ngl} -c {r.ctx}" if r.fits else "nothing fits"
+                rows.append([path.stem, "on" if fa else "off", f"{gib} GiB", answer,
+                             str(len(r.probes)), str(len(r.probes) - first), f"{seconds:.2f}"])
+    return rows
+
+
 def commands() -> list[list[str]]:
     return [whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "8192"),
             whole_command("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "8192"),
             whole_command("qwen3-30b-a3b-q4_k_m.yaml", "12GiB", "8192"),
             whole_command("gemma-4-26b-a4b-q4_k_m.yaml", "12GiB", "32768"),
+            # --ctx auto on the hybrid cards (issue 22) and the largest MoE card (issue 21)
+            whole_command("qwen3.5-27b-q4_k_m.yaml", "8GiB", "auto"),
+            whole_command("qwen3.5-35b-a3b-q4_k_m.yaml", "8GiB", "auto"),
+            whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "auto"),
             whole_command("deepseek-v3-q4_k_m.yaml", "24GiB", "8192", MLA_RAM)]
 
 
@@ -107,8 +139,14 @@ def main() -> None:
     parser.add_argument("--moe", action="store_true")
     parser.add_argument("--command", action="store_true",
                         help="only the whole commands (the 1 s target on Qwen3-235B-A22B)")
+    parser.add_argument("--ctx-survey", action="store_true",
+                        help="reserves of --ctx auto on every card, 8-24 GiB, -fa off/on")
     args = parser.parse_args()
     print(f"fit on model cards ({machine()})")
+    if args.ctx_survey:
+        print(table(["card", "-fa", "device", "answer", "reserves", "ctx phase", "seconds"],
+                    survey()))
+        return
     if args.command:
         print(table(["card", "--gpu", "--ctx", "seconds", "CPU seconds"], commands()))
         return

@@ -22,8 +22,9 @@ several devices without a -ts, the split of the layers is searched with N (moe_s
 first N layers' experts are the first device's, so llama.cpp's split by memory can leave it
 nearly empty while the last device decides N.
 
-With `--ctx auto` the context is searched the same way (KV and compute grow with it; a context
-whose KV growth alone is too much is ruled out unmeasured), after -ngl: like llama.cpp's own
+With `--ctx auto` the context is searched the same way (guesses from a model of the bytes: KV
+exactly linear, the compute buffer flat and then growing; the edge always measured, fit/ctx.py),
+after -ngl: like llama.cpp's own
 `--fit`, layers come first down to a minimum context (4096), then the context grows as far as it
 fits with those layers.
 

@@ -1,37 +1,48 @@
 """The context search (`--ctx auto`): the largest multiple of 256 that fits with the layers
-chosen; a context whose KV growth alone is too much is ruled out unmeasured."""
+chosen: it fits, and 256 more cells were measured not to (or are past the training context).
+
+Each guess is read off a model of every backend's bytes against the context, rebuilt from all
+the reserves so far: the cells of the full caches are exactly linear in the context (their
+bytes per cell are known from any reserve), and the rest (the compute buffer, an SWA cache up to
+its window, a hybrid model's recurrent state) is taken not to shrink with it. The compute
+buffer usually stays flat while the context is short and then grows with the attention scores
+(n_kv x n_ubatch per head), so the rest is modelled as flat from the largest context known to
+fit and, below a context known to miss, as a line down from it (its slope: backend_model). The
+first guess is therefore the KV bound itself (nothing measured
+grows yet): when it fits it is the answer in one reserve. Guesses only narrow a bracket (the
+largest context measured to fit, the smallest measured to miss), and after a few the bracket
+is bisected, so the answer stays exact whatever the model is worth.
+
+The KV bound is only a guess, never a proof that a context misses: the compute buffer does not
+always grow with the context (llama-3-70b, -fa, -ngl 20: 339 MiB at 6144 cells, 315 MiB at
+7680), and a bound taken from 6144 once ruled out 8192, which fits."""
 
 from __future__ import annotations
 
 from ggmlrun.models.fit.core import CTX_STEP, FitBackend, Prober, all_fit
 
+GUESSES = 4                       # model guesses before the bracket is bisected
+
 
 def largest_ctx(probe: Prober, ngl: int, lo: int, top: int) -> int:
-    """The largest context (a multiple of 256) in [lo, top] that fits with `ngl`; lo fits.
-
-    A context is known to miss without a reserve when even its KV cache (exactly linear) on
-    top of a smaller context's compute buffer (which only grows with the context) is too much.
-    Otherwise the guess extrapolates the last two measurements linearly (with one, the compute
-    buffer is taken as proportional to the context, which it nearly is), and after three
-    guesses the bracket is bisected."""
+    """The largest context (a multiple of 256) in [lo, top] that fits with `ngl`; lo fits."""
     fit_lo, miss_hi = lo, top + CTX_STEP
-    points = [(lo, probe(ngl, lo))]
-    low_rows = points[0][1]
-    while True:
-        miss_hi = min(miss_hi, kv_bound(low_rows, fit_lo, miss_hi) + CTX_STEP)
-        if miss_hi - fit_lo <= CTX_STEP:
-            return fit_lo
-        if len(points) <= 3:
-            guess = ctx_guess(points[-2:])
+    points = {lo: probe(ngl, lo)}
+    guesses = 0
+    while miss_hi - fit_lo > CTX_STEP:
+        if guesses < GUESSES:     # never past where the KV growth alone is too much
+            guess = min(ctx_guess(points, fit_lo, miss_hi),
+                        kv_bound(points[fit_lo], fit_lo, miss_hi))
         else:
-            guess = (fit_lo + miss_hi) // 2
-        guess = min(max(guess // CTX_STEP * CTX_STEP, fit_lo + CTX_STEP), miss_hi - CTX_STEP)
-        here = probe(ngl, guess)
-        points.append((guess, here))
+            guess = (fit_lo + miss_hi) // 2 // CTX_STEP * CTX_STEP
+        guesses += 1
+        guess = min(max(guess, fit_lo + CTX_STEP), miss_hi - CTX_STEP)
+        here = points[guess] = probe(ngl, guess)
         if all_fit(here):
-            fit_lo, low_rows = guess, here
+            fit_lo = guess
         else:
             miss_hi = guess
+    return fit_lo
 
 
 def kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
@@ -50,16 +61,53 @@ def kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
     return ctx + max(steps, 0) * CTX_STEP
 
 
-def ctx_guess(points: list[tuple[int, list[FitBackend]]]) -> int:
-    """Where the first backend runs out, extrapolating its total linearly in the context."""
-    c1, rows1 = points[-1]
-    reach = float("inf")
-    for i, r1 in enumerate(rows1):
-        if len(points) > 1:
-            c0, r0 = points[-2][0], points[-2][1][i]
-            slope = (r1.total_bytes - r0.total_bytes) / (c1 - c0)
+def ctx_guess(points: dict[int, list[FitBackend]], fit_lo: int, miss_hi: int) -> int:
+    """The largest context strictly inside the bracket that the model says fits (fit_lo +
+    CTX_STEP when none does): the predicted free bytes only fall with the context, so the
+    edge is bisected on the model, which costs no reserve."""
+    lo, hi = fit_lo // CTX_STEP, (miss_hi - 1) // CTX_STEP
+    n_backends = len(points[fit_lo])
+    models = [backend_model(points, i, fit_lo) for i in range(n_backends)]
+    while hi > lo:
+        mid = (lo + hi + 1) // 2
+        if all(m(mid * CTX_STEP) for m in models):
+            lo = mid
         else:
-            slope = (r1.kv_bytes + r1.arena_bytes) / c1
-        if slope > 0:
-            reach = min(reach, c1 + r1.free_bytes / slope)
-    return int(min(reach, 2**40))
+            hi = mid - 1
+    return lo * CTX_STEP
+
+
+def backend_model(points: dict[int, list[FitBackend]], i: int, fit_lo: int):
+    """Whether backend i is predicted to fit at a context: linear KV exactly, the rest flat
+    from fit_lo, or on a line down from the nearest miss above. The line's slope: between two
+    misses that both grew, their chord (the growth the scores give); from a fit that already
+    grew past the smallest context, the chord to it; else the larger of that chord and the
+    miss's compute buffer in proportion to its context (the chord from a flat fit is too
+    shallow: the buffer grew only past some knee between them)."""
+    base = points[fit_lo][i]
+    per_cell = base.kv_linear / fit_lo
+    room = base.memory_bytes - base.margin_bytes
+    rest = {c: rows[i].total_bytes - rows[i].kv_linear for c, rows in points.items()}
+    ctxs = sorted(points)
+    first = ctxs[0]
+
+    def slope_below(m: int) -> float:
+        higher = [x for x in ctxs if x > m and rest[x] > rest[m]]
+        if higher:
+            return (rest[higher[0]] - rest[m]) / (higher[0] - m)
+        chord = (rest[m] - rest[fit_lo]) / (m - fit_lo)
+        if rest[fit_lo] > rest[first]:
+            return chord
+        return max(chord, points[m][i].arena_bytes / m)
+
+    def fits(c: int) -> bool:
+        above = [x for x in ctxs if x >= c]
+        guess = rest[fit_lo]                           # flat from the largest fit
+        if above and rest[above[0]] > rest[fit_lo]:
+            m = above[0]
+            guess = max(guess, rest[m] - slope_below(m) * (m - c))
+        elif not above and len(ctxs) > 1:              # past every measurement: the last slope
+            a, b = ctxs[-2], ctxs[-1]
+            guess = max(guess, rest[b] + (rest[b] - rest[a]) / (b - a) * (c - b))
+        return guess + per_cell * c <= room
+    return fits

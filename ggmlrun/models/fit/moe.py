@@ -30,7 +30,7 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
             probe.n_cpu_moe, probe.split = found
             return n_max
         probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
-        return device_ngl(probe, ctx, n_max, costs)
+        return device_ngl(probe, ctx, n_max, without_experts(costs, experts))
     miss_lo, fit_hi = lo, None            # devices miss at miss_lo; fit at fit_hi (None: unknown)
     last = (lo, rows)
     while not (fit_hi is not None and fit_hi - miss_lo <= 1) and miss_lo < n_layer:
@@ -52,7 +52,14 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
         probe.n_cpu_moe = fit_hi
         return n_max
     probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
-    return device_ngl(probe, ctx, n_max, costs)
+    return device_ngl(probe, ctx, n_max, without_experts(costs, experts))
+
+
+def without_experts(costs: dict[int, int], experts: dict[int, int]) -> dict[int, int]:
+    """What a layer moves once its experts are on the CPU anyway: the -ngl guess moving whole
+    layers' bytes (DeepSeek-V3: 6 GB of experts a layer) stepped one layer a reserve (37
+    reserves at 8 GiB)."""
+    return {il: c - experts.get(il, 0) for il, c in costs.items()}
 
 
 def moe_guess(n: int, rows: list[FitBackend], experts: dict[int, int], n_layer: int) -> int:
