@@ -29,6 +29,7 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, TENSOR_NAMES, Arch, TensorSpec, tn
+from ggmlrun.models.arch import glm4moe
 from ggmlrun.models.arch.glm4moe import GATING, Glm4MoeHParams
 from ggmlrun.models.hparam_rules import as_f32
 
@@ -245,15 +246,7 @@ _NEXTN_CARRIED = ("attn_norm.weight", "attn_q_a_norm.weight", "attn_kv_a_norm.we
 ARCH = Arch(name="deepseek2", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
             read_hparams=read_hparams,
             card_tensors=frozenset({"output.weight", "exp_probs_b.bias", *_NEXTN_CARRIED}),
-            card_hparams={"n_expert": ("expert_count", True, None),
-                          "n_expert_used": ("expert_used_count", True, None),
-                          "n_ff_exp": ("expert_feed_forward_length", True, None),
-                          "n_expert_shared": ("expert_shared_count", True, None),
-                          "n_layer_dense_lead": ("leading_dense_block_count", False, None),
-                          "n_layer_nextn": ("nextn_predict_layers", False, None),
-                          "expert_weights_scale": ("expert_weights_scale", False, None),
-                          "expert_weights_norm": ("expert_weights_norm", False, None),
-                          "expert_gating_func": ("expert_gating_func", False, None),
+            card_hparams={**glm4moe.ARCH.card_hparams,    # the same expert keys, then MLA's
                           "q_lora_rank": ("attention.q_lora_rank", False, None),
                           "kv_lora_rank": ("attention.kv_lora_rank", True, None),
                           "key_length_mla": ("attention.key_length_mla", True, None),
