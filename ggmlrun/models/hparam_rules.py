@@ -23,7 +23,9 @@ and positive (a freq_base of 0 or NaN makes rope's angles NaN, and so the logits
 dimensions at most MAX_DIM (2**24, past every real model: with at most 512 layers every
 tensor's and the whole model's byte count is then a 64-bit number, and a small card cannot ask
 for millions of layers' bookkeeping), heads dividing, head sizes positive, the rotary
-dimensions even.
+dimensions even; and, where a value is inverted or squared on the way to the logits (rope's
+base and scaling factor, the softcap, the attention factor), a range whose results stay finite
+in float32 (the fuzzer's denormal 1e-45 and 1e30 gave NaN logits with exit 0).
 """
 
 from __future__ import annotations
