@@ -127,7 +127,7 @@ def sweep_cards(tmp: Path, codes, bad):
 def main() -> int:
     what = sys.argv[1] if len(sys.argv) > 1 else ""
     if what not in ("gguf", "cards"):
-        print(__doc__.strip().splitlines()[3], file=sys.stderr)
+        print("usage: python3 scripts/sweep_hparams.py gguf|cards", file=sys.stderr)
         return 2
     ram.available_bytes = lambda: 8 << 30
     model_run.address_space = lambda: None
