@@ -23,7 +23,9 @@ and positive (a freq_base of 0 or NaN makes rope's angles NaN, and so the logits
 dimensions at most MAX_DIM (2**24, past every real model: with at most 512 layers every
 tensor's and the whole model's byte count is then a 64-bit number, and a small card cannot ask
 for millions of layers' bookkeeping), heads dividing, head sizes positive, the rotary
-dimensions even.
+dimensions even; and, where a value is inverted or squared on the way to the logits (rope's
+base and scaling factor, the softcap, the attention factor), a range whose results stay finite
+in float32 (the fuzzer's denormal 1e-45 and 1e30 gave NaN logits with exit 0).
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ MAX_DIM = 2**24                   # embedding, feed-forward, vocabulary, heads, 
 U32_MAX = 2**32 - 1               # llama.cpp's uint32_t fields (context length, -c, -ub)
 F32_MAX = 3.4028234663852886e38
 MAX_EPS = 1.0                     # an rms_norm eps past this is no longer "small"
+# a factor whose inverse a kernel takes (rope's 1/scaling factor, the softcap's 1/cap): at
+# least this, so the inverse and rope's angles at any uint32 position stay finite in float32
+# (1e-45 made freq_scale infinite and the logits NaN)
+MIN_INVERTED = 2.0**-20          # about 9.5e-7, exact in float32
+# rope's attention factor multiplies cos and sin, so Q.K by its square: 1e30 overflowed
+# float32 (NaN logits); YaRN's own, 0.1 ln(s) + 1, is under 10 for any float32 scale s
+MAX_ATTN_FACTOR = 100.0
+_BASE_WHY = ("a base under 1 makes rope's angles grow along the head, past float32 for a "
+             "small one")
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")    # LLAMA_ROPE_SCALING_TYPES
 # architectures whose graph rotates the whole head (llama.cpp: n_rot == n_embd_head)
 FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3", "qwen3moe")
@@ -65,8 +76,11 @@ class Rule:
     keep_array: bool = False      # get_arr: an array kept as one flag per layer (a pattern)
     choices: tuple = ()           # strings: the accepted values
     why: str = ""                 # what the range is for, in a message
+    or_zero: bool = False         # floats: 0 ("none") is accepted besides the range
 
     def range_text(self) -> str:
+        if self.or_zero:
+            return f"0 or a finite number >= {self.lo:g} and <= {self.hi:g}"
         if self.choices:
             return "one of " + ", ".join(self.choices)
         if self.kind == "bool":
@@ -88,9 +102,10 @@ RULES: dict[str, Rule] = {
     "attention.value_length": Rule("u32"),
     "rope.dimension_count": Rule("u32"),
     "vocab_size": Rule("u32"),
-    "rope.freq_base": Rule("f32", 0.0, F32_MAX, lo_open=True),
+    "rope.freq_base": Rule("f32", 1.0, F32_MAX, why=_BASE_WHY),
     "attention.layer_norm_rms_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
-    "rope.scaling.factor": Rule("f32", 0.0, F32_MAX, why="0: no scaling"),
+    "rope.scaling.factor": Rule("f32", MIN_INVERTED, F32_MAX, or_zero=True,
+                                why="0: no scaling; rope takes its inverse"),
     "rope.scaling.type": Rule("str", choices=ROPE_SCALING_TYPES),
     # read by llama.cpp though not used by ggmlrun's llama graph: a file llama.cpp refuses
     # (a wrong type, an expert count past LLAMA_MAX_EXPERTS) is refused here too
@@ -112,8 +127,10 @@ RULES: dict[str, Rule] = {
     # rope scaling as llama_context derives it (every architecture), and keys some
     # architectures' load_arch_hparams read (mistral3: YaRN's betas and log multiplier,
     # Llama 4's attention temperature)
-    "rope.scale_linear": Rule("f32", 0.0, F32_MAX, why="the older key of rope.scaling.factor"),
-    "rope.scaling.attn_factor": Rule("f32", 0.0, F32_MAX, lo_open=True),
+    "rope.scale_linear": Rule("f32", MIN_INVERTED, F32_MAX, or_zero=True,
+                              why="the older key of rope.scaling.factor"),
+    "rope.scaling.attn_factor": Rule("f32", 0.0, MAX_ATTN_FACTOR, lo_open=True,
+                                     why="it scales Q.K by its square"),
     "rope.scaling.yarn_beta_fast": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.yarn_beta_slow": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.yarn_log_multiplier": Rule("f32", 0.0, F32_MAX),
@@ -123,8 +140,9 @@ RULES: dict[str, Rule] = {
     # logits' softcap
     "attention.sliding_window": Rule("u32", 0, U32_MAX, why="0: no sliding window"),
     "attention.sliding_window_pattern": Rule("u32", 0, U32_MAX, per_layer=True, keep_array=True),
-    "rope.freq_base_swa": Rule("f32", 0.0, F32_MAX, lo_open=True),
-    "final_logit_softcapping": Rule("f32", 0.0, F32_MAX, why="0: none"),
+    "rope.freq_base_swa": Rule("f32", 1.0, F32_MAX, why=_BASE_WHY),
+    "final_logit_softcapping": Rule("f32", MIN_INVERTED, F32_MAX, or_zero=True,
+                                    why="0: none; the logits are divided by it"),
     # gemma4: the sliding layers' own head sizes and rotary dimensions, the layers that read
     # an earlier layer's cache, the per-layer embeddings' width
     "attention.key_length_swa": Rule("u32"),
@@ -271,6 +289,8 @@ def _one(key: str, rule: Rule, value, gguf_type: str | None, name: str, n_layer:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise wrong(f"{_kind_of(value)} {_shown(value)}")
         f = as_f32(value)
+        if rule.or_zero and f == 0.0:
+            return float(value)
         if f is None or not ((f > rule.lo) if rule.lo_open else (f >= rule.lo)) or f > rule.hi:
             raise out_of_range(_shown(value))
         return float(value)
@@ -313,7 +333,7 @@ def check(values: dict, *, prefix: str = "", types: dict | None = None,
                                        f"block_count is {out.get('block_count')}")
             elem = (types.get(full) or "")[6:-1] or None
             one = Rule(rule.kind, rule.lo, rule.hi, rule.lo_open, False, False, rule.choices,
-                       rule.why)
+                       rule.why, rule.or_zero)
             out[key] = tuple(_one(key, one, int(v) if isinstance(v, bool) else v,
                                   None if elem in (None, "INT32", "BOOL") else elem,
                                   f"{name}[{i}]", None) for i, v in enumerate(items))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, default_kq_scale, tn
+from ggmlrun.models.hparam_rules import MAX_DIM
 from ggmlrun.models.hparams import LlamaHParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
@@ -44,6 +45,14 @@ class Glm4MoeHParams(LlamaHParams):
                              f"expert_count {self.n_expert}")
         if not self.n_ff_exp:
             object.__setattr__(self, "n_ff_exp", self.n_ff // self.n_expert_used)
+        if self.n_ff_exp <= 0:      # n_ff < n_expert_used: experts of width 0
+            raise InputError(f"the experts' feed-forward length must be positive (no "
+                             f"expert_feed_forward_length, and feed_forward_length {self.n_ff} "
+                             f"// expert_used_count {self.n_expert_used} is 0)")
+        if self.n_ff_exp * self.n_expert_shared > MAX_DIM:    # the shared experts' one width
+            raise InputError(f"expert_feed_forward_length {self.n_ff_exp} times "
+                             f"expert_shared_count {self.n_expert_shared} is more than "
+                             f"{MAX_DIM}")
 
 
 def read_hparams(get, common: dict) -> Glm4MoeHParams:

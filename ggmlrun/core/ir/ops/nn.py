@@ -287,9 +287,9 @@ def _rope_infer(srcs, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_fa
     if len(srcs) == 3:
         factors = srcs[2]
         need_dtype("rope", factors, ("f32",), "c (freq_factors)")
-        if factors.shape != (n // 2,):
-            raise InputError(f"rope: c (freq_factors) {who(factors)} must be [n_dims/2] = "
-                             f"[{n // 2}]")
+        if len(factors.shape) != 1 or factors.shape[0] < n // 2:   # ggml: c->ne[0] >= n_dims/2
+            raise InputError(f"rope: c (freq_factors) {who(factors)} must be one row of at "
+                             f"least n_dims/2 = {n // 2} values")
     return OpResult(a.shape, a.dtype)
 
 
@@ -325,8 +325,8 @@ def rope_cos_sin(pos: np.ndarray, n_dims: int, freq_base: float, freq_scale: flo
                  factors: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """ggml-cpu's rope cache (ggml_rope_cache_init + rope_yarn): cos and sin, [T, n/2]."""
     theta_extrap = _theta_extrap(pos, n_dims, freq_base)
-    if factors is not None:
-        theta_extrap = theta_extrap / factors.astype(F32)
+    if factors is not None:      # ggml reads the first n_dims/2 (a head's worth may be given)
+        theta_extrap = theta_extrap / factors[:n_dims // 2].astype(F32)
     theta = F32(freq_scale) * theta_extrap
     mscale = F32(attn_factor)
     if ext_factor != 0.0:
