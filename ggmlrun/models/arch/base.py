@@ -176,6 +176,16 @@ def moe_tensors(hp, name, il: int) -> dict[str, TensorSpec]:
             name(T.FFN_UP_EXP, bid=il): TensorSpec((n_exp, n_ff_exp, n_embd))}
 
 
+def nextn_tensors(hp, name, il: int) -> dict[str, TensorSpec]:
+    """A NextN (multi-token prediction) block's own tensors, in llama.cpp's order: all optional,
+    since llama.cpp counts the block as a layer (-ngl) but never loads it. `name(t, bid)`."""
+    n_embd, n_vocab = hp.n_embd, hp.n_vocab
+    return {name(t, il): TensorSpec(shape, False) for t, shape in (
+        (T.NEXTN_EH_PROJ, (n_embd, 2 * n_embd)), (T.NEXTN_ENORM, (n_embd,)),
+        (T.NEXTN_HNORM, (n_embd,)), (T.NEXTN_EMBED_TOKENS, (n_vocab, n_embd)),
+        (T.NEXTN_SHARED_HEAD_HEAD, (n_vocab, n_embd)), (T.NEXTN_SHARED_HEAD_NORM, (n_embd,)))}
+
+
 MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down
 
 

@@ -28,7 +28,8 @@ from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import ROPE_TYPE_NORM, TENSOR_NAMES, Arch, TensorSpec, tn
+from ggmlrun.models.arch.base import (ROPE_TYPE_NORM, TENSOR_NAMES, Arch, TensorSpec,
+                                      nextn_tensors, tn)
 from ggmlrun.models.arch import glm4moe
 from ggmlrun.models.arch.glm4moe import GATING, Glm4MoeHParams
 from ggmlrun.models.hparam_rules import as_f32
@@ -145,12 +146,8 @@ def tensors(hp: Deepseek2HParams) -> dict[str, TensorSpec]:
             out[name(T.FFN_DOWN_SHEXP, bid=i)] = TensorSpec((n_embd, n_sh), req)
             out[name(T.FFN_UP_SHEXP, bid=i)] = TensorSpec((n_sh, n_embd), req)
         if i >= hp.n_layer:     # gguf lists no NextN tensors for deepseek2: its plain names
-            for t, shape in ((T.NEXTN_EH_PROJ, (n_embd, 2 * n_embd)), (T.NEXTN_ENORM, (n_embd,)),
-                             (T.NEXTN_HNORM, (n_embd,)),
-                             (T.NEXTN_EMBED_TOKENS, (hp.n_vocab, n_embd)),
-                             (T.NEXTN_SHARED_HEAD_HEAD, (hp.n_vocab, n_embd)),
-                             (T.NEXTN_SHARED_HEAD_NORM, (n_embd,))):
-                out[TENSOR_NAMES[t].format(bid=i) + ".weight"] = TensorSpec(shape, False)
+            plain = lambda t, bid: TENSOR_NAMES[t].format(bid=bid) + ".weight"   # noqa: E731
+            out.update(nextn_tensors(hp, plain, i))
     return out
 
 

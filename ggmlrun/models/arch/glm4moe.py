@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, default_kq_scale, tn
+from ggmlrun.models.arch.base import (ROPE_TYPE_NEOX, Arch, TensorSpec, default_kq_scale,
+                                      nextn_tensors, tn)
 from ggmlrun.models.hparam_rules import MAX_DIM
 from ggmlrun.models.hparams import LlamaHParams
 
@@ -113,12 +114,7 @@ def tensors(hp: Glm4MoeHParams) -> dict[str, TensorSpec]:
             out[name(T.FFN_DOWN, bid=i)] = TensorSpec((n_embd, hp.n_ff), req)
             out[name(T.FFN_UP, bid=i)] = TensorSpec((hp.n_ff, n_embd), req)
         if i >= hp.n_layer:
-            out[name(T.NEXTN_EH_PROJ, bid=i)] = TensorSpec((n_embd, 2 * n_embd), False)
-            out[name(T.NEXTN_ENORM, bid=i)] = TensorSpec((n_embd,), False)
-            out[name(T.NEXTN_HNORM, bid=i)] = TensorSpec((n_embd,), False)
-            out[name(T.NEXTN_EMBED_TOKENS, bid=i)] = TensorSpec((hp.n_vocab, n_embd), False)
-            out[name(T.NEXTN_SHARED_HEAD_HEAD, bid=i)] = TensorSpec((hp.n_vocab, n_embd), False)
-            out[name(T.NEXTN_SHARED_HEAD_NORM, bid=i)] = TensorSpec((n_embd,), False)
+            out.update(nextn_tensors(hp, lambda t, bid: name(t, bid=bid), i))
     return out
 
 
