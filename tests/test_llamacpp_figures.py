@@ -45,17 +45,20 @@ GRID_MODELS += GPT_OSS_MODELS
 SWA_MODELS += GPT_OSS_MODELS
 
 
-def model_options(cfg: dict) -> list[str]:
-    """The ggmlrun options that mean what llama.cpp was given for this configuration."""
+def model_options(cfg: dict, backends: tuple = (BACKENDS_FILE, BACKENDS_2_FILE)) -> list[str]:
+    """The ggmlrun options that mean what llama.cpp was given for this configuration;
+    `backends`: the files for one device and for two (-ts)."""
     opts = cfg["options"]
     split = opts.get("tensor_split", [])
-    args = ["--backends", str(BACKENDS_2_FILE if split else BACKENDS_FILE), "--ctx", str(opts["ctx"]),
+    args = ["--backends", str(backends[1] if split else backends[0]), "--ctx", str(opts["ctx"]),
             "--ubatch", str(opts["ubatch"]), "--flash-attn", "on" if opts["flash_attn"] else "off",
             "--ngl", str(opts["ngl"]), "--kv-type", opts["kv_type"]]
     if split:
         args += ["--tensor-split", ",".join(map(str, split))]
     if opts["no_kv_offload"]:
         args.append("--no-kv-offload")
+    if not opts.get("use_mmap", True):
+        args.append("--no-mmap")
     if opts.get("swa_full"):
         args.append("--swa-full")
     for pattern, backend in opts["overrides"]:

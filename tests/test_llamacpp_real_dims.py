@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.clikit import invoke
+from tests.test_llamacpp_figures import model_options
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "scripts" / "llamacpp")]
@@ -37,22 +38,6 @@ def files(tmp_path_factory):
         digest = rr.write_sparse(paths[name], name, table)
         assert digest == FIGURES["files"][name]["sha256_header"], f"{name}: not the recorded file"
     return paths
-
-
-def options(o: dict) -> list[str]:
-    split = o.get("tensor_split", [])
-    args = ["--backends", str(BACKENDS_2 if split else BACKENDS_1), "--ctx", str(o["ctx"]),
-            "--ubatch", str(o["ubatch"]), "--flash-attn", "on" if o["flash_attn"] else "off",
-            "--ngl", str(o["ngl"]), "--kv-type", o["kv_type"]]
-    if split:
-        args += ["--tensor-split", ",".join(map(str, split))]
-    if o["no_kv_offload"]:
-        args.append("--no-kv-offload")
-    if not o.get("use_mmap", True):
-        args.append("--no-mmap")
-    for pattern, backend in o["overrides"]:
-        args += ["--override-tensor", f"{pattern}={backend}"]
-    return args
 
 
 def test_the_issue_figures_are_llamacpps():
@@ -82,7 +67,7 @@ def test_the_recording_covers_the_slice():
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c["id"] for c in CONFIGS])
 def test_measure_equals_llamacpp(cfg, files):
     code, out, err = invoke("measure", files[cfg["model"].removesuffix(".gguf")], "--json",
-                            *options(cfg["options"]))
+                            *model_options(cfg, (BACKENDS_1, BACKENDS_2)))
     assert code == 0, err
     got = json.loads(out)
     assert (got["n_nodes"], got["n_splits"], got["n_copies"]) == \
