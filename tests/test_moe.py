@@ -375,12 +375,19 @@ def test_glm_air_card_counts_the_nextn_block():
     assert t["blk.0.ffn_down.weight"].dtype == "q8_0" and t["blk.1.ffn_down_shexp.weight"].dtype == "q8_0"
     assert t["blk.6.ffn_down_exps.weight"].dtype == "q5_0" and t["blk.1.ffn_gate_inp.weight"].dtype == "f32"
     assert t["blk.1.exp_probs_b.bias"].dtype == "f32" and t["blk.0.attn_q.bias"].dtype == "f32"
-    code, out, err = invoke("measure", CARDS / "glm-4.5-air-q4_k_m.yaml", "--gpu", "200GiB",
-                            "--ram", "64GiB", "--ctx", "4096", "--json")
+    measure_without_nextn(CARDS / "glm-4.5-air-q4_k_m.yaml", t, 46, "200GiB")
+
+
+def measure_without_nextn(card, tensors: dict, block: int, gpu: str) -> dict:
+    """measure's JSON for a card whose block `block` is a NextN block: counted by -ngl, in no
+    buffer (what is loaded is the file less at most that block's bytes)."""
+    code, out, err = invoke("measure", card, "--gpu", gpu, "--ram", "64GiB", "--ctx", "4096",
+                            "--json")
     assert code == 0, err
     got = json.loads(out)
-    nextn = sum(TYPES[i.dtype].row_bytes(int(np.prod(i.shape))) for n, i in t.items()
-                if n.startswith("blk.46."))
-    total = sum(TYPES[i.dtype].row_bytes(int(np.prod(i.shape))) for i in t.values())
+    nbytes = lambda i: TYPES[i.dtype].row_bytes(int(np.prod(i.shape)))   # noqa: E731
+    nextn = sum(nbytes(i) for n, i in tensors.items() if n.startswith(f"blk.{block}."))
+    total = sum(nbytes(i) for i in tensors.values())
     loaded = sum(b["weights_bytes"] for b in got["backends"])
-    assert nextn > 0 and total - nextn <= loaded < total        # the NextN block: in no buffer
+    assert nextn > 0 and total - nextn <= loaded < total
+    return got

@@ -147,14 +147,21 @@ def test_get_rows_on_quantized_tables_equals_ggml(name):
     _compare("get_rows", [(raw, name), (idx, "i32")], {}, 0.0)
 
 
-def test_flash_attn_ext_per_row_path_equals_ggml():
-    rng = np.random.default_rng(7)
+def _per_row_attention(seed: int):
+    """7 tokens (under GGML_FA_TILE_Q: the per-row path) of 8 heads over 2 KV heads of 64 and
+    256 f16 cells, causally masked from cell 200 on."""
+    rng = np.random.default_rng(seed)
     q = rng.standard_normal((1, 8, 7, 64)).astype(F32)
     k = rng.standard_normal((1, 2, 256, 64)).astype(F16)
     v = rng.standard_normal((1, 2, 256, 64)).astype(F16)
     mask = np.zeros((1, 1, 64, 256), F16)
     for t in range(7):
         mask[0, 0, t, 200 + t + 1:] = -np.inf
+    return q, k, v, mask
+
+
+def test_flash_attn_ext_per_row_path_equals_ggml():
+    q, k, v, mask = _per_row_attention(7)
     _compare("flash_attn_ext", [(q, "f32"), (k, "f16"), (v, "f16"), (mask, "f16")],
              {"scale": 0.125}, 5e-4)
 
@@ -209,13 +216,7 @@ def test_soft_max_with_sinks_equals_ggml():
 
 
 def test_flash_attn_ext_with_sinks_equals_ggml():
-    rng = np.random.default_rng(22)
-    q = rng.standard_normal((1, 8, 7, 64)).astype(F32)
-    k = rng.standard_normal((1, 2, 256, 64)).astype(F16)
-    v = rng.standard_normal((1, 2, 256, 64)).astype(F16)
-    mask = np.zeros((1, 1, 64, 256), F16)
-    for t in range(7):
-        mask[0, 0, t, 200 + t + 1:] = -np.inf
+    q, k, v, mask = _per_row_attention(22)
     sinks = np.linspace(-2, 6, 8).astype(F32)
     _compare("flash_attn_ext", [(q, "f32"), (k, "f16"), (v, "f16"), (mask, "f16"),
                                 (sinks, "f32")], {"scale": 0.125}, 5e-4)
