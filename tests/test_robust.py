@@ -116,23 +116,6 @@ def test_a_254_character_output_name_is_written(graph, tmp_path):
     assert out.exists()
 
 
-def test_sigterm_leaves_no_temporary_file(tmp_path):
-    """A write that never finishes, killed with SIGTERM: the temp file beside it goes."""
-    script = tmp_path / "slow.py"
-    script.write_text(
-        "import sys, time\nsys.path.insert(0, %r)\n" % str(ROOT) +
-        "from ggmlrun.cli import _install_signal_handlers\n"
-        "from ggmlrun.core.util.atomic import write_atomic\n"
-        "_install_signal_handlers()\n"
-        "def slow(handle):\n    handle.write(b'x'); print('ready', flush=True); time.sleep(60)\n"
-        f"write_atomic({str(tmp_path / 'out.txt')!r}, slow)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"ready"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=20) == 128 + signal.SIGTERM
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["slow.py"]
-
-
 # --- 2. inputs --------------------------------------------------------------------------
 def test_fifo_and_device_inputs_are_refused_at_once(tmp_path, graph):
     fifo = tmp_path / "fifo"
