@@ -38,6 +38,8 @@ weights: {weights}
 @dataclass
 class Figures:
     backends: list
+    reserved: str = "pp+tg"       # the whole reserve, always: `enough` is not taken up
+    partial: bool = False
 
 
 def fake_measure(model, layer_costs):
@@ -46,7 +48,7 @@ def fake_measure(model, layer_costs):
     output layer (the logits) on the device."""
     n_layer = model.hparams.n_layer
 
-    def measure(model_, backends, opts):
+    def measure(model_, backends, opts, enough=None):
         ngl = n_layer + 1 if opts.ngl is None else opts.ngl
         start = max(n_layer + 1 - ngl, 0)
         kv_layer = 2 * 64 * opts.ctx

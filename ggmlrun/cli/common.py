@@ -73,7 +73,7 @@ _JSON_EMITTED = []
 def emit_json(data: dict) -> None:
     """The command's one JSON object; remembered, so a failure after it (a run that does not
     fit prints its figures, then exits 1) adds no second object (SPEC section 4)."""
-    from ggmlrun.core.run.results import strict_json
+    from ggmlrun.core.util.strict_json import strict_json
 
     click.echo(strict_json(data, indent=2))
     _JSON_EMITTED.append(True)

@@ -448,8 +448,9 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
     summaries = {name: results.summarize(arr) for name, arr in outputs.items()}
     if trace_file:
         from ggmlrun.core.observe.trace import build_trace
+        from ggmlrun.core.util.strict_json import strict_json
 
-        results.write_text(trace_file, results.strict_json(
+        results.write_text(trace_file, strict_json(
             build_trace(sched, result.memory_plan, result)))
         click.echo(f"wrote {trace_file}", err=True)
     if out_file:

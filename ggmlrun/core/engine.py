@@ -274,8 +274,9 @@ def run_pipeline(request: RunRequest, phases=None,
                                   request.profile_top)
     if request.trace_path:
         from ggmlrun.core.observe.trace import build_trace
+        from ggmlrun.core.util.strict_json import strict_json
 
-        results.write_text(request.trace_path, results.strict_json(build_trace(sched, plan, result)))
+        results.write_text(request.trace_path, strict_json(build_trace(sched, plan, result)))
     if request.check:
         outcome.errors = results.compare_with_reference(graph, values, inputs, result.outputs,
                                                         request.repeat)

@@ -28,6 +28,10 @@ def ggml_set_rows_order(src: list[Tensor]) -> list[Tensor]:
     return [src[1], src[2], src[0]]
 
 
+def _walk_order(t: Tensor) -> list[Tensor]:
+    return t.src if t.op != "set_rows" else ggml_set_rows_order(t.src)
+
+
 def row_size(dtype: str, n: int) -> int:
     return TYPES[dtype].row_bytes(n)
 
@@ -41,13 +45,22 @@ def _op_registry() -> dict:
     return OPS
 
 
-def _params(op: str, params: dict) -> dict:
-    """Params as the op registry declares them (defaults filled in); unknown ops keep theirs."""
+@functools.cache
+def _defaults(op: str) -> dict | None:
     spec = _op_registry().get(op)
-    if spec is None:
+    return None if spec is None else dict(spec.params)
+
+
+def _params(op: str, params: dict) -> dict:
+    """Params as the op registry declares them (defaults filled in); unknown ops keep theirs.
+    Each node gets its own dict (a graph of 100k nodes calls this for every one)."""
+    defaults = _defaults(op)
+    if defaults is None:
         return params
-    out = {k: v for k, v in spec.params.items()}
-    out.update((k, v) for k, v in params.items() if k in spec.params)
+    out = dict(defaults)
+    for k, v in params.items():
+        if k in defaults:
+            out[k] = v
     return out
 
 
@@ -145,32 +158,38 @@ class GraphBuilder:
 
     # --- the graph (ggml_build_forward_expand) -----------------------------------------------
     def expand(self, tensor: Tensor) -> None:
-        """ggml_visit_parents: sources left to right, depth first; a node after its sources."""
-        visited, nodes, leafs = self._visited, self.nodes, self.leafs
+        """ggml_visit_parents: sources left to right, depth first; a node after its sources
+        (each frame walks past its visited sources without leaving the loop)."""
+        visited = self._visited
         if tensor in visited:
             return
-        stack = [(tensor, 0)]
+        visited.add(tensor)
+        stack = [[tensor, _walk_order(tensor), 0]]
         while stack:
-            t, i = stack.pop()
-            if i == 0:
-                if t in visited:
-                    continue
-                visited.add(t)
-            srcs = t.src if t.op != "set_rows" else ggml_set_rows_order(t.src)
-            if i < len(srcs):
-                stack.append((t, i + 1))
+            frame = stack[-1]
+            t, srcs, i = frame
+            n = len(srcs)
+            while i < n:
                 src = srcs[i]
+                i += 1
                 if src not in visited:
-                    stack.append((src, 0))
-                continue
-            if t.op is None:
-                if not t.name:                 # ggml_visit_parents names an unnamed leaf
-                    t.name = f"leaf_{len(leafs)}"
-                leafs.append(t)
+                    visited.add(src)
+                    frame[2] = i
+                    stack.append([src, _walk_order(src), 0])
+                    break
             else:
-                if not t.name:
-                    t.name = f"node_{len(nodes)}"
-                nodes.append(t)
+                stack.pop()
+                self._emit(t)
+
+    def _emit(self, t: Tensor) -> None:
+        if t.op is None:
+            if not t.name:                 # ggml_visit_parents names an unnamed leaf
+                t.name = f"leaf_{len(self.leafs)}"
+            self.leafs.append(t)
+        else:
+            if not t.name:
+                t.name = f"node_{len(self.nodes)}"
+            self.nodes.append(t)
 
     def graph(self, name: str, outputs: list[Tensor], extra_leafs: list[Tensor] = ()) -> Graph:
         for t in outputs:

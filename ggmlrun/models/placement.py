@@ -24,8 +24,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-import numpy as np
 
+from ggmlrun.core.util.float32 import f32, f32_div
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import InputError, did_you_mean
 from ggmlrun.models.hparams import LlamaHParams
@@ -81,12 +81,12 @@ def split_points(devices: list[BackendSpec], tensor_split: tuple[float, ...] | N
         raw = [float(d.memory) for d in devices]
     else:
         raw = list(tensor_split)
-    acc = np.float32(0.0)
+    acc = 0.0
     points = []
     for x in raw:
-        acc = np.float32(acc + np.float32(x))
+        acc = f32(acc + f32(x))
         points.append(acc)
-    return [float(np.float32(p / acc)) for p in points]
+    return [f32_div(p, acc) for p in points]
 
 
 def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
@@ -104,7 +104,7 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
     def layer_backend(il: int) -> int:
         if il < i_gpu_start or il - i_gpu_start >= act:
             return cpu
-        frac = float(np.float32(il - i_gpu_start) / np.float32(act))
+        frac = f32_div(f32(il - i_gpu_start), f32(act))
         return devices[min(bisect_right(points, frac), len(devices) - 1)]
 
     layer = [layer_backend(il) for il in range(n_layer)]

@@ -17,6 +17,7 @@ allocation only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ggmlrun.core.backends.spec import BackendSpec
@@ -64,8 +65,15 @@ class ModelMeasure:
     ubatch: int
     ngl: int
     backends: list[BackendFigures]
-    schedule: Schedule            # the last reserve's (pp)
+    schedule: Schedule | None     # the pp graph's (None: not reserved, see `reserved`)
     n_copies: int = 1             # the scheduler's copies: > 1 with pipeline parallelism
+    # the graphs reserved: "pp+tg" (llama.cpp's whole reserve), or, cut short by
+    # measure_model's `enough`, "pp" or "none" (arenas a lower bound; "none": no schedule)
+    reserved: str = "pp+tg"
+
+    @property
+    def partial(self) -> bool:
+        return self.reserved != "pp+tg"
 
 
 def _align(n: int, a: int) -> int:
@@ -274,55 +282,79 @@ def output_bytes(model: ModelFile, opts: ModelOptions) -> int:
     return model.hparams.n_vocab * 4 * opts.parallel
 
 
-def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
+def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
+                  enough: Callable[[list[BackendFigures], str], bool] | None = None
+                  ) -> ModelMeasure:
+    """`enough(figures, reserved)`: asked first with the weights, KV and state alone (reserved
+    "none": no compute buffer yet), then with the pp graph's buffers ("pp"): each is a lower
+    bound of the whole reserve's (the allocator only grows), so when it says yes the rest is
+    left out and the measure is partial (`reserved` says how far it went). fit passes "every
+    device already misses", which nothing left out could undo."""
     check_options(model, backends, opts)
     with gc_paused():
-        return _measure(model, backends, opts)
+        return _measure(model, backends, opts, enough)
 
 
-def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> ModelMeasure:
+def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
+             enough: Callable[[list[BackendFigures], str], bool] | None) -> ModelMeasure:
     hp = model.hparams
     kv = kv_size(opts, hp.n_ctx_train)
     swa = swa_kv_size(opts, hp)
     n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
     n_copies = pipeline_copies(model, backends, opts)
-    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
-                          n_copies=n_copies)
-    allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml,
-                               sizers=[b.alloc_size if b.row_padding else None for b in backends])
-    arena = [0] * len(backends)
-    reserved = []
+    wb = weights_bytes(model, placement, backends, no_mmap=opts.no_mmap)
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
     # deterministic allocator sizes exactly as before, so its result is reused
     # llama_context::graph_reserve with n_seqs = n_seq_max: pp rounds its tokens up to a
     # multiple of the sequences (its outputs stay the ubatch's), tg is one token per sequence
     n_seqs = opts.parallel
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
-    for tokens, outputs in ((pp_tokens, n_tokens), (n_seqs, n_seqs)):
-        mg = model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies(), kv_streams(opts), swa, n_seqs)
-        apply_placement(mg, placement, backends)
-        sched = scheduler.schedule(mg.graph)
-        plan = allocator.plan(*allocation_sequence(sched))
-        arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
-        reserved.append((mg, sched))
-    (pp, sched), _ = reserved
-    wb = weights_bytes(model, placement, backends, no_mmap=opts.no_mmap)
-    weights = wb.sizes
+    shapes = [(pp_tokens, n_tokens), (n_seqs, n_seqs)]
+    graphs = [model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
+                          placement.shared_copies(), kv_streams(opts), swa, n_seqs)
+              for tokens, outputs in shapes[:1]]
+    arena = [0] * len(backends)
+    figures = _figures(model, opts, backends, placement, graphs[0], wb, arena, swa)
+    stages = ("none", "pp", "pp+tg")
+    reserved, sched = 0, None
+    if enough is None or not enough(figures, "none"):
+        scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
+                              n_copies=n_copies)
+        allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml,
+                                   sizers=[b.alloc_size if b.row_padding else None
+                                           for b in backends])
+        for k, (tokens, outputs) in enumerate(shapes):
+            mg = graphs[0] if k == 0 else model_graph(
+                model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
+                placement.shared_copies(), kv_streams(opts), swa, n_seqs)
+            apply_placement(mg, placement, backends)
+            graph_sched = scheduler.schedule(mg.graph)
+            plan = allocator.plan(*allocation_sequence(graph_sched))
+            arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
+            sched = sched or graph_sched
+            reserved = k + 1
+            figures = _figures(model, opts, backends, placement, graphs[0], wb, arena, swa)
+            if k == 0 and enough is not None and enough(figures, "pp"):
+                break
+    return ModelMeasure(n_nodes=len(graphs[0].graph.nodes),
+                        n_splits=len(sched.splits) if sched else 0,
+                        ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
+                        ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
+                        n_copies=n_copies, reserved=stages[reserved])
+
+
+def _figures(model: ModelFile, opts: ModelOptions, backends: list[BackendSpec],
+             placement: Placement, pp: ModelGraph, wb: WeightBytes, arena: list[int],
+             swa: int) -> list[BackendFigures]:
     kvb = kv_bytes(pp, placement, backends)
     rsb = state_bytes(pp, placement, backends)
     linear = kv_bytes(pp, placement, backends, linear_only=True) if swa and not opts.swa_full \
         else kvb
-    figures = [BackendFigures(name=b.name, kind=b.kind, weights_bytes=weights[i], kv_bytes=kvb[i],
-                              arena_bytes=arena[i], memory_bytes=b.memory,
-                              output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
-                              mapped_bytes=wb.mapped if i == placement.cpu else 0,
-                              repack_bytes=wb.repack if i == placement.cpu else 0,
-                              state_bytes=rsb[i],
-                              kv_linear_bytes=linear[i])
-               for i, b in enumerate(backends)]
-    return ModelMeasure(n_nodes=len(pp.graph.nodes), n_splits=len(sched.splits),
-                        ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
-                        ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
-                        n_copies=n_copies)
+    return [BackendFigures(name=b.name, kind=b.kind, weights_bytes=wb.sizes[i], kv_bytes=kvb[i],
+                           arena_bytes=arena[i], memory_bytes=b.memory,
+                           output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
+                           mapped_bytes=wb.mapped if i == placement.cpu else 0,
+                           repack_bytes=wb.repack if i == placement.cpu else 0,
+                           state_bytes=rsb[i], kv_linear_bytes=linear[i])
+            for i, b in enumerate(backends)]

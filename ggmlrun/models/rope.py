@@ -5,7 +5,8 @@ asks the second before any graph is built, and tests check the first on bare hpa
 
 from __future__ import annotations
 
-from ggmlrun.core.util.lazynumpy import np     # only YaRN needs it: model headers load no NumPy
+from ggmlrun.core.util.float32 import f32
+from ggmlrun.core.util.lazynumpy import np     # only YaRN needs it (NumPy's float32 log)
 
 
 def rope_params(hp) -> dict:
@@ -13,15 +14,17 @@ def rope_params(hp) -> dict:
     hyperparameters (llama.cpp's defaults for every context option): type none never scales;
     YaRN gets ext_factor 1 and an attention factor of get_mscale(factor), cancelled by
     1/(1 + 0.1 ln factor) as ggml-cpu applies it again; rope.scaling.attn_factor on top."""
-    f32 = lambda x: float(np.float32(x))       # noqa: E731   (llama.cpp computes in float)
     freq_scale = 1.0 if hp.rope_scaling == "none" else hp.rope_freq_scale
     ext_factor = 1.0 if hp.rope_scaling == "yarn" else 0.0
     attn_factor = 1.0
     if ext_factor:
-        factor = f32(1.0 / np.float32(freq_scale))
+        # llama.cpp computes in float; NumPy's float32 log and float32-weak scalars (NEP 50)
+        # give its roundings here, so YaRN (and only YaRN) imports NumPy
+        factor = f32(1.0 / f32(freq_scale))
 
         def mscale(scale: float, m: float) -> float:
-            return 1.0 if scale <= 1.0 else f32(0.1 * m * np.log(np.float32(scale)) + 1.0)
+            return 1.0 if scale <= 1.0 else float(np.float32(0.1 * m * np.log(np.float32(scale))
+                                                             + 1.0))
 
         if hp.rope_yarn_log_mul:
             # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: deepseek2's mscale is mscale_all_dims too
@@ -29,7 +32,8 @@ def rope_params(hp) -> dict:
             attn_factor = f32(mscale(factor, m) / mscale(factor, hp.rope_yarn_log_mul))
         else:
             attn_factor = mscale(factor, 1.0)
-        attn_factor = f32(attn_factor * f32(1.0 / (1.0 + 0.1 * np.log(np.float32(factor)))))
+        attn_factor = f32(attn_factor * float(np.float32(1.0 / (1.0 + 0.1 * np.log(
+            np.float32(factor))))))
     attn_factor = f32(attn_factor * hp.rope_attn_factor)
     return dict(n_ctx_orig=hp.n_ctx_orig_yarn, freq_base=hp.rope_freq_base,
                 freq_scale=freq_scale, ext_factor=ext_factor, attn_factor=attn_factor,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 
-import json
 
 from pathlib import Path
 
@@ -71,28 +69,3 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def write_text(path: Path, text: str) -> None:
     write_atomic(path, lambda handle: handle.write(text.encode()))
-
-
-def json_default(value):
-    """NumPy scalars as JSON numbers (json.dumps `default=`)."""
-    if hasattr(value, "item"):
-        return value.item()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def strict_json(data, **options) -> str:
-    """JSON every parser takes: NaN and infinities become the strings "nan", "inf", "-inf"
-    (docs/format.md), since bare NaN/Infinity are not JSON."""
-    return json.dumps(_finite(data), allow_nan=False, default=json_default, **options)
-
-
-def _finite(value):
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value

@@ -83,12 +83,13 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
             ctx = max(ctx, min(top, streams * kv_size(replace(opts, ctx=ctx), hp.n_ctx_train)))
     shown = ngl if ngl is not None else dev_ngl or 0
     advice = "" if ngl is not None else nothing_fits_advice(probe, ctx, dev_ngl, n_max, costs)
-    rows, m = probe.full(shown, ctx)
+    rows, m = probe.full(shown, ctx, complete=True)
     answer = replace(opts, n_cpu_moe=probe.n_cpu_moe, tensor_split=probe.split)
     command = llama_cpp_line(answer, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""
     return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer_all, shown_ngl=shown, backends=rows,
                      measure=m, probes=list(probe.order), advice=advice,
                      seconds=time.perf_counter() - start, command=command,
                      probe_moe=list(probe.order_moe),
+                     probe_reserved=probe.order_reserved,
                      n_cpu_moe=probe.n_cpu_moe if experts or opts.n_cpu_moe else None,
                      tensor_split=probe.split if probe.split != opts.tensor_split else None)

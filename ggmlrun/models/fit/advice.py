@@ -14,7 +14,7 @@ from ggmlrun.models.modelfile import ModelFile
 def advice(probe: Prober, ctx: int, dev_ngl: int | None, n_max: int, costs) -> str:
     """Who is short at the nearest miss, by how much, and what would fit instead."""
     ngl = dev_ngl or 0
-    short = [r for r in probe(ngl, ctx) if not r.fits]
+    short = [r for r in probe(ngl, ctx, complete=True) if not r.fits]
     where = (f"with -ngl {ngl}, the most the devices hold," if dev_ngl is not None
              else "even with -ngl 0,")
     def has(r: FitBackend) -> str:

@@ -45,6 +45,8 @@ class FitResult:
     measure: ModelMeasure | None
     probes: list[tuple[int, int]] = field(default_factory=list)   # (ngl, ctx) measured
     probe_moe: list[int] = field(default_factory=list)   # each probe's --n-cpu-moe
+    # each probe's reserve: "pp+tg" (whole), "pp" or "none" (the devices already short)
+    probe_reserved: list[str] = field(default_factory=list)
     seconds: float = 0.0
     advice: str = ""
     command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
@@ -61,33 +63,63 @@ class FitResult:
 class Prober:
     """measure_model per placement (ngl, ctx, --n-cpu-moe, tensor split), each measured once,
     as FitBackend rows. `n_cpu_moe` and `split` are what a probe that names neither uses: the
-    searches set them to their answer, so the later ones measure with it."""
+    searches set them to their answer, so the later ones measure with it.
+
+    A placement whose pp graph alone already leaves every device short is not reserved further
+    (the tg graph can only grow the buffers): every search's question, whether the devices or
+    all backends fit, has its answer, no, and the rows are lower bounds, good for guesses.
+    `weights_decide`: not even the pp graph when the weights and KV alone leave every device
+    short (rows without a compute buffer: only where the next guess does not need one).
+    `complete=True` asks for the whole reserve (what is shown to the user)."""
 
     def __init__(self, model, backends, opts, margins):
         self.model, self.backends, self.opts, self.margins = model, backends, opts, margins
+        # (ngl, ctx, n_cpu_moe, split) -> rows and measure, in the order first measured
         self.seen: dict[tuple, tuple[list[FitBackend], ModelMeasure]] = {}
-        self.order: list[tuple[int, int]] = []
-        self.order_moe: list[int] = []
         self.n_cpu_moe = opts.n_cpu_moe          # what (ngl, ctx) probes are measured with
         self.split = opts.tensor_split
 
-    def __call__(self, ngl: int, ctx: int) -> list[FitBackend]:
-        return self.full(ngl, ctx)[0]
+    def __call__(self, ngl: int, ctx: int, complete: bool = False) -> list[FitBackend]:
+        return self.full(ngl, ctx, complete=complete)[0]
 
-    def full(self, ngl: int, ctx: int, n_cpu_moe: int | None = None, split=SAME):
+    def full(self, ngl: int, ctx: int, n_cpu_moe: int | None = None, split=SAME,
+             complete: bool = False, weights_decide: bool = False):
         ncm = self.n_cpu_moe if n_cpu_moe is None else n_cpu_moe
         split = self.split if split is SAME else split
         key = (ngl, ctx, ncm, split)
-        if key not in self.seen:
+        known = self.seen.get(key)
+        if known is None or (complete and known[1].partial):
             m = measure_model(self.model, self.backends,
                               replace(self.opts, ngl=ngl, ctx=ctx, n_cpu_moe=ncm,
-                                      tensor_split=split))
-            rows = [FitBackend(**vars(f), margin_bytes=margin)
-                    for f, margin in zip(m.backends, self.margins)]
-            self.seen[key] = (rows, m)
-            self.order.append((ngl, ctx))
-            self.order_moe.append(ncm)
-        return self.seen[key]
+                                      tensor_split=split),
+                              enough=None if complete else
+                              lambda figures, reserved: ((weights_decide or reserved != "none")
+                                                         and self._every_device_short(figures)))
+            self.seen[key] = known = (self._rows(m.backends), m)
+        return known
+
+    @property
+    def order(self) -> list[tuple[int, int]]:
+        """(ngl, ctx) of every placement measured, in order."""
+        return [(ngl, ctx) for ngl, ctx, _, _ in self.seen]
+
+    @property
+    def order_moe(self) -> list[int]:
+        return [ncm for _, _, ncm, _ in self.seen]
+
+    @property
+    def order_reserved(self) -> list[str]:
+        """How far each placement's reserve went (ModelMeasure.reserved)."""
+        return [m.reserved for _, m in self.seen.values()]
+
+    def _rows(self, figures) -> list[FitBackend]:
+        return [FitBackend(**vars(f), margin_bytes=margin)
+                for f, margin in zip(figures, self.margins)]
+
+    def _every_device_short(self, figures) -> bool:
+        rows = self._rows(figures)
+        devices = [r for r in rows if r.kind != "cpu"]
+        return bool(devices) and not any(r.fits for r in devices)
 
 
 def devices_fit(rows: list[FitBackend]) -> bool:

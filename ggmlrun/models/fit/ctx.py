@@ -28,10 +28,11 @@ def largest_ctx(probe: Prober, ngl: int, lo: int, top: int) -> int:
     """The largest context (a multiple of 256) in [lo, top] that fits with `ngl`; lo fits."""
     fit_lo, miss_hi = lo, top + CTX_STEP
     points = {lo: probe(ngl, lo)}
+    scores = attention_scores(probe)
     guesses = 0
     while miss_hi - fit_lo > CTX_STEP:
         if guesses < GUESSES:     # never past where the KV growth alone is too much
-            guess = min(ctx_guess(points, fit_lo, miss_hi),
+            guess = min(ctx_guess(points, fit_lo, miss_hi, scores),
                         kv_bound(points[fit_lo], fit_lo, miss_hi))
         else:
             guess = (fit_lo + miss_hi) // 2 // CTX_STEP * CTX_STEP
@@ -61,13 +62,31 @@ def kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
     return ctx + max(steps, 0) * CTX_STEP
 
 
-def ctx_guess(points: dict[int, list[FitBackend]], fit_lo: int, miss_hi: int) -> int:
+def attention_scores(probe: Prober):
+    """Bytes of one layer's attention scores at a context, without flash attention: KQ is
+    n_kv x n_ubatch x n_head floats, made whole on the backend that holds the layer's KV, so
+    that backend's compute buffer is at least that large. Past the context where
+    the scores outgrow the rest of the buffer (the knee), the buffer grows by this much a cell:
+    Qwen3-235B-A22B at 24 GiB, -ngl all, 83 expert layers on the CPU: 744 MiB flat up to about
+    6,000 cells (the op-offloaded experts' copies), then 128 KiB a cell (64 heads x 512 tokens x
+    4 bytes). None with flash attention (no KQ is made) or a KV stream per sequence."""
+    from ggmlrun.models.options import kv_streams
+
+    opts = probe.opts
+    if opts.flash_attn or kv_streams(opts) > 1:
+        return None
+    n_head = probe.model.hparams.n_head
+    return lambda ctx: n_head * min(opts.ubatch, ctx) * ctx * 4
+
+
+def ctx_guess(points: dict[int, list[FitBackend]], fit_lo: int, miss_hi: int,
+              scores=None) -> int:
     """The largest context strictly inside the bracket that the model says fits (fit_lo +
     CTX_STEP when none does): the predicted free bytes only fall with the context, so the
     edge is bisected on the model, which costs no reserve."""
     lo, hi = fit_lo // CTX_STEP, (miss_hi - 1) // CTX_STEP
     n_backends = len(points[fit_lo])
-    models = [backend_model(points, i, fit_lo) for i in range(n_backends)]
+    models = [backend_model(points, i, fit_lo, scores) for i in range(n_backends)]
     while hi > lo:
         mid = (lo + hi + 1) // 2
         if all(m(mid * CTX_STEP) for m in models):
@@ -77,9 +96,10 @@ def ctx_guess(points: dict[int, list[FitBackend]], fit_lo: int, miss_hi: int) ->
     return lo * CTX_STEP
 
 
-def backend_model(points: dict[int, list[FitBackend]], i: int, fit_lo: int):
+def backend_model(points: dict[int, list[FitBackend]], i: int, fit_lo: int, scores=None):
     """Whether backend i is predicted to fit at a context: linear KV exactly, the rest flat
-    from fit_lo, or on a line down from the nearest miss above. The line's slope: between two
+    from fit_lo, or on a line down from the nearest miss above; never a compute buffer below
+    one layer's attention scores (`scores(ctx)`, attention_scores) on a backend that holds KV. The line's slope: between two
     misses that both grew, their chord (the growth the scores give); from a fit that already
     grew past the smallest context, the chord to it; else the larger of that chord and the
     miss's compute buffer in proportion to its context (the chord from a flat fit is too
@@ -109,5 +129,7 @@ def backend_model(points: dict[int, list[FitBackend]], i: int, fit_lo: int):
         elif not above and len(ctxs) > 1:              # past every measurement: the last slope
             a, b = ctxs[-2], ctxs[-1]
             guess = max(guess, rest[b] + (rest[b] - rest[a]) / (b - a) * (c - b))
+        if scores is not None and base.kv_linear:      # the buffer holds one KQ at least
+            guess = max(guess, rest[fit_lo] - base.arena_bytes + scores(c))
         return guess + per_cell * c <= room
     return fits

@@ -21,10 +21,13 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
     every expert on the CPU."""
     n_layer = n_max - 1
     lo = probe.n_cpu_moe
-    rows = probe.full(n_max, ctx, lo)[0]
+    several = probe.split is None and sum(b.kind != "cpu" for b in probe.backends) > 1
+    # one device: when its weights alone are too much, the guess needs no compute buffer (an
+    # expert layer moves more bytes than the buffer changes); the split search calibrates on it
+    rows = probe.full(n_max, ctx, lo, weights_decide=not several)[0]
     if devices_fit(rows):
         return n_max
-    if probe.split is None and sum(b.kind != "cpu" for b in probe.backends) > 1:
+    if several:
         found = moe_split_fit(probe, ctx, n_max, costs, experts, lo, rows)
         if found is not None:
             probe.n_cpu_moe, probe.split = found
