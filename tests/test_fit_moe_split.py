@@ -143,3 +143,35 @@ def test_the_split_beats_llamacpps_default_on_the_235b_card():
 @pytest.mark.parametrize("ends", [(0,), (3,), (7,)])
 def test_split_of_is_layers_per_device(ends):
     assert sum(split_of(ends, 7)) == 7 and split_of(ends, 7)[0] == ends[0]
+
+
+def test_a_given_split_the_edge_in_few_reserves(tmp_path, monkeypatch):
+    """-ts given over two devices: N's experts leave the first device first, so a short second
+    device waits for its own layers; the guess counts each layer on the device holding it
+    (it took one reserve per N before: 32 on Qwen3-30B-A3B at 12 + 8 GiB with -ts 0.6,0.4).
+    The answer is the smallest N that fits, against every N."""
+    model = small_moe(tmp_path, 16)
+    measure = Remembered()
+    monkeypatch.setattr(fitmod.core, "measure_model", measure)
+    n_layer, ts = model.hparams.n_layer, (0.5, 0.5)
+    opts = replace(OPTS, tensor_split=ts)
+
+    def totals_at(n):
+        m = measure(model, devices(BIG, BIG), replace(opts, ngl=n_layer + 1, n_cpu_moe=n))
+        return [f.weights_bytes + f.kv_bytes + f.state_bytes + f.arena_bytes + f.output_bytes
+                for f in m.backends[:2]]
+
+    every = {n: totals_at(n) for n in range(n_layer + 1)}
+    second = sorted({t[1] for t in every.values()})
+    checked = 0
+    for memory_2 in second[:-1]:          # the second device decides: N must reach its layers
+        memory = (max(t[0] for t in every.values()), memory_2)
+        want = min(n for n, t in every.items() if all(x <= m for x, m in zip(t, memory)))
+        if want <= n_layer // 2:              # the second device's own layers: past the half
+            continue
+        got = fitmod.fit_model(model, devices(*memory), opts, 0, 0, ctx_auto=False)
+        assert (got.ngl, got.n_cpu_moe) == (n_layer + 1, want), memory
+        # a walk from N = 0 would take want + 1 reserves (9 to 16 here)
+        assert len(got.probes) <= 5, (memory, got.probes)
+        checked += 1
+    assert checked >= 2

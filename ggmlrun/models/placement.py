@@ -21,6 +21,7 @@ load_tensors, llama_model_loader::create_tensor, llama_kv_cache, llama_context's
 
 from __future__ import annotations
 
+import functools
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -64,6 +65,18 @@ class Placement:
             out.append((name, tuple(first.setdefault(b, il) if b is not None else il
                                     for il, b in enumerate(copies))))
         return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def is_expert_tensor(name: str) -> bool:
+    """Whether --cpu-moe / --n-cpu-moe move this tensor (llama.cpp's LLM_FFN_EXPS_REGEX); asked
+    once per name: fit places the same tensors again at every probe."""
+    return _experts_regex().search(name) is not None
+
+
+@functools.cache
+def _experts_regex():
+    return compile_override(LLM_FFN_EXPS_REGEX)
 
 
 def _layer_name(name: str) -> int | None:
@@ -120,13 +133,13 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
         except ValueError as err:
             raise InputError(f"--override-tensor {pattern}={backend}: bad regex: {err}") from None
 
-    moe_rx = compile_override(LLM_FFN_EXPS_REGEX) if (opts.cpu_moe or opts.n_cpu_moe) else None
+    moves_experts = bool(opts.cpu_moe or opts.n_cpu_moe)
 
     def where(name: str, default: int) -> int:
         for rx, b in rules:
             if rx.search(name):
                 return b
-        if moe_rx is not None and moe_rx.search(name):
+        if moves_experts and is_expert_tensor(name):
             il = _layer_name(name)
             if opts.cpu_moe or (il is not None and il < opts.n_cpu_moe):
                 return cpu

@@ -288,7 +288,7 @@ def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
     """`enough(figures, reserved)`: asked first with the weights, KV and state alone (reserved
     "none": no compute buffer yet), then with the pp graph's buffers ("pp"): each is a lower
     bound of the whole reserve's (the allocator only grows), so when it says yes the rest is
-    left out and the measure is partial (`reserved` says how far it went). fit passes "every
+    left out and the measure is partial (`reserved` says how far it went). fit passes "a
     device already misses", which nothing left out could undo."""
     check_options(model, backends, opts)
     with gc_paused():

@@ -116,12 +116,15 @@ def model_fit_dict(model, result) -> dict:
                           **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
                               "output_bytes": b.output_bytes} if b.kind == "cpu" else {})}
                          for b in result.backends],
-            "probes": [{"ngl": n, "ctx": c, **({"n_cpu_moe": m} if result.n_cpu_moe is not None
-                                                else {}), "reserved": r}
-                       for (n, c), m, r in zip(result.probes, result.probe_moe or
-                                               [0] * len(result.probes),
-                                               result.probe_reserved or
-                                               ["pp+tg"] * len(result.probes))],
+            "probes": [{"ngl": n, "ctx": c,
+                        **({"n_cpu_moe": m} if result.n_cpu_moe is not None else {}),
+                        **({"tensor_split": [int(x) if float(x).is_integer() else x
+                                             for x in ts]} if ts else {}),
+                        "reserved": r}
+                       for (n, c), m, ts, r in zip(
+                           result.probes, result.probe_moe or [0] * len(result.probes),
+                           result.probe_splits or [None] * len(result.probes),
+                           result.probe_reserved or ["pp+tg"] * len(result.probes))],
             **({"tensor_split": [int(x) for x in result.tensor_split]}
                if getattr(result, "tensor_split", None) else {}),
             "seconds": result.seconds, "command": result.command or None,

@@ -90,6 +90,6 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                      measure=m, probes=list(probe.order), advice=advice,
                      seconds=time.perf_counter() - start, command=command,
                      probe_moe=list(probe.order_moe),
-                     probe_reserved=probe.order_reserved,
+                     probe_reserved=probe.order_reserved, probe_splits=probe.order_splits,
                      n_cpu_moe=probe.n_cpu_moe if experts or opts.n_cpu_moe else None,
                      tensor_split=probe.split if probe.split != opts.tensor_split else None)

@@ -47,6 +47,7 @@ class FitResult:
     probe_moe: list[int] = field(default_factory=list)   # each probe's --n-cpu-moe
     # each probe's reserve: "pp+tg" (whole), "pp" or "none" (the devices already short)
     probe_reserved: list[str] = field(default_factory=list)
+    probe_splits: list = field(default_factory=list)    # each probe's -ts (None: llama.cpp's)
     seconds: float = 0.0
     advice: str = ""
     command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
@@ -65,11 +66,12 @@ class Prober:
     as FitBackend rows. `n_cpu_moe` and `split` are what a probe that names neither uses: the
     searches set them to their answer, so the later ones measure with it.
 
-    A placement whose pp graph alone already leaves every device short is not reserved further
-    (the tg graph can only grow the buffers): every search's question, whether the devices or
-    all backends fit, has its answer, no, and the rows are lower bounds, good for guesses.
-    `weights_decide`: not even the pp graph when the weights and KV alone leave every device
-    short (rows without a compute buffer: only where the next guess does not need one).
+    A placement whose pp graph alone already leaves a device short is not reserved further
+    (the tg graph can only grow the buffers): whether the devices, or all backends, fit has its
+    answer, no. Such rows are lower bounds: a device short there is short, one that fits may
+    not (a question about one device completes the reserve: moe_split); good for guesses.
+    `weights_decide`: not even the pp graph when the weights and KV alone leave a device short
+    (rows without a compute buffer: only where the next guess does not need one).
     `complete=True` asks for the whole reserve (what is shown to the user)."""
 
     def __init__(self, model, backends, opts, margins):
@@ -94,7 +96,7 @@ class Prober:
                                       tensor_split=split),
                               enough=None if complete else
                               lambda figures, reserved: ((weights_decide or reserved != "none")
-                                                         and self._every_device_short(figures)))
+                                                         and self._a_device_short(figures)))
             self.seen[key] = known = (self._rows(m.backends), m)
         return known
 
@@ -108,6 +110,10 @@ class Prober:
         return [ncm for _, _, ncm, _ in self.seen]
 
     @property
+    def order_splits(self) -> list:
+        return [split for _, _, _, split in self.seen]
+
+    @property
     def order_reserved(self) -> list[str]:
         """How far each placement's reserve went (ModelMeasure.reserved)."""
         return [m.reserved for _, m in self.seen.values()]
@@ -116,10 +122,8 @@ class Prober:
         return [FitBackend(**vars(f), margin_bytes=margin)
                 for f, margin in zip(figures, self.margins)]
 
-    def _every_device_short(self, figures) -> bool:
-        rows = self._rows(figures)
-        devices = [r for r in rows if r.kind != "cpu"]
-        return bool(devices) and not any(r.fits for r in devices)
+    def _a_device_short(self, figures) -> bool:
+        return any(not r.fits for r in self._rows(figures) if r.kind != "cpu")
 
 
 def devices_fit(rows: list[FitBackend]) -> bool:

@@ -5,9 +5,11 @@ several devices (and no -ts given) the split is searched with N (moe_split.py)."
 
 from __future__ import annotations
 
-from ggmlrun.models.fit.core import FitBackend, Prober, device_room, devices_fit
+from ggmlrun.models.fit.core import FitBackend, Prober, devices_fit
 from ggmlrun.models.fit.moe_split import moe_split_fit
 from ggmlrun.models.fit.ngl import device_ngl
+
+GUESSES = 4                       # model guesses before the bracket is bisected
 
 
 def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
@@ -36,10 +38,15 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
         return device_ngl(probe, ctx, n_max, without_experts(costs, experts))
     miss_lo, fit_hi = lo, None            # devices miss at miss_lo; fit at fit_hi (None: unknown)
     last = (lo, rows)
+    holder = layer_devices(probe, n_max, lo)
+    guesses = 0
     while not (fit_hi is not None and fit_hi - miss_lo <= 1) and miss_lo < n_layer:
         top = fit_hi if fit_hi is not None else n_layer + 1     # no N at or past it to try
-        guess = moe_guess(*last, experts, n_layer)
-        if not miss_lo < guess < top:
+        guess = moe_guess(*last, experts, holder) if guesses < GUESSES else None
+        guesses += 1
+        if guess is not None and fit_hi is not None and guess >= top:
+            guess = top - 1       # the model puts the edge at the fit we have: the N below it
+        if guess is None or not miss_lo < guess < top:
             guess = (miss_lo + top) // 2
         for n in (guess, guess - 1):
             if not miss_lo < n < (fit_hi if fit_hi is not None else n_layer + 1):
@@ -65,11 +72,37 @@ def without_experts(costs: dict[int, int], experts: dict[int, int]) -> dict[int,
     return {il: c - experts.get(il, 0) for il, c in costs.items()}
 
 
-def moe_guess(n: int, rows: list[FitBackend], experts: dict[int, int], n_layer: int) -> int:
-    """The N whose expert layers n, n+1, ... moved to the CPU cover what the devices lack at N
-    = n (at least n + 1)."""
-    room = device_room(rows)
-    while room < 0 and n < n_layer:
-        room += experts.get(n, 0)
+def layer_devices(probe: Prober, n_max: int, n_cpu_moe: int) -> list[int]:
+    """The backend holding each layer at -ngl all with the prober's split: an expert layer
+    moved to the CPU frees bytes on that device only."""
+    from dataclasses import replace
+
+    from ggmlrun.models.placement import place
+
+    opts = replace(probe.opts, ngl=n_max, n_cpu_moe=n_cpu_moe, tensor_split=probe.split)
+    return place(probe.model.hparams, probe.model.tensors, probe.backends, opts).layer
+
+
+def moe_guess(n: int, rows: list[FitBackend], experts: dict[int, int],
+              holder: list[int]) -> int:
+    """The smallest N the expert bytes per layer say fits, from the rows measured at N = n,
+    layer by layer on the device that holds it: with devices short, the experts of layers n,
+    n+1, ... go to the CPU until each is covered (at least n + 1; with a split given, the first
+    layers' experts free the first device only, so a short last device waits for its own
+    layers); with every device fitting, layers n-1, n-2, ... take theirs back while each
+    still has room."""
+    free = {i: r.free_bytes for i, r in enumerate(rows) if r.kind != "cpu"}
+    need = {d: -f for d, f in free.items() if f < 0}
+    if not need:
+        while n > 1 and holder[n - 1] in free and free[holder[n - 1]] >= experts.get(n - 1, 0):
+            free[holder[n - 1]] -= experts.get(n - 1, 0)
+            n -= 1
+        return n
+    while need and n < len(holder):
+        d = holder[n]
+        if d in need:
+            need[d] -= experts.get(n, 0)
+            if need[d] <= 0:
+                del need[d]
         n += 1
     return max(n, 1)

@@ -85,13 +85,17 @@ class _Search:
     def __init__(self, probe: Prober, ctx: int, n_max: int, model: _SplitModel):
         self.probe, self.ctx, self.n_max, self.model = probe, ctx, n_max, model
 
-    def rows(self, n: int, ends: tuple[int, ...]) -> list[FitBackend]:
-        rows = self.probe.full(self.n_max, self.ctx, n, split_of(ends, self.n_max))[0]
+    def rows(self, n: int, ends: tuple[int, ...], complete: bool = False) -> list[FitBackend]:
+        rows = self.probe.full(self.n_max, self.ctx, n, split_of(ends, self.n_max),
+                               complete=complete)[0]
         self.model.learn(rows, ends, n)
         return rows
 
     def fits(self, n: int, ends: tuple[int, ...], d: int) -> bool:
-        return self.rows(n, ends)[self.model.devices[d]].fits
+        """Device d alone: a reserve cut short (another device already short) says only that
+        a short device is short, so one where d fits is completed."""
+        i = self.model.devices[d]
+        return self.rows(n, ends)[i].fits and self.rows(n, ends, complete=True)[i].fits
 
     def split(self, n: int) -> tuple[int, ...] | None:
         """The ends of a split that fits at N (measured), or None when none does (proved)."""
