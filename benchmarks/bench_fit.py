@@ -130,6 +130,8 @@ def commands() -> list[list[str]]:
             whole_command("qwen3.5-27b-q4_k_m.yaml", "8GiB", "auto"),
             whole_command("qwen3.5-35b-a3b-q4_k_m.yaml", "8GiB", "auto"),
             whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB", "auto"),
+            whole_command("qwen3-235b-a22b-q4_k_m.yaml", "48GiB,24GiB", "auto"),
+            whole_command("qwen3-235b-a22b-q4_k_m.yaml", "24GiB,12GiB,12GiB", "auto"),
             whole_command("deepseek-v3-q4_k_m.yaml", "24GiB", "8192", MLA_RAM)]
 
 
