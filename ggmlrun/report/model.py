@@ -141,7 +141,7 @@ def fit_table(model, result) -> Table:
     rows = result.backends
     unit, size = _unit([b.total_bytes for b in rows])    # the figures read, not the memory
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "
-                        f"({len(result.probes)} reserves, {seconds_text(result.seconds)}); "
+                        f"({_probes_text(result)}, {seconds_text(result.seconds)}); "
                         f"sizes in {unit}")
     table.add_column("backend")
     kv = "KV+state" if any(b.state_bytes for b in rows) else "KV"
@@ -228,3 +228,12 @@ def memory_bars(rows, margins: dict[str, int] | None = None) -> list[dict]:
                                   "free": max(free, 0)},
                      "over": max(-free, 0)})
     return bars
+
+
+def _probes_text(result) -> str:
+    """How many placements were measured and how far: a miss known from the pp graph alone
+    (or the weights alone) is not reserved in full."""
+    reserved = result.probe_reserved or ["pp+tg"] * len(result.probes)
+    short = len(reserved) - reserved.count("pp+tg")
+    text = f"{len(reserved)} reserve{'s' if len(reserved) != 1 else ''}"
+    return text + (f", {short} cut short as misses" if short else "")
