@@ -10,7 +10,7 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, emit_json
-from ggmlrun.cli.model_options import planned_for_dict, print_planned_for
+from ggmlrun.cli.model_options import planned_for_dict, print_model_figures, print_planned_for
 
 
 def _validate_model(model, backends, opts, as_json):
@@ -50,14 +50,8 @@ def _measure_model(model_input, as_json):
         emit_json({**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
                    "command": command, **planned_for_dict(model_input)})
     else:
-        print_planned_for(model_input)
-        from ggmlrun import visual
-
-        report.print_tables(stdout(), report.model_measure_table(model, figures))
-        visual.print_memory_bars(stdout(), report.memory_bars(figures.backends))
-        for line in report.host_lines(figures.backends, opts.no_mmap, stdout().width):
-            click.echo(line)
-        click.echo(f"llama.cpp: {command}")
+        print_model_figures(model_input, report.model_measure_table(model, figures),
+                            figures.backends, opts.no_mmap, f"llama.cpp: {command}")
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
 

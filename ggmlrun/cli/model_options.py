@@ -246,3 +246,16 @@ def print_planned_for(model_input) -> None:
 def planned_for_dict(model_input) -> dict:
     _, backends, _ = model_input
     return {"planned_for": report.planned_for_dict(backends, model_input.sources)}
+
+
+def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: str) -> None:
+    """The text report of measure MODEL and fit: where the sizes came from, the figures'
+    table, each backend's memory bar, the host's lines, and the command's own last line."""
+    from ggmlrun import visual
+
+    print_planned_for(model_input)
+    report.print_tables(stdout(), table)
+    visual.print_memory_bars(stdout(), report.memory_bars(backends))
+    for line in report.host_lines(backends, no_mmap, stdout().width):
+        click.echo(line)
+    click.echo(last_line)
