@@ -34,6 +34,7 @@ NOT_FOR_A_HEADER = {
     "ggmlrun.core.memory": "the allocator",
     "ggmlrun.core.run": "the executor",
     "ggmlrun.core.frontend.loader": "the graph-file loader",
+    "ggmlrun.core.frontend.leaves": "the graph-file loader",
     "ggmlrun.core.frontend.backends_file": "the backends-file reader",
     "ggmlrun.core.frontend.yamlfile": "the YAML reader",
     "ggmlrun.report.graph": "graph reports",

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.backends.spec import BackendSpec, default_backends
-from ggmlrun.core.frontend.loader import load_backends, load_graph
+from ggmlrun.core.frontend.backends_file import load_backends
+from ggmlrun.core.frontend.loader import load_graph
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.sched.schedule import Schedule
 from ggmlrun.core.sched.scheduler import Scheduler
