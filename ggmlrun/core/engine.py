@@ -105,7 +105,8 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
 
 
 def _plan_memory(sched: Schedule, planner: str) -> tuple[MemoryPlan, list[BackendMemory]]:
-    from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence, layout_weights
+    from ggmlrun.core.memory.alloc import GraphAllocator, layout_weights
+    from ggmlrun.core.memory.sequence import allocation_sequence
 
     alignments = [b.alignment for b in sched.backends]
     leafs, entries = allocation_sequence(sched)
