@@ -43,8 +43,8 @@ def pack(csv_file, capacity, out_file, time_limit, as_json):
     """The offset planner alone, on MiniMalloc's CSV format (id,lower,upper,size)."""
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.core.frontend.backends_file import parse_size
-    from ggmlrun.core.memory.pack import (FALLBACK_PREFIX, plan_offsets, read_csv, verify,
-                                          write_csv)
+    from ggmlrun.core.memory.pack import FALLBACK_PREFIX, plan_offsets, verify
+    from ggmlrun.core.memory.pack_csv import read_csv, write_csv
     from ggmlrun.core.util.notes import note
     from ggmlrun.core.util.outputs import check_output
 
