@@ -2,6 +2,6 @@
 
 from ggmlrun.core.ir.ops.registry import OPS, REQUIRED, OpResult, OpSpec, get_op, make_node, register
 from ggmlrun.core.ir.ops import (elementwise, layout, llm, matmul, moe, nn,  # noqa: F401
-                                 recurrent, reduce)  # (registers)
+                                 recurrent, reduce, rope)  # (registers)
 
 __all__ = ["OPS", "REQUIRED", "OpResult", "OpSpec", "get_op", "make_node", "register"]
