@@ -1,8 +1,8 @@
 """The graph allocator: ggml's `ggml_gallocr` measure pass, offsets only, one arena per backend.
 
 It walks the same sequence ggml's allocator walks (sequence.py; inputs first, then per node:
-its sources, the node, then frees each source whose last consumer this was) and places every tensor that
-owns memory with ggml's free-block allocator (`FreeBlocks`). It records each slot's life so the
+its sources, the node, then frees each source whose last consumer this was) and places every
+tensor that owns memory with ggml's free-block allocator (`FreeBlocks`). It records each slot's life so the
 lower bound, the no-overlap check and the offline planner all work from the very same schedule.
 
 Faithful to ggml 0.15.3 (vendor/ggml/src/ggml-alloc.c), with one deliberate difference: an
