@@ -14,7 +14,8 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
-    F32, FLOATS, fmt, need_dtype, need_float, need_ndim, quiet, store, want_number, who)
+    F32, FLOATS, fmt, need_dtype, need_float, need_ndim, per_element, quiet, store, want_number,
+    who)
 from ggmlrun.core.ir.ops.quant import can_encode, from_f32, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 from ggmlrun.core.ir.ops.elementwise import gelu_fp16_table
@@ -132,7 +133,7 @@ def _glu_kernel(out, a, b=None, *, op, swapped, alpha, limit):
 
 register(OpSpec(name="glu", n_src=(1, 2), infer=_glu_infer, kernel=_glu_kernel,
                 params={"op": REQUIRED, "swapped": False, "alpha": 0.0, "limit": 0.0},
-                flops=lambda out, srcs: 5 * out.n_elements,
+                flops=per_element(5),
                 summary="gated unit: act(x)·g with x, g = a, b (or a's halves); "
                         "act silu|gelu (ggml's f16 table)|relu (swiglu|geglu|reglu); "
                         "swiglu_oai: min(x, limit)·sigmoid(alpha·x)·(clamp(g, ±limit) + 1)"))
