@@ -23,7 +23,8 @@ from _common import machine, table
 
 from ggmlrun.core import engine
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.frontend.loader import load_backends, load_graph
+from ggmlrun.core.frontend.backends_file import load_backends
+from ggmlrun.core.frontend.loader import load_graph
 
 GRAPHS = _common.ROOT / "graphs"
 CPU_ONLY = GRAPHS / "backends" / "cpu.yaml"

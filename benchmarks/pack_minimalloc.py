@@ -14,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from ggmlrun.core.memory.pack import lower_bound, plan_greedy, plan_offsets, read_csv, verify
+from ggmlrun.core.memory.pack import lower_bound, plan_offsets, verify
+from ggmlrun.core.memory.pack_csv import read_csv
+from ggmlrun.core.memory.pack_greedy import plan_greedy
 
 CAPACITY = 1_048_576
 DEFAULT_DATA = Path("/work/shared/data/minimalloc")

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from ggmlrun.core import engine
-from ggmlrun.core.memory.alloc import AllocationSequence, FreeBlocks, GraphAllocator
+from ggmlrun.core.memory.alloc import FreeBlocks, GraphAllocator
+from ggmlrun.core.memory.sequence import AllocationSequence
 from ggmlrun.core.backends.spec import default_cpu
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import get_op, make_node

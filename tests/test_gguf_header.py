@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from ggmlrun.models import gguf_header
+from ggmlrun.models import gguf_reader
 from ggmlrun.models.gguf_header import UnreadArray, read_header
 from ggmlrun.models.modelfile import WEIGHT_TYPES, read_gguf
 from tests.clikit import invoke
@@ -67,7 +67,7 @@ def test_reads_what_gguf_reads(path):
 def test_small_chunks_read_the_same(monkeypatch):
     """Reads that straddle the reader's chunks (the header read in 7-byte pieces)."""
     whole = read_header(Q8)
-    monkeypatch.setattr(gguf_header, "_CHUNK", 7)
+    monkeypatch.setattr(gguf_reader, "_CHUNK", 7)
     pieces = read_header(Q8)
     assert pieces.kv == whole.kv and pieces.tensors == whole.tensors
 
@@ -359,7 +359,7 @@ def test_string_walk_checks_every_length(tmp_path, raw, monkeypatch, chunk, whic
                                          words):
     """The walk over the vocabulary's strings checks each length (limit, end of file), in
     whatever chunks the file is read."""
-    monkeypatch.setattr(gguf_header, "_CHUNK", chunk)
+    monkeypatch.setattr(gguf_reader, "_CHUNK", chunk)
     at = layout(raw).keys["tokenizer.ggml.tokens"][1] + 4 + 4 + 8       # string 0's length
     for _ in range(which):
         at += 8 + struct.unpack_from("<Q", raw, at)[0]

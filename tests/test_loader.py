@@ -16,7 +16,8 @@ import pytest
 
 from ggmlrun.core.backends.spec import GiB, physical_memory
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.frontend.loader import load_backends, load_graph, parse_backends, parse_size
+from ggmlrun.core.frontend.backends_file import load_backends, parse_backends, parse_size
+from ggmlrun.core.frontend.loader import load_graph
 
 HERE = Path(__file__).parent
 BAD_GRAPHS = sorted((HERE / "bad_graphs").glob("*.yaml"))

@@ -203,7 +203,7 @@ def _fuzz_values():
 def test_no_value_reaches_a_kernel_unchecked(tmp_path):
     """Every rule key set to each of a set of awkward values: `run` either refuses it (exit 2,
     one line) or computes finite logits; never exit 1, an internal error or a warning."""
-    from ggmlrun.models.hparam_rules import RULES
+    from ggmlrun.models.hparam_keys import RULES
 
     rng = random.Random(19)
     keys = list(RULES)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from clikit import invoke
-from ggmlrun.models.cards import _more_bits, bundled_cards, fit_row, mixture_type, read_card
+from ggmlrun.models.cards import bundled_cards, read_card
+from ggmlrun.models.quant_mixture import fit_row, mixture_type, more_bits
 from ggmlrun.models.load import load_input
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,7 +105,7 @@ def test_70b_q4_k_m_attn_v_rule_and_size():
 
 
 def test_use_more_bits_is_llama_quant_rule():
-    assert [i for i in range(32) if _more_bits(i, 32)] == \
+    assert [i for i in range(32) if more_bits(i, 32)] == \
         [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
 
 

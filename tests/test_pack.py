@@ -13,15 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.core.memory.pack import (
-    Buffer,
-    lower_bound,
-    plan_greedy,
-    plan_offsets,
-    read_csv,
-    verify,
-    write_csv,
-)
+from ggmlrun.core.memory.pack import Buffer, lower_bound, plan_offsets, verify
+from ggmlrun.core.memory.pack_csv import read_csv, write_csv
+from ggmlrun.core.memory.pack_greedy import plan_greedy
 
 MINIMALLOC = Path("/work/shared/data/minimalloc")
 

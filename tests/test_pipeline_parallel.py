@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence
+from ggmlrun.core.memory.alloc import GraphAllocator
+from ggmlrun.core.memory.sequence import allocation_sequence
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.models.load import load_model
 from ggmlrun.models.options import ModelOptions

@@ -121,7 +121,8 @@ def test_graphs_sharing_tensors_keep_their_own_plans():
     them, and the first schedule (or an allocation sequence built from it) must notice and
     renumber its own rows rather than read the other graph's."""
     from ggmlrun.core.ir.graph import Graph
-    from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence
+    from ggmlrun.core.memory.alloc import GraphAllocator
+    from ggmlrun.core.memory.sequence import allocation_sequence
 
     backends = default_backends()
     first = llama_graph(3, 2)

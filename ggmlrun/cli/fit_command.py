@@ -8,9 +8,9 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.cli.common import stdout, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
+from ggmlrun.cli.common import BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
 from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
-                                       print_planned_for)
+                                       print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 from ggmlrun.models.options import U32_MAX
 
@@ -89,14 +89,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     if as_json:
         emit_json({**report.model_fit_dict(model_file, result), **planned_for_dict(planned)})
     else:
-        print_planned_for(planned)
-        from ggmlrun import visual
-
-        report.print_tables(stdout(), report.fit_table(model_file, result))
-        visual.print_memory_bars(stdout(), report.memory_bars(result.backends))
-        for line in report.host_lines(result.backends, opts.no_mmap, stdout().width):
-            click.echo(line)
-        click.echo(report.fit_line(result))
+        print_model_figures(planned, report.fit_table(model_file, result), result.backends,
+                            opts.no_mmap, report.fit_line(result))
     if not result.fits:
         raise RunError(result.advice)
 

@@ -10,8 +10,9 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
 from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
-from ggmlrun.cli.model_options import model_options, _model_input, _validate_model, _model_schedule, _measure_model, _run_model
-from ggmlrun.cli.model_options import planned_for_dict, print_planned_for
+from ggmlrun.cli.model_commands import _measure_model, _model_schedule, _run_model, _validate_model
+from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
+                                       print_planned_for)
 
 
 @cli.command()

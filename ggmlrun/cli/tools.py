@@ -42,9 +42,9 @@ def ops(backends_file, as_json):
 def pack(csv_file, capacity, out_file, time_limit, as_json):
     """The offset planner alone, on MiniMalloc's CSV format (id,lower,upper,size)."""
     from ggmlrun.core.util.errors import RunError
-    from ggmlrun.core.frontend.loader import parse_size
-    from ggmlrun.core.memory.pack import (FALLBACK_PREFIX, plan_offsets, read_csv, verify,
-                                          write_csv)
+    from ggmlrun.core.frontend.backends_file import parse_size
+    from ggmlrun.core.memory.pack import FALLBACK_PREFIX, plan_offsets, verify
+    from ggmlrun.core.memory.pack_csv import read_csv, write_csv
     from ggmlrun.core.util.notes import note
     from ggmlrun.core.util.outputs import check_output
 
@@ -99,7 +99,7 @@ def _check_gen(name: str, device: str, out: Path | None) -> None:
 
 
 MAX_GEN_NODES = 200_000       # validate reads ~30k nodes a second: ~7 s at this bound
-MAX_GEN_TENSOR_BYTES = 2**40  # the loader's limit per tensor (frontend/loader.py)
+MAX_GEN_TENSOR_BYTES = 2**40  # the loader's limit per tensor (frontend/leaves.py)
 
 
 def _check_gen_size(layers: int, nodes_per_layer: int, tensors: dict[str, list[int]]) -> None:

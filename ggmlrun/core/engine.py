@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.backends.spec import BackendSpec, default_backends
-from ggmlrun.core.frontend.loader import load_backends, load_graph
+from ggmlrun.core.frontend.backends_file import load_backends
+from ggmlrun.core.frontend.loader import load_graph
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.sched.schedule import Schedule
 from ggmlrun.core.sched.scheduler import Scheduler
@@ -104,7 +105,8 @@ def plan_memory(sched: Schedule, planner: str = "ggml") -> tuple[MemoryPlan, lis
 
 
 def _plan_memory(sched: Schedule, planner: str) -> tuple[MemoryPlan, list[BackendMemory]]:
-    from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence, layout_weights
+    from ggmlrun.core.memory.alloc import GraphAllocator, layout_weights
+    from ggmlrun.core.memory.sequence import allocation_sequence
 
     alignments = [b.alignment for b in sched.backends]
     leafs, entries = allocation_sequence(sched)

@@ -1,9 +1,9 @@
 """llama.cpp's llm_graph_context for one ubatch of a decoder-only model: the inputs, the shared
-layer pieces (build_norm, build_qkv, rope, build_attn, build_ffn) and the output head. An
-architecture module (models/llama.py, models/arch/*.py) is then only its layer loop, as
-llama.cpp's src/models/<arch>.cpp are. Two pieces live beside it: the attention and the KV
-cache's views (models/attention.py) and the mixture-of-experts FFN (models/moe_ffn.py, called
-as `moe_ffn`).
+layer pieces (build_norm, build_qkv, rope, build_attn, build_ffn). An architecture module
+(models/llama.py, models/arch/*.py) is then only its layer loop, as llama.cpp's
+src/models/<arch>.cpp are. Three pieces live beside it: the attention and the KV cache's views
+(models/attention.py), the mixture-of-experts FFN (models/moe_ffn.py, called as `moe_ffn`) and
+the output head with the ModelGraph it returns (models/model_graph.py).
 
 One ubatch of `n_tokens` tokens, `n_outputs` output rows and `n_kv` cache cells attended over.
 Every call is one of llama.cpp's (src/llama-graph.cpp), in its order, so the nodes, their order
@@ -13,47 +13,18 @@ and their names are llama.cpp's. Weights are looked up by gguf's tensor names
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
-from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
-# check_tensors and default_kq_scale lived here; arch modules import them from base
-from ggmlrun.models.arch.base import check_tensors, default_kq_scale, tn  # noqa: F401
+from ggmlrun.models.arch.base import check_tensors, tn
 from ggmlrun.models.attention import KVCache, attn_inputs, build_attn_kv
 from ggmlrun.models.graph_common import GraphBuilder, LayerContext
 from ggmlrun.models.moe_ffn import build_moe_ffn
+from ggmlrun.models.model_graph import ModelGraph, output_head
 from ggmlrun.models.rope import rope_freqs_layers, rope_params
-
-
-@dataclass
-class ModelGraph:
-    graph: Graph
-    weights: dict[str, Tensor]            # GGUF name -> leaf
-    output_weight: Tensor                  # what result_output multiplies by (tied: a duplicate)
-    cache: KVCache
-    inputs: dict[str, Tensor]
-    norm_pins: list[tuple[Tensor, int]]    # rms_norm nodes llama.cpp may pin, with their layer
-    kqv_outs: list[Tensor]                 # pinned to the CPU when the KV cache stays there
-    rope_freqs: dict[int, Tensor]          # per layer: its rope factors (or their duplicate)
-    n_tokens: int
-    n_outputs: int
-    rope_freqs_name: str = "rope_freqs.weight"   # the GGUF tensor rope_freqs' leaves hold
-    # inputs an architecture adds, each with how run fills it from the token positions
-    extra_inputs: dict[Tensor, Callable] = field(default_factory=dict)
-    # llama_kv_cache_iswa: the sliding-window layers' cache and its own attention inputs
-    # (k_idxs, v_idxs, kq_mask, named as the full cache's); None / {} without SWA layers
-    swa_cache: KVCache | None = None
-    swa_inputs: dict[str, Tensor] = field(default_factory=dict)
-    swa_n_kv: int = 0                      # cells the SWA layers attend over
-    n_swa: int = 0                         # the window (the SWA mask's rule)
-
-    @property
-    def caches(self) -> list[KVCache]:
-        """Every attention cache: the full one, then the SWA one."""
-        return [self.cache] + ([self.swa_cache] if self.swa_cache is not None else [])
 
 
 class Decoder:
@@ -303,51 +274,6 @@ class Decoder:
     def add(self, a: Tensor, c: Tensor) -> Tensor:
         return self.b.op("add", [a, c], a.shape)
 
-    # --- the output head -----------------------------------------------------------------------
-    def finish(self, inpL: Tensor, softcap: float | None = None,
-               rows_after_norm: bool = False, rows_before_norm: bool = False) -> ModelGraph:
-        """result_norm, the lm_head (plus output.bias where the architecture has one; with
-        `softcap`, the final logit softcapping scale, tanh, scale) as result_output, and the
-        graph."""
-        b = self.b
-        outputs = []
-        if rows_after_norm:    # gemma4: every row normed (h_nextn, an output), then out_ids'
-            h = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "h_nextn", -1)
-            outputs.append(h)
-            cur = b.cb(b.op("get_rows", [h, self.inputs["out_ids"]], (self.n_outputs, h.shape[-1])),
-                       "result_norm", -1)
-        elif rows_before_norm:    # gpt-oss: every row out of the last layer (t_h_nextn, an
-            outputs.append(inpL)  # output), then out_ids' rows, then the norm
-            cur = b.op("get_rows", [inpL, self.inputs["out_ids"]], (self.n_outputs, inpL.shape[-1]))
-            cur = b.cb(self.norm(cur, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
-        else:
-            cur = b.cb(self.norm(inpL, self.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
-        result_norm = cur
-        cur = self.ctx.mul_mat(self.output_w, cur)
-        bias = self.optional(T.OUTPUT, None, "bias")
-        if bias is not None:
-            cur = self.add_bias(cur, bias)
-        if softcap is None:
-            softcap = getattr(self.hp, "f_final_logit_softcapping", 0.0)
-        if softcap:
-            from ggmlrun.models.hparam_rules import as_f32     # 1.0f / softcap, in float
-            cur = b.op("scale", [cur], cur.shape, s=as_f32(1.0 / as_f32(softcap)))
-            cur = b.op("tanh", [cur], cur.shape)
-            cur = b.op("scale", [cur], cur.shape, s=softcap)
-        cur = b.cb(cur, "result_output", -1)
-        b.expand(cur)
-        graph = b.graph(self.model.name, outputs=outputs + [result_norm, cur])
-        graph.path = self.model.path
-        return ModelGraph(graph=graph, weights=self.weights, output_weight=self.output_w,
-                          cache=self.cache, inputs=self.inputs,
-                          norm_pins=[(t, il) for t, _, il in b.pins],
-                          kqv_outs=list(b.kqv_outs), rope_freqs=self.rope_freqs,
-                          n_tokens=self.T, n_outputs=self.n_outputs,
-                          rope_freqs_name=self.rope_freqs_name or "rope_freqs.weight",
-                          extra_inputs=self.extra_inputs, swa_cache=self.swa_cache,
-                          swa_inputs=self.swa_inputs, swa_n_kv=self.swa_n_kv,
-                          n_swa=self.hp.n_swa)
-
 
 def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                 flash_attn: bool, kv_type: str, shared: tuple = (),
@@ -371,5 +297,5 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     d.shared = dict(shared)
     d.rs_zero = rs_zero
     d.n_seqs = d.n_rs = n_seqs
-    return d.finish(arch.build(d), rows_after_norm=arch.rows_after_norm,
-                    rows_before_norm=arch.rows_before_norm)
+    return output_head(d, arch.build(d), rows_after_norm=arch.rows_after_norm,
+                       rows_before_norm=arch.rows_before_norm)

@@ -1,5 +1,6 @@
 """A GGUF file's header, read and checked as ggml's gguf.cpp (`gguf_init_from_reader`) and
-llama.cpp's model loader check it, with plain `struct` reads.
+llama.cpp's model loader check it, with plain `struct` reads through gguf_reader's
+BoundedReader.
 
 Every count and length is checked against the bytes left in the file before anything is
 allocated or looped over; arrays are skipped by their size (string arrays by a walk of their
@@ -20,10 +21,10 @@ from dataclasses import dataclass, field
 from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.fmt import clip
+from ggmlrun.models.gguf_reader import BoundedReader
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)                 # gguf.cpp: v1 "no longer supported", above 3 unknown
-MAX_STRING = 1 << 30              # GGUF_MAX_STRING_LENGTH
 MAX_ARRAY = 1 << 30               # GGUF_MAX_ARRAY_ELEMENTS
 MAX_NAME = 64                     # GGML_MAX_NAME, the NUL included
 MAX_DIMS = 4                      # GGML_MAX_DIMS
@@ -31,7 +32,6 @@ INT64_MAX = (1 << 63) - 1
 SIZE_MAX = (1 << 64) - 1
 DEFAULT_ALIGNMENT = 32            # GGUF_DEFAULT_ALIGNMENT
 DECODED_ARRAY_MAX = 4096          # longer arrays, and tokenizer.* ones, keep their length only
-_CHUNK = 1 << 20
 
 STRING, ARRAY = 8, 9
 # gguf_type -> (name, struct code); strings and arrays are read by hand
@@ -39,7 +39,6 @@ SCALARS = {0: ("u8", "B"), 1: ("i8", "b"), 2: ("u16", "H"), 3: ("i16", "h"), 4: 
            5: ("i32", "i"), 6: ("f32", "f"), 7: ("bool", "?"), 10: ("u64", "Q"),
            11: ("i64", "q"), 12: ("f64", "d")}
 _ONE = {code: struct.Struct("<" + fmt) for code, (_, fmt) in SCALARS.items()}
-_U32, _I32, _U64, _I64 = (struct.Struct("<" + c) for c in "IiQq")
 
 
 @dataclass(frozen=True)
@@ -105,115 +104,18 @@ def shown(name: str) -> str:
     return text if text.isprintable() else "".join(
         c if c.isprintable() else repr(c)[1:-1] for c in text)
 
-
-class _Reader:
-    """Sequential little-endian reads over a file, in chunks; every read checked against the
-    file's size first (the size fstat gave when the file was opened)."""
-
-    def __init__(self, handle, size: int, path: str):
-        self.f, self.size, self.path = handle, size, path
-        self.buf, self.base, self.pos = b"", 0, 0
-
-    def fail(self, message: str, culprit: str | None = None):
-        return InputError(message, file=self.path, culprit=culprit)
-
-    def truncated(self, end: int, what: str, culprit: str | None = None):
-        return self.fail(f"{what} runs past the end of the file: truncated at byte {self.size} "
-                         f"of {end}", culprit)
-
-    def need(self, n: int, what: str, culprit: str | None = None) -> int:
-        """The buffer offset of the next n bytes, which are then consumed."""
-        end = self.pos + n
-        if end > self.size:
-            raise self.truncated(end, what, culprit)
-        if end > self.base + len(self.buf):
-            self._load(n, what, culprit)
-        at = self.pos - self.base
-        self.pos = end
-        return at
-
-    def _load(self, n: int, what: str, culprit: str | None) -> None:
-        self.f.seek(self.pos)
-        data = self.f.read(min(max(n, _CHUNK), self.size - self.pos))
-        if len(data) < n:           # the file shrank since it was opened
-            raise self.fail(f"{what}: the file ended at byte {self.pos + len(data)} while it "
-                            f"was read (truncated at byte {self.pos + len(data)} of "
-                            f"{self.pos + n})", culprit)
-        self.buf, self.base = data, self.pos
-
-    def scalar(self, code: int, what: str, culprit: str | None = None):
-        return self.unpack(_ONE[code], what, culprit)
-
-    def unpack(self, unpacker: struct.Struct, what: str, culprit: str | None = None):
-        at = self.need(unpacker.size, what, culprit)      # (it may load a new buffer)
-        return unpacker.unpack_from(self.buf, at)[0]
-
-    def u32(self, what, culprit=None) -> int:
-        return self.unpack(_U32, what, culprit)
-
-    def i32(self, what, culprit=None) -> int:
-        return self.unpack(_I32, what, culprit)
-
-    def u64(self, what, culprit=None) -> int:
-        return self.unpack(_U64, what, culprit)
-
-    def i64(self, what, culprit=None) -> int:
-        return self.unpack(_I64, what, culprit)
-
-    def raw_string(self, what: str, culprit: str | None = None) -> bytes:
-        n = self.u64(f"{what}'s length", culprit)
-        if n > MAX_STRING:
-            raise self.fail(f"{what} is {n} bytes long; gguf.cpp's limit is {MAX_STRING}", culprit)
-        at = self.need(n, f"{what} ({n} bytes)", culprit)
-        return self.buf[at:at + n]
-
-    def skip(self, nbytes: int, what: str, culprit: str) -> None:
-        if self.pos + nbytes > self.size:
-            raise self.truncated(self.pos + nbytes, what, culprit)
-        self.pos += nbytes
-
-    def skip_strings(self, count: int, culprit: str) -> None:
-        """A bounded walk over `count` length-prefixed strings, reading only the lengths. The
-        loop only adds: a length over the limit or past the end moves `pos` out of the chunk
-        (1 MiB, less than the limit), and the checks run where the chunk ends and after it."""
-        pos, unpack = self.pos, _U64.unpack_from
-        buf, base = self.buf, self.base
-        top, n = base + len(buf), 0
-        for i in range(count):
-            if pos + 8 > top:
-                self._string_checks(i - 1, n, pos, culprit)
-                if pos + 8 > self.size:
-                    raise self.truncated(pos + 8, f"string {i}'s length", culprit)
-                self.pos = pos
-                self._load(8, f"string {i}'s length", culprit)
-                buf, base = self.buf, self.base
-                top = base + len(buf)
-            n = unpack(buf, pos - base)[0]
-            pos += 8 + n
-        self._string_checks(count - 1, n, pos, culprit)
-        self.pos = pos
-
-    def _string_checks(self, i: int, n: int, end: int, culprit: str) -> None:
-        """String i, `n` bytes long, ends at byte `end`: within gguf.cpp's limit and the file."""
-        if n > MAX_STRING:
-            raise self.fail(f"string {i} is {n} bytes long; gguf.cpp's limit is {MAX_STRING}",
-                            culprit)
-        if end > self.size:
-            raise self.truncated(end, f"string {i} ({n} bytes)", culprit)
-
-
-def _text(raw: bytes, what: str, r: _Reader, culprit: str | None = None) -> str:
+def _text(raw: bytes, what: str, r: BoundedReader, culprit: str | None = None) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise r.fail(f"{what} is not UTF-8 text", culprit) from None
 
 
-def _value(r: _Reader, key: str, gtype: int):
+def _value(r: BoundedReader, key: str, gtype: int):
     """One key's value (type already read): (value, type name)."""
     culprit = f"key '{shown(key)}'"
     if gtype in SCALARS:
-        return r.scalar(gtype, "its value", culprit), SCALARS[gtype][0]
+        return r.unpack(_ONE[gtype], "its value", culprit), SCALARS[gtype][0]
     if gtype == STRING:
         return r.raw_string("its string", culprit).decode("utf-8", "replace"), "str"
     if gtype != ARRAY:
@@ -253,11 +155,11 @@ def read_header(path) -> GGUFHeader:
         raise InputError(f"cannot open: {err.strerror or err}", file=path) from None
     with handle:
         st = os.fstat(handle.fileno())
-        r = _Reader(handle, st.st_size, path)
+        r = BoundedReader(handle, st.st_size, path)
         return _read(r, FileStamp.of(st))
 
 
-def _read(r: _Reader, stamp: FileStamp) -> GGUFHeader:
+def _read(r: BoundedReader, stamp: FileStamp) -> GGUFHeader:
     at = r.need(4, "the magic")
     if r.buf[at:at + 4] != MAGIC:
         raise r.fail(f"not a GGUF file: it starts with {bytes(r.buf[at:at + 4])!r}, not b'GGUF'")
@@ -301,7 +203,7 @@ def _read(r: _Reader, stamp: FileStamp) -> GGUFHeader:
     return _place_data(r, header)
 
 
-def _tensor_info(r: _Reader, i: int, names: set) -> HeaderTensor:
+def _tensor_info(r: BoundedReader, i: int, names: set) -> HeaderTensor:
     raw = r.raw_string(f"tensor {i}'s name")
     if len(raw) >= MAX_NAME:
         raise r.fail(f"tensor {i}'s name is {len(raw)} bytes long; ggml's limit is "
@@ -338,7 +240,7 @@ def _tensor_info(r: _Reader, i: int, names: set) -> HeaderTensor:
     return HeaderTensor(name, ne, type_id, offset, nbytes)
 
 
-def _place_data(r: _Reader, header: GGUFHeader) -> GGUFHeader:
+def _place_data(r: BoundedReader, header: GGUFHeader) -> GGUFHeader:
     """gguf.cpp: the data section starts at the next aligned byte, and tensor i's offset is
     exactly the aligned sum of the sizes before it (so in order, aligned, never overlapping);
     the loader: each tensor's data lies within the file."""

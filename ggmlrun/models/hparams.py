@@ -96,10 +96,11 @@ HParams = LlamaHParams     # the common base, under the name every architecture 
 
 def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) -> LlamaHParams:
     """`fields`: GGUF key -> plain value (ints, floats, strings, lists); `types`: GGUF key ->
-    its stored GGUF type where known (`gguf_types`). Every value is checked against
-    hparam_rules (types, ranges, the rules between keys) before it is used; the common keys
-    are read here, the architecture's own by its module (models/arch/)."""
+    its stored GGUF type where known (`gguf_types`). Every value is checked by hparam_rules
+    against hparam_keys' table (types, ranges) and the rules between keys before it is used;
+    the common keys are read here, the architecture's own by its module (models/arch/)."""
     from ggmlrun.models import hparam_rules as rules
+    from ggmlrun.models.hparam_keys import VOCAB_LIST
     from ggmlrun.models.arch import get_arch
 
     spec = get_arch(arch)
@@ -123,10 +124,10 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
     n_head = get("attention.head_count")
     n_vocab = get("vocab_size", required=False)
     if n_vocab is None:
-        tokens = fields.get(rules.VOCAB_LIST)
+        tokens = fields.get(VOCAB_LIST)
         if tokens is None:
             raise InputError(f"GGUF metadata has neither '{arch}.vocab_size' nor "
-                             f"'{rules.VOCAB_LIST}'; the vocabulary size is unknown")
+                             f"'{VOCAB_LIST}'; the vocabulary size is unknown")
         n_vocab = rules.check_vocab_list(len(tokens))
     n_head_kv = get("attention.head_count_kv", n_head)
     head_k = get("attention.key_length", 0) or n_embd // n_head

@@ -1,8 +1,9 @@
 """llama.cpp's llama graph (src/models/llama.cpp, llama.cpp vendored by llama-cpp-python 0.3.36).
 
 The layer loop only: inputs, attention, FFN and the output head are llm_graph_context's, in
-models/decoder.py. Every call below is one of llama.cpp's, in its order, so the nodes, their
-order and their names are llama.cpp's: a change here should be read against that file.
+models/decoder.py and models/model_graph.py. Every call below is one of llama.cpp's, in its
+order, so the nodes, their order and their names are llama.cpp's: a change here should be
+read against that file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors, default_kq_scale
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder, ModelGraph
+    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.model_graph import ModelGraph
 
 
 def tensors(hp):

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.core.memory.alloc import GraphAllocator, allocation_sequence
+from ggmlrun.core.memory.alloc import GraphAllocator
+from ggmlrun.core.memory.sequence import allocation_sequence
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.sched.schedule import Schedule
 from ggmlrun.core.sched.scheduler import Scheduler

@@ -1,8 +1,8 @@
 """The graph allocator: ggml's `ggml_gallocr` measure pass, offsets only, one arena per backend.
 
-It walks the same sequence ggml's allocator walks (inputs first, then per node: its sources,
-the node, then frees each source whose last consumer this was) and places every tensor that
-owns memory with ggml's free-block allocator (`FreeBlocks`). It records each slot's life so the
+It walks the same sequence ggml's allocator walks (sequence.py; inputs first, then per node:
+its sources, the node, then frees each source whose last consumer this was) and places every
+tensor that owns memory with ggml's free-block allocator (`FreeBlocks`). It records each slot's life so the
 lower bound, the no-overlap check and the offline planner all work from the very same schedule.
 
 Faithful to ggml 0.15.3 (vendor/ggml/src/ggml-alloc.c), with one deliberate difference: an
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops import OPS
-from ggmlrun.core.sched.schedule import Schedule, holds, number, restamp
+from ggmlrun.core.memory.sequence import AllocationSequence
+from ggmlrun.core.sched.schedule import Schedule, holds, number
 from ggmlrun.core.util.fmt import align_up
 from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
@@ -84,71 +85,6 @@ class Slot:
     born: int                      # event index of the allocation
     died: int | None = None        # event index of the free; None: lives to the end
     tensors: list[Tensor] = field(default_factory=list)
-
-
-class AllocationSequence:
-    """The sequence the allocator walks (ggml's graph copy), as parallel lists: one row per
-    entry rather than an object per node (a big graph has a hundred thousand).
-
-    Each tensor met gets a row (`Tensor.index`; `rows` from a schedule are numbered already)
-    and the facts the allocator counts are counted as entries are added, while the entry's
-    tensors are still in the cache: consumers (ggml's n_children), views (n_views) and the
-    tensors never freed (outputs and, unlike ggml, an output view's source)."""
-
-    def __init__(self, rows: list[Tensor] | None = None, stamp: int | None = None):
-        self.tensors: list[Tensor] = []
-        self.srcs: list[list[Tensor]] = []        # copies already substituted
-        self.buffers: list[int] = []
-        # entries that are ggml's op-NONE helper: keeps its `srcs` alive to there, owns nothing
-        self.dependencies: set[int] = set()
-        self.rows: list[Tensor] = rows if rows is not None else []
-        self.stamp = stamp if stamp is not None else restamp()   # the rows' numbering
-        self.children = [0] * len(self.rows)
-        self.views = [0] * len(self.rows)
-        self.pinned = bytearray(len(self.rows))
-
-    def add(self, tensor: Tensor, srcs: list[Tensor], buffer: int, dependency: bool = False):
-        self.extend([tensor], [srcs], [buffer], dependency)
-
-    def extend(self, tensors: list[Tensor], srcs: list[list[Tensor]], buffers: list[int],
-               dependency: bool = False) -> None:
-        """Entries in order: tensors[k] reads srcs[k] and lives on buffers[k]."""
-        if dependency:
-            self.dependencies.update(range(len(self.tensors), len(self.tensors) + len(tensors)))
-        self.tensors += tensors
-        self.srcs += srcs
-        self.buffers += buffers
-        rows, children, views = self.rows, self.children, self.views
-        for tensor, reads in zip(tensors, srcs):
-            i = tensor.index
-            if not (0 <= i < len(rows) and rows[i] is tensor):
-                self.row(tensor)
-            if tensor.is_output:
-                self.pin(tensor)
-            if tensor.view_src is not None and not dependency:
-                views[self.row(tensor.view_src)] += 1
-            for src in reads:
-                i = src.index
-                if not (0 <= i < len(rows) and rows[i] is src):
-                    i = self.row(src)
-                children[i] += 1
-
-    def pin(self, tensor: Tensor) -> None:
-        self.pinned[self.row(tensor)] = 1
-        if tensor.view_src is not None:
-            self.pinned[self.row(tensor.view_src)] = 1
-
-    def row(self, tensor: Tensor) -> int:
-        """The tensor's row, given one if it has none here yet."""
-        i = tensor.index
-        if not (0 <= i < len(self.rows) and self.rows[i] is tensor):
-            i = tensor.index = len(self.rows)
-            self.stamp = restamp()
-            self.rows.append(tensor)
-            self.children.append(0)
-            self.views.append(0)
-            self.pinned.append(0)
-        return i
 
 
 @dataclass
@@ -354,61 +290,3 @@ def layout_weights(sched: Schedule) -> WeightLayout:
         nbytes = spec.alloc_size(weight.dtype, weight.shape, weight.nbytes)
         used[b] += align_up(nbytes, spec.alignment)
     return WeightLayout(offsets, used)
-
-
-def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], AllocationSequence]:
-    """ggml's graph copy: per split, each input's keep-alive dependency and its copy, then the
-    split's nodes; and the leafs, which the allocator places first."""
-    with gc_paused():
-        sched.renumber()
-        seq = AllocationSequence(sched.rows, sched.stamp)
-        where, replaced, add = sched.where, sched.replaced, seq.add
-        fusing = any(b.fusion_alloc_deps for b in sched.backends)
-        use_count = _use_counts(sched.graph.nodes) if fusing else {}
-        for k, split in enumerate(sched.splits):
-            for original, copy in split.copy_of.items():
-                add(original, [original], where[original.index], dependency=True)
-                add(copy, [], split.backend)
-            nodes = split.nodes
-            srcs = [replaced.get(node, node.src) for node in nodes]
-            if fusing and sched.backends[split.backend].fusion_alloc_deps:
-                _extend_with_deps(seq, sched, k, srcs, use_count)
-                continue
-            seq.extend(nodes, srcs, [where[node.index] for node in nodes])
-        leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
-        if sched.parallel_leafs:
-            # n_copies > 1: the copies of every graph input and split input come first, flagged
-            # INPUT and OUTPUT (never freed, never reused in place); the graph's own leafs after
-            for tensor in sched.parallel_leafs:
-                seq.pin(tensor)
-            leafs = [(t, where[t.index]) for t in sched.parallel_leafs] + leafs
-    return leafs, seq
-
-
-def _use_counts(nodes: list[Tensor]) -> dict[Tensor, int]:
-    """ggml's cgraph use_counts: how many src slots of the graph's nodes name each tensor."""
-    counts: dict[Tensor, int] = {}
-    for node in nodes:
-        for s in node.src:
-            counts[s] = counts.get(s, 0) + 1
-    return counts
-
-
-def _extend_with_deps(seq: AllocationSequence, sched: Schedule, k: int, srcs, use_count) -> None:
-    """A split's nodes with ggml-cuda's fusion dependencies after their `until` nodes: one
-    GGML_OP_NONE entry per GGML_MAX_SRC kept tensors (ggml_backend_sched_split_graph)."""
-    from ggmlrun.core.sched.fusion_deps import MAX_SRC, alloc_deps
-
-    split = sched.splits[k]
-    nodes, where = split.nodes, sched.where
-    after = sched.splits[k + 1].nodes[0] if k + 1 < len(sched.splits) and sched.splits[k + 1].nodes \
-        else None
-    deps = alloc_deps(nodes, srcs, use_count, after)
-    if not deps:
-        seq.extend(nodes, srcs, [where[node.index] for node in nodes])
-        return
-    for node, reads in zip(nodes, srcs):
-        seq.add(node, reads, where[node.index])
-        for j in range(0, len(deps.get(node, ())), MAX_SRC):
-            kept = deps[node][j:j + MAX_SRC]
-            seq.add(kept[0], kept, split.backend, dependency=True)

@@ -17,7 +17,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import (ROPE_TYPE_NEOX, Arch, TensorSpec, default_kq_scale,
                                       nextn_tensors, tn)
-from ggmlrun.models.hparam_rules import MAX_DIM
+from ggmlrun.models.hparam_keys import MAX_DIM
 from ggmlrun.models.hparams import LlamaHParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)

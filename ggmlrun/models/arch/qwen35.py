@@ -1,7 +1,8 @@
 """llama.cpp's qwen35 graph (src/models/qwen35.cpp; Qwen3.5 / 3.6 dense): a hybrid of gated
 delta-net layers (a recurrent state, no KV cache) and, every full_attention_interval-th layer,
 gated full attention with IMROPE; a post-attention norm and a dense SwiGLU FFN in every layer.
-The shared pieces (hyperparameters, memory, both layer kinds) are models/arch/delta_net.py."""
+The shared pieces are models/arch/delta_net.py (hyperparameters, tensors) and
+delta_net_graph.py (memory, both layer kinds)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def tensors(hp):
 
 
 def build(d):
-    return delta_net.build(d, lambda d, cur, il: d.ffn_swiglu(il, cur))
+    from ggmlrun.models.arch import delta_net_graph
+
+    return delta_net_graph.build(d, lambda d, cur, il: d.ffn_swiglu(il, cur))
 
 
 ARCH = Arch(name="qwen35", rope_type=delta_net.ROPE_TYPE_IMROPE, tensors=tensors, build=build,

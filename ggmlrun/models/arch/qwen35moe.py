@@ -1,8 +1,8 @@
 """llama.cpp's qwen35moe graph (src/models/qwen35moe.cpp; Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B
-and Qwen3.6-35B-A3B): qwen35's hybrid layers (models/arch/delta_net.py) with, in place of the
-dense FFN, build_moe_ffn (soft_max routing, the top expert_used_count of expert_count, weights
-normalised) beside one shared expert whose output is scaled by a per-token sigmoid gate
-(ffn_gate_inp_shexp, a single row). feed_forward_length is optional: the experts' widths have
+and Qwen3.6-35B-A3B): qwen35's hybrid layers (models/arch/delta_net.py, delta_net_graph.py)
+with, in place of the dense FFN, build_moe_ffn (soft_max routing, the top expert_used_count of
+expert_count, weights normalised) beside one shared expert whose output is scaled by a
+per-token sigmoid gate (ffn_gate_inp_shexp, a single row). feed_forward_length is optional: the experts' widths have
 keys of their own (expert_feed_forward_length, expert_shared_feed_forward_length), the real
 files carry only those."""
 
@@ -95,7 +95,9 @@ def moe_ffn(d, cur, il: int):
 
 
 def build(d):
-    return delta_net.build(d, moe_ffn)
+    from ggmlrun.models.arch import delta_net_graph
+
+    return delta_net_graph.build(d, moe_ffn)
 
 
 ARCH = Arch(name="qwen35moe", rope_type=delta_net.ROPE_TYPE_IMROPE, tensors=tensors, build=build,

@@ -26,6 +26,11 @@ def who(t: Tensor) -> str:
     return f"'{t.name}' {fmt(t.shape)} {t.dtype}"
 
 
+def per_element(cost: int):
+    """An op's flops: `cost` per output element."""
+    return lambda out, srcs: cost * out.n_elements
+
+
 # --- param checks ------------------------------------------------------------------------
 
 

@@ -16,14 +16,11 @@ import math
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.ops.common import (
-    F32, FLOATS, fast_path, need_float, need_tiles, quiet, store, tile_split, want_number, who)
+    F32, FLOATS, fast_path, need_float, need_tiles, per_element, quiet, store, tile_split,
+    want_number, who)
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 
 INT_OK = {"add", "sub", "mul", "neg", "abs", "sqr", "relu"}
-
-
-def _per_element(cost: int):
-    return lambda out, srcs: cost * out.n_elements
 
 
 # --- binary: add sub mul div ---------------------------------------------------------------
@@ -174,7 +171,7 @@ for _name, (_formula, _cost, _what) in UNARY.items():
         continue
     register(OpSpec(
         name=_name, n_src=(1, 1), infer=_unary_infer(_name), kernel=_unary_kernel(_formula, _name),
-        inplace=True, flops=_per_element(_cost), summary=f"{_what}, elementwise"))
+        inplace=True, flops=per_element(_cost), summary=f"{_what}, elementwise"))
 
 
 def gelu_fp16_table(x):
@@ -210,7 +207,7 @@ def _gelu_kernel(out, a, *, table=False):
 
 
 register(OpSpec(name="gelu", n_src=(1, 1), infer=_gelu_infer, kernel=_gelu_kernel,
-                params={"table": False}, inplace=True, flops=_per_element(UNARY["gelu"][1]),
+                params={"table": False}, inplace=True, flops=per_element(UNARY["gelu"][1]),
                 summary=f"{UNARY['gelu'][2]} (table: ggml-cpu's f16 table), elementwise"))
 
 

@@ -1,0 +1,203 @@
+"""What validate, measure and run do when GRAPH is a GGUF file or a model card (SPEC section
+5): the model's summary, llama.cpp's figures with whether they fit and the llama.cpp command
+line, and a run's top tokens. The options that make a model input are model_options'.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ggmlrun import report
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.cli.common import stdout, emit_json
+from ggmlrun.cli.model_options import planned_for_dict, print_model_figures, print_planned_for
+
+
+def _validate_model(model, backends, opts, as_json):
+    summary = report.model_summary(model)
+    if as_json:
+        emit_json({"model": model.name, "valid": True, **summary})
+    else:
+        import shutil
+
+        items = [f"({summary['architecture']},", f"{summary['n_layer']} layers,",
+                 f"{summary['tensors']} tensors,", f"{summary['weights_bytes']:,} bytes of weights)"]
+        width = shutil.get_terminal_size((160, 24)).columns
+        for line in report.pack_line(f"{report.plain(model.path)}: ok", items, width):
+            click.echo(line)
+
+
+def _model_schedule(model, backends, opts):
+    from ggmlrun.models.reserve import measure_model
+
+    return measure_model(model, backends, opts).schedule
+
+
+def _measure_model(model_input, as_json):
+    from ggmlrun.models.reserve import measure_model
+
+    model, backends, opts = model_input
+
+    figures = measure_model(model, backends, opts)
+    from ggmlrun.core import engine
+
+    _, memory = engine.plan_memory(figures.schedule, "ggml")
+    fit = model_fit(figures)
+    from ggmlrun.models.command_line import llama_cpp_line
+
+    command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
+    if as_json:
+        emit_json({**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
+                   "command": command, **planned_for_dict(model_input)})
+    else:
+        print_model_figures(model_input, report.model_measure_table(model, figures),
+                            figures.backends, opts.no_mmap, f"llama.cpp: {command}")
+    # as plan does: the figures first, then exit 1 naming what does not fit (README)
+    engine.check_capacity(figures.schedule, memory, fit=fit)
+
+
+def model_fit(figures):
+    """Does it fit, on llama.cpp's own figures: each backend's model + KV + compute buffers
+    against its `memory` (core/memory/fits.py; the KV cache counts with the weights, as plan
+    counts its tensors). The host is the CPU backend: a model's devices are the GPUs it is
+    planned for (`--gpu`, a backends file), not buffers in this machine's RAM, so the host
+    check is the CPU's buffers against its memory (`--ram`, else this machine's)."""
+    from ggmlrun.core.memory.fits import BackendFit, Fit
+
+    class ModelFit(Fit):
+        @property
+        def host_bytes(self) -> int:
+            return self.backends[-1].need_bytes
+
+    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.state_bytes + b.output_bytes,
+                       b.arena_bytes,
+                       b.memory_bytes) for b in figures.backends]
+    return ModelFit(rows, rows[-1].memory_bytes)
+
+
+def _parse_tokens(text: str | None, n_vocab: int) -> list[int]:
+    if not text:
+        raise InputError("run MODEL needs --tokens, e.g. --tokens 1,15043,3186")
+    try:
+        tokens = [int(t) for t in text.replace(" ", "").split(",")]
+    except ValueError:
+        raise InputError(f"--tokens {text!r}: give token ids separated by commas") from None
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise InputError(f"--tokens: id {bad[0]} is outside the vocabulary [0, {n_vocab})")
+    return tokens
+
+
+def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
+    """`run MODEL`: the tokens as one batch, `--repeat` timed runs after `--warmup`, with
+    `--threads`, `--trace` and `--profile` as for graphs; the top tokens, with their texts from
+    the file's vocabulary, and the context, -ngl and splits it ran with."""
+    from ggmlrun import visual
+    from ggmlrun.core.util import host
+    from ggmlrun.cli.common import stderr
+    from ggmlrun.core.run import results
+
+    model, backends, opts = model_input
+    for key, flag in (("check", "--check"), ("input_specs", "--input"),
+                      ("planner", "--planner")):
+        if run_kw.get(key):
+            raise InputError(f"{flag} applies to graph files, not to run MODEL ("
+                             + {"--check": "a model's logits have no NumPy reference here; "
+                                           "tests/test_models_oracle.py compares with llama.cpp",
+                                "--input": "give the model its input with --tokens",
+                                "--planner": "a model's buffers are ggml's allocator's, as "
+                                             "llama.cpp's"}[flag] + ")", file=str(model.path))
+    ids = _parse_tokens(tokens, model.hparams.n_vocab)
+    trace_file = run_kw.get("trace_file")
+    from ggmlrun.core.util.outputs import check_output
+
+    if out_file is not None:
+        check_output(out_file, "--out", inputs=[model.path], suffixes=(".npz",),
+                     others=[("--trace", trace_file)])
+    if trace_file is not None:
+        check_output(trace_file, "--trace", inputs=[model.path])
+    if any(t.offset is None for t in model.tensors.values()):
+        raise InputError("a model card has no weights to run; run a GGUF file",
+                         file=str(model.path))
+    ctx = opts.ctx if opts.ctx is not None else min(model.hparams.n_ctx_train, 4096)
+    if len(ids) > ctx:
+        raise InputError(f"--tokens: {len(ids)} tokens do not fit the context of {ctx} (--ctx)")
+    from ggmlrun.models.run import run_model
+
+    repeat, warmup = run_kw.get("repeat", 1), run_kw.get("warmup", 0)
+    profile_on = bool(run_kw.get("show_profile"))
+    with visual.run_progress(stderr(), repeat) as progress:
+        logits, result = run_model(model, backends, opts, ids, repeat=repeat, warmup=warmup,
+                                   record_events=bool(trace_file or profile_on),
+                                   progress=progress)
+    sched = result.schedule
+    outputs = {"result_output": logits}
+    summaries = {name: results.summarize(arr) for name, arr in outputs.items()}
+    if trace_file:
+        from ggmlrun.core.observe.trace import build_trace
+        from ggmlrun.core.util.strict_json import strict_json
+
+        results.write_text(trace_file, strict_json(
+            build_trace(sched, result.memory_plan, result)))
+        click.echo(f"wrote {trace_file}", err=True)
+    if out_file:
+        results.write_npz(out_file, outputs)
+        click.echo(f"wrote {out_file}", err=True)
+    prof = None
+    if profile_on:
+        from ggmlrun.core.observe.profile import profile
+
+        prof = profile(sched, result, run_kw.get("profile_by", "op"),
+                       run_kw.get("profile_sort", "total"), run_kw.get("profile_top"))
+    top = top_tokens(model, logits[0])
+    ran = ran_with(model, opts, sched, len(ids))
+    cpu_threads = sched.backends[-1].threads
+    threads = str(cpu_threads) if cpu_threads else f"default ({host.cores()} cores)"
+    load = host.load_average()
+    if as_json:
+        payload = report.model_run_dict(result, summaries)
+        payload["timings"].update({"warmup": warmup, "threads": cpu_threads,
+                                   "load_average": list(load) if load else None,
+                                   "per_run": report.timings_dict(result)["per_run"]})
+        payload.update({"top_tokens": top, **ran, **planned_for_dict(model_input)})
+        if prof is not None:
+            payload["profile"] = prof.as_dict()
+        emit_json(payload)
+    else:
+        print_planned_for(model_input)
+        console = stdout()
+        for line in report.ran_with_lines(ran, console.width):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.print(report.timing_header(result, warmup, threads, load), markup=False,
+                      highlight=False)
+        report.print_tables(console, report.timing_table(result), report.top_tokens_table(top),
+                            report.outputs_table(summaries, None))
+        if prof is not None:
+            report.print_tables(console, *visual.profile_tables(prof, run_kw.get("profile_by",
+                                                                                 "op")))
+
+
+def top_tokens(model, logits, count: int = 5) -> list[dict]:
+    """The `count` largest logits: id, logit and the token's text from the file's vocabulary
+    (read for those ids only, models/vocab.py)."""
+    import numpy as np
+
+    from ggmlrun.models.vocab import token_texts
+
+    count = min(count, len(logits))
+    ids = np.argsort(-logits, kind="stable")[:count]
+    texts = token_texts(model.path, ids.tolist()) if model.path else {}
+    return [{"id": int(i), "logit": float(logits[i]), "text": texts.get(int(i))} for i in ids]
+
+
+def ran_with(model, opts, sched, n_tokens: int) -> dict:
+    """The context, -ngl and splits a run used (JSON keys; the text report reads them)."""
+    from ggmlrun.models.options import context_size, gpu_layers
+
+    hp = model.hparams
+    splits = [{"backend": sched.backends[s.backend].name, "nodes": len(s.nodes)}
+              for s in sched.splits]
+    return {"tokens": n_tokens, "ctx": context_size(opts, hp.n_ctx_train),
+            "ngl": min(gpu_layers(opts, hp.n_layer_all), hp.n_layer_all + 1),
+            "n_layer": hp.n_layer_all,
+            "n_splits": len(sched.splits), "splits": splits}
