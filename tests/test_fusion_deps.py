@@ -73,7 +73,8 @@ def test_the_dependency_follows_the_next_splits_first_node():
 def test_it_keeps_the_router_alive_through_the_expert_copy():
     """So the copy cannot take the router's memory: the kept logits and probs die after it."""
     arenas = []
-    for backends, outlives in (("llamacpp_cuda.yaml", True), ("llamacpp_cuda_nofusion.yaml", False)):
+    for backends, outlives in (("llamacpp_cuda.yaml", True),
+                               ("llamacpp_cuda_nofusion.yaml", False)):
         _, _, memory, named = plan(backends)
         copy_born = next(s.born for s in memory.slots if s.tensors[0].name == "CUDA0#up_exps")
         for name in ("logits", "probs"):

@@ -171,18 +171,21 @@ def test_the_fusion_dependencies_are_what_changes(cid):
     assert compare_measure(BY_ID[cid], measure_cuda(BY_ID[cid], NOFUSION_BACKENDS))
 
 
-@pytest.mark.parametrize("cid", ["tiny-gpt-oss-f16/c256/ub32/fa1/ngl2",
-                                 "tiny-gpt-oss-mxfp4/c256/ub32/fa0/nglall/ot-exps-cpu"])
-def test_add_id_in_place_is_what_made_gpt_oss_exact(cid, monkeypatch):
+@pytest.mark.parametrize("cid,off_by", [("tiny-gpt-oss-f16/c256/ub32/fa1/ngl2", 18432),
+                                        ("tiny-gpt-oss-mxfp4/c256/ub32/fa0/nglall/ot-exps-cpu",
+                                         -1280)])
+def test_add_id_in_place_is_what_made_gpt_oss_exact(cid, off_by, monkeypatch):
     """With ADD_ID kept out of place (as ggmlrun had it), these miss CUDA0's compute buffer
-    (by 18,432 and 1,280 bytes) and nothing else: that one allocator rule is the cause."""
+    (18,432 bytes over, 1,280 under) and nothing else: that one allocator rule is the cause."""
     import dataclasses
 
     from ggmlrun.core.ir.ops import OPS
 
     monkeypatch.setitem(OPS, "add_id", dataclasses.replace(OPS["add_id"], inplace=False))
-    diffs = compare_measure(BY_ID[cid], measure_cuda(BY_ID[cid]))
-    assert [d.split(":")[0] for d in diffs] == ["CUDA0.arena_bytes"], diffs
+    measured = measure_cuda(BY_ID[cid])
+    assert [d.split(":")[0] for d in compare_measure(BY_ID[cid], measured)] == ["CUDA0.arena_bytes"]
+    cuda0 = next(b for b in measured["backends"] if b["name"] == "CUDA0")
+    assert cuda0["arena_bytes"] - BY_ID[cid]["backends"]["CUDA0"]["arena_bytes"] == off_by
 
 
 def test_the_fusion_key(tmp_path):

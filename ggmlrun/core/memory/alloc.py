@@ -408,8 +408,8 @@ def _extend_with_deps(seq: AllocationSequence, sched: Schedule, k: int, srcs, us
 
     split = sched.splits[k]
     nodes, where = split.nodes, sched.where
-    after = sched.splits[k + 1].nodes[0] if k + 1 < len(sched.splits) and sched.splits[k + 1].nodes \
-        else None
+    following = sched.splits[k + 1].nodes if k + 1 < len(sched.splits) else []
+    after = following[0] if following else None
     deps = dict(carried)
     if sched.backends[split.backend].fusion_alloc_deps:
         for until, kept in alloc_deps(nodes, srcs, use_count, after).items():
