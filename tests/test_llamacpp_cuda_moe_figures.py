@@ -14,8 +14,9 @@ What they showed (docs/models.md, "CUDA: mixtures of experts"):
   top-k router, the weighted sum of the experts): they keep tensors alive longer and change the
   GPU's compute buffer in 155 of 257 configurations. The `cuda` profile models them
   (ggmlrun/core/sched/fusion_deps.py; `fusion: false` in a backends file leaves them out), and
-  ggmlrun is exact in 243 of 257 configurations of each recording; the 14 others (gpt-oss under
-  flash attention, the MXFP4 experts op-offloaded) are strict xfails, not explained yet.
+  ggmlrun is exact in all 257 configurations of each recording. The last 14 (gpt-oss under
+  flash attention, its MXFP4 experts op-offloaded) needed ADD_ID, the expert biases, to take
+  its source's memory in place, as ggml_op_can_inplace allows.
 """
 
 import json
@@ -38,20 +39,19 @@ UNFUSED_BY_ID = {cfg["id"]: cfg for cfg in UNFUSED["configs"]}
 IDS = list(BY_ID)
 CUDA_BACKENDS = REPO / "graphs" / "backends" / "llamacpp_cuda.yaml"
 NOFUSION_BACKENDS = REPO / "graphs" / "backends" / "llamacpp_cuda_nofusion.yaml"
-# the configurations ggmlrun misses even without fusion: gpt-oss (attention sinks) with flash
-# attention, and the MXFP4 file's experts op-offloaded at ubatch 32 (1280 bytes short); not
-# explained yet
-UNEXPLAINED = {"tiny-gpt-oss-f16/c256/ub32/fa1/nglall/ot-exps-cpu",
-               "tiny-gpt-oss-f16/c1024/ub32/fa1/nglall/n-cpu-moe3",
-               "tiny-gpt-oss-q8_0/c256/ub32/fa1/nglall/ot-exps-cpu",
-               "tiny-gpt-oss-q8_0/c1024/ub32/fa1/nglall/n-cpu-moe3",
-               "tiny-gpt-oss-mxfp4/c256/ub32/fa0/nglall/ot-exps-cpu",
-               "tiny-gpt-oss-mxfp4/c256/ub32/fa1/nglall/ot-exps-cpu",
-               "tiny-gpt-oss-mxfp4/c256/ub32/fa0/nglall/n-cpu-moe1",
-               "tiny-gpt-oss-mxfp4/c1024/ub32/fa1/nglall/n-cpu-moe3",
-               "tiny-gpt-oss-f16/c256/ub32/fa1/ngl0", "tiny-gpt-oss-f16/c256/ub32/fa1/ngl2",
-               "tiny-gpt-oss-f16/c256/ub512/fa1/ngl0", "tiny-gpt-oss-f16/c256/ub512/fa1/ngl2",
-               "tiny-gpt-oss-q8_0/c256/ub32/fa1/ngl0", "tiny-gpt-oss-q8_0/c256/ub32/fa1/ngl2"}
+# the 14 configurations ggmlrun missed until ADD_ID (gpt-oss's expert biases) took its source's
+# memory in place as ggml's allocator does (ggml_op_can_inplace): run by default in both tests
+ADD_ID_IN_PLACE = {"tiny-gpt-oss-f16/c256/ub32/fa1/nglall/ot-exps-cpu",
+                   "tiny-gpt-oss-f16/c1024/ub32/fa1/nglall/n-cpu-moe3",
+                   "tiny-gpt-oss-q8_0/c256/ub32/fa1/nglall/ot-exps-cpu",
+                   "tiny-gpt-oss-q8_0/c1024/ub32/fa1/nglall/n-cpu-moe3",
+                   "tiny-gpt-oss-mxfp4/c256/ub32/fa0/nglall/ot-exps-cpu",
+                   "tiny-gpt-oss-mxfp4/c256/ub32/fa1/nglall/ot-exps-cpu",
+                   "tiny-gpt-oss-mxfp4/c256/ub32/fa0/nglall/n-cpu-moe1",
+                   "tiny-gpt-oss-mxfp4/c1024/ub32/fa1/nglall/n-cpu-moe3",
+                   "tiny-gpt-oss-f16/c256/ub32/fa1/ngl0", "tiny-gpt-oss-f16/c256/ub32/fa1/ngl2",
+                   "tiny-gpt-oss-f16/c256/ub512/fa1/ngl0", "tiny-gpt-oss-f16/c256/ub512/fa1/ngl2",
+                   "tiny-gpt-oss-q8_0/c256/ub32/fa1/ngl0", "tiny-gpt-oss-q8_0/c256/ub32/fa1/ngl2"}
 
 
 def experts_on_cpu(opts: dict) -> bool:
@@ -140,40 +140,52 @@ def test_op_offload_of_the_expert_ops():
 
 # ---------------------------------------------------------------- against ggmlrun
 
-def unexplained(cid: str):
-    return pytest.param(cid, marks=pytest.mark.xfail(strict=True, reason="not explained yet")) \
-        if cid in UNEXPLAINED else cid
-
-
-@pytest.mark.parametrize("cid", [unexplained(cid) for cid in IDS])
+@pytest.mark.parametrize("cid", IDS)
 def test_every_figure_equals_ggmlrun_cuda_profile(cid):
     """Splits, nodes and every buffer on both backends, exactly, with `profile: cuda` (its
-    fusion dependencies included) against llama.cpp as it runs by default (243 of 257)."""
+    fusion dependencies included) against llama.cpp as it runs by default (all 257)."""
     diffs = compare_measure(BY_ID[cid], measure_cuda(BY_ID[cid]))
     assert not diffs, "\n".join(diffs)
 
 
 def quick_or_slow(cid: str, k: int):
-    """Every fourth configuration by default, all with -m slow (the suite's time)."""
-    return cid if k % 4 == 0 else pytest.param(cid, marks=pytest.mark.slow)
+    """Every fourth configuration and ADD_ID_IN_PLACE by default, all with -m slow (the
+    suite's time)."""
+    quick = k % 4 == 0 or cid in ADD_ID_IN_PLACE
+    return cid if quick else pytest.param(cid, marks=pytest.mark.slow)
 
 
-@pytest.mark.parametrize("cid", [unexplained(cid) if cid in UNEXPLAINED else quick_or_slow(cid, k)
-                                 for k, cid in enumerate(IDS)])
+@pytest.mark.parametrize("cid", [quick_or_slow(cid, k) for k, cid in enumerate(IDS)])
 def test_every_figure_equals_ggmlrun_without_fusion(cid):
     """The same against llama.cpp with GGML_CUDA_DISABLE_FUSION=1, with `fusion: false`
-    (every fourth configuration and the xfails by default, all 257 with -m slow)."""
+    (every fourth configuration and ADD_ID_IN_PLACE by default, all 257 with -m slow)."""
     cfg = UNFUSED_BY_ID[cid]
     diffs = compare_measure(cfg, measure_cuda(cfg, NOFUSION_BACKENDS))
     assert not diffs, "\n".join(diffs)
 
 
-@pytest.mark.parametrize("cid", [cid for cid in IDS
-                                 if fusion_changed(cid) and cid not in UNEXPLAINED][:6])
+@pytest.mark.parametrize("cid", [cid for cid in IDS if fusion_changed(cid)][:6])
 def test_the_fusion_dependencies_are_what_changes(cid):
     """Where fusion changed llama.cpp's compute buffer, the profile without its fusion rule
     misses the default recording: the rule is what makes these exact (a few of the 155)."""
     assert compare_measure(BY_ID[cid], measure_cuda(BY_ID[cid], NOFUSION_BACKENDS))
+
+
+@pytest.mark.parametrize("cid,off_by", [("tiny-gpt-oss-f16/c256/ub32/fa1/ngl2", 18432),
+                                        ("tiny-gpt-oss-mxfp4/c256/ub32/fa0/nglall/ot-exps-cpu",
+                                         -1280)])
+def test_add_id_in_place_is_what_made_gpt_oss_exact(cid, off_by, monkeypatch):
+    """With ADD_ID kept out of place (as ggmlrun had it), these miss CUDA0's compute buffer
+    (18,432 bytes over, 1,280 under) and nothing else: that one allocator rule is the cause."""
+    import dataclasses
+
+    from ggmlrun.core.ir.ops import OPS
+
+    monkeypatch.setitem(OPS, "add_id", dataclasses.replace(OPS["add_id"], inplace=False))
+    measured = measure_cuda(BY_ID[cid])
+    assert [d.split(":")[0] for d in compare_measure(BY_ID[cid], measured)] == ["CUDA0.arena_bytes"]
+    cuda0 = next(b for b in measured["backends"] if b["name"] == "CUDA0")
+    assert cuda0["arena_bytes"] - BY_ID[cid]["backends"]["CUDA0"]["arena_bytes"] == off_by
 
 
 def test_the_fusion_key(tmp_path):

@@ -22,7 +22,7 @@ SPEC_OPS = ("add sub mul div neg abs sqr sqrt log exp relu silu sigmoid tanh gel
             "repeat concat cont rope view reshape permute transpose cpy set_rows flash_attn_ext glu cast "
             "pad softplus ssm_conv gated_delta_net mul_mat_id argsort add_id").split()
 SPEC_INPLACE = ("add sub mul div sqr sqrt log scale neg abs relu silu sigmoid tanh gelu exp "
-                "diag_mask_inf rope rms_norm soft_max clamp softplus").split()
+                "diag_mask_inf rope rms_norm soft_max clamp softplus add_id").split()
 
 
 def test_registry_holds_exactly_the_spec_ops():
@@ -297,6 +297,17 @@ def test_inplace_out_aliasing_its_source(op, srcs, params, dtype):
         np.testing.assert_array_equal(parent, fresh)
         tried += 1
     assert tried >= 1
+
+
+def test_add_id_in_place_on_its_experts():
+    """ggml lists ADD_ID in place (f32 only, so not among the f16/f32 cases above): the biased
+    experts may take the experts' slot, whatever its strides."""
+    a, b = randn(5, 2, 8), randn(4, 8)
+    ids = np.array([[0, 3], [1, 2], [3, 3], [2, 0], [1, 1]], dtype=I32)
+    want = run("add_id", [a, b, ids], None)
+    parent = scattered(a)
+    np.testing.assert_array_equal(run("add_id", [parent, b, ids], None, out=parent), want)
+    np.testing.assert_array_equal(parent, want)
 
 
 def test_soft_max_in_place_on_its_mask():

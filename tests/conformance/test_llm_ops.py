@@ -232,3 +232,26 @@ def test_add_id_and_swiglu_oai_equal_ggml():
     g = (rng.standard_normal((5, 3, 32)) * 6).astype(F32)
     _compare("glu", [(x, "f32"), (g, "f32")],
              {"op": "swiglu_oai", "swapped": False, "alpha": 1.702, "limit": 7.0}, 1e-6)
+
+
+# ggmlrun's ops that are one of ggml's unary ops (GGML_OP_UNARY) or that ggml names otherwise
+_UNARY = {"neg", "abs", "relu", "silu", "sigmoid", "tanh", "gelu", "exp", "softplus"}
+_GGML_NAME = {"cast": "CPY"}
+
+
+def test_the_in_place_ops_are_ggml_s():
+    """ggmlrun's in-place ops, less those the 0.15 rules leave out (clamp), are exactly those
+    ggml 0.15.3's ggml_op_can_inplace accepts, op by op: the allocator's reuse rule depends on it
+    (ADD_ID, missing once, cost gpt-oss's CUDA recordings up to 58,880 bytes)."""
+    import ggml
+
+    from ggmlrun.core.ir.ops import OPS
+    from ggmlrun.core.util.ggml_version import ggml_version
+
+    can_inplace = ggml.lib.ggml_op_can_inplace
+    can_inplace.restype, can_inplace.argtypes = ctypes.c_bool, [ctypes.c_int]
+    not_inplace = ggml_version("0.15").not_inplace
+    for name, spec in OPS.items():
+        ggml_name = "UNARY" if name in _UNARY else _GGML_NAME.get(name, name.upper())
+        have = spec.inplace and name not in not_inplace
+        assert have == bool(can_inplace(getattr(ggml, f"GGML_OP_{ggml_name}"))), name

@@ -86,14 +86,15 @@ def allocation_sequence(sched: Schedule) -> tuple[list[tuple[Tensor, int]], Allo
         where, replaced, add = sched.where, sched.replaced, seq.add
         fusing = any(b.fusion_alloc_deps for b in sched.backends)
         use_count = _use_counts(sched.graph.nodes) if fusing else {}
+        carried: dict[Tensor, list[Tensor]] = {}    # deps whose `until` opens this split
         for k, split in enumerate(sched.splits):
             for original, copy in split.copy_of.items():
                 add(original, [original], where[original.index], dependency=True)
                 add(copy, [], split.backend)
             nodes = split.nodes
             srcs = [replaced.get(node, node.src) for node in nodes]
-            if fusing and sched.backends[split.backend].fusion_alloc_deps:
-                _extend_with_deps(seq, sched, k, srcs, use_count)
+            if fusing and (carried or sched.backends[split.backend].fusion_alloc_deps):
+                carried = _extend_with_deps(seq, sched, k, srcs, use_count, carried)
                 continue
             seq.extend(nodes, srcs, [where[node.index] for node in nodes])
         leafs = [(leaf, where[leaf.index]) for leaf in sched.leaf_order]
@@ -115,21 +116,32 @@ def _use_counts(nodes: list[Tensor]) -> dict[Tensor, int]:
     return counts
 
 
-def _extend_with_deps(seq: AllocationSequence, sched: Schedule, k: int, srcs, use_count) -> None:
+def _extend_with_deps(seq: AllocationSequence, sched: Schedule, k: int, srcs, use_count,
+                      carried: dict[Tensor, list[Tensor]]) -> dict[Tensor, list[Tensor]]:
     """A split's nodes with ggml-cuda's fusion dependencies after their `until` nodes: one
-    GGML_OP_NONE entry per GGML_MAX_SRC kept tensors (ggml_backend_sched_split_graph)."""
+    GGML_OP_NONE entry per GGML_MAX_SRC kept tensors, on the split's backend
+    (ggml_backend_sched_split_graph). `carried`: the previous split's dependencies whose
+    `until` is this split's first node (a fused run ending its split: graph_optimize reads the
+    node after it through the split's view of the whole graph), placed, as ggml's graph copy
+    places them, after that node, so after this split's input copies. Returns this split's
+    own such dependencies, for the next split."""
     from ggmlrun.core.sched.fusion_deps import MAX_SRC, alloc_deps
 
     split = sched.splits[k]
     nodes, where = split.nodes, sched.where
-    after = sched.splits[k + 1].nodes[0] if k + 1 < len(sched.splits) and sched.splits[k + 1].nodes \
-        else None
-    deps = alloc_deps(nodes, srcs, use_count, after)
+    following = sched.splits[k + 1].nodes if k + 1 < len(sched.splits) else []
+    after = following[0] if following else None
+    deps = dict(carried)
+    if sched.backends[split.backend].fusion_alloc_deps:
+        for until, kept in alloc_deps(nodes, srcs, use_count, after).items():
+            have = deps.setdefault(until, [])
+            have += [t for t in kept if not any(t is h for h in have)]
     if not deps:
         seq.extend(nodes, srcs, [where[node.index] for node in nodes])
-        return
+        return {}
     for node, reads in zip(nodes, srcs):
         seq.add(node, reads, where[node.index])
         for j in range(0, len(deps.get(node, ())), MAX_SRC):
             kept = deps[node][j:j + MAX_SRC]
             seq.add(kept[0], kept, split.backend, dependency=True)
+    return {after: deps[after]} if after is not None and after in deps else {}

@@ -16,6 +16,11 @@ unless GGML_CUDA_DISABLE_FUSION is set) adds them for two fusions of a mixture o
   ggml_cuda_should_use_topk_moe agrees (n_expert a power of two up to 512, or 288 or 576;
   contiguous logits and weights; a soft_max of scale 1 without mask or sinks).
 
+`until` is the node after the fused run in the whole graph: the run lies inside its split
+(ggml_can_fuse_subgraph stops at the split's end), but when it ends the split, `until` is the
+next split's first node (`after` here), and the graph copy (memory/alloc.py) keeps the
+tensors alive into that split, behind its input copies.
+
 Measured on an NVIDIA H200 (tests/data/llamacpp/figures_cuda_moe*.json): these dependencies
 change the GPU's compute buffer in 155 of 257 MoE configurations.
 """
