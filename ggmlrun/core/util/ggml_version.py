@@ -18,9 +18,10 @@ in a few rules, and each difference is one field here, read where the rule is ap
   (expanded from a few roots, depth first) they are not.
 
 Pipeline-parallel copies (n_copies > 1) are the scheduler's (`Scheduler(n_copies=...)`);
-0.25.3 copies every INPUT leaf too (its pass 6), which is what models use. What else moved
-(backends adding allocation dependencies in graph_optimize, the failed-reserve return)
-changes nothing that ggmlrun models: see docs/format.md, "ggml versions".
+0.25.3 copies every INPUT leaf too (its pass 6), which is what models use. Backends adding
+allocation dependencies in graph_optimize: none on CPU and RPC, ggml-cuda's fusions in the
+`cuda` profile (core/sched/fusion_deps.py); the failed-reserve return changes nothing ggmlrun
+models: see docs/format.md, "ggml versions".
 """
 
 from __future__ import annotations

@@ -123,10 +123,8 @@ def build(d: Decoder):
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
     for il in range(hp.n_layer):
-        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
         inpSA = inpL
-        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
-        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q, k, v = d.layer_qkv(il, inpL)
         q_norm, k_norm = d.optional(T.ATTN_Q_NORM, il), d.optional(T.ATTN_K_NORM, il)
         if q_norm is not None:
             q = b.cb(d.norm(q, q_norm, il), "Qcur_normed", il)

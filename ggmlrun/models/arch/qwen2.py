@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, default_kq_scale
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
@@ -22,10 +21,8 @@ def build(d: Decoder):
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
     for il in range(hp.n_layer):
-        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
         inpSA = inpL
-        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
-        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q, k, v = d.layer_qkv(il, inpL)
         q = b.cb(d.rope_ext(q, None), "Qcur", il)
         k = b.cb(d.rope_ext(k, None), "Kcur", il)
         b.cb(v, "Vcur", il)

@@ -26,10 +26,8 @@ def build(d: Decoder, ffn=None):
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
     for il in range(hp.n_layer):
-        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
         inpSA = inpL
-        cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
-        q, k, v = d.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        q, k, v = d.layer_qkv(il, inpL)
         q = b.cb(d.norm(q, d.weight(T.ATTN_Q_NORM, il), il), "Qcur_normed", il)
         q = d.rope_ext(q, None)
         k = b.cb(d.norm(k, d.weight(T.ATTN_K_NORM, il), il), "Kcur_normed", il)
