@@ -5,6 +5,7 @@ per layer the searches' guesses move."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ggmlrun.models.modelfile import ModelFile
@@ -124,6 +125,31 @@ class Prober:
 
     def _a_device_short(self, figures) -> bool:
         return any(not r.fits for r in self._rows(figures) if r.kind != "cpu")
+
+
+def find_edge(fits: Callable[[int], bool], fit_at: int, miss_at: int,
+              guess: Callable[[int, int], int | None]) -> int:
+    """The edge of a question that holds on one side of it (more layers miss, fewer experts on
+    the CPU miss): the x that fits next to one that misses, both measured unless a bound of
+    the range (a bound is never measured). Each round measures the guess (`guess(fit_at,
+    miss_at)`, None or outside the bracket: the middle) and, when it fits, the x next to it on
+    the miss side right away, since a good guess is usually the edge itself; a miss narrows
+    the bracket. Exact whatever the guesses are worth."""
+    step = 1 if miss_at > fit_at else -1          # from the fit side toward the miss side
+    while abs(miss_at - fit_at) > 1:
+        lo, hi = min(fit_at, miss_at), max(fit_at, miss_at)
+        x = guess(fit_at, miss_at)
+        if x is None or not lo < x < hi:
+            x = (lo + hi) // 2
+        for y in (x, x + step):
+            if not min(fit_at, miss_at) < y < max(fit_at, miss_at):
+                continue
+            if fits(y):
+                fit_at = y
+            else:
+                miss_at = y
+                break
+    return fit_at
 
 
 def devices_fit(rows: list[FitBackend]) -> bool:

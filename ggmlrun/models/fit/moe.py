@@ -5,7 +5,7 @@ several devices (and no -ts given) the split is searched with N (moe_split.py)."
 
 from __future__ import annotations
 
-from ggmlrun.models.fit.core import FitBackend, Prober, devices_fit
+from ggmlrun.models.fit.core import FitBackend, Prober, devices_fit, find_edge
 from ggmlrun.models.fit.moe_split import moe_split_fit
 from ggmlrun.models.fit.ngl import device_ngl
 
@@ -36,29 +36,25 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
             return n_max
         probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
         return device_ngl(probe, ctx, n_max, without_experts(costs, experts))
-    miss_lo, fit_hi = lo, None            # devices miss at miss_lo; fit at fit_hi (None: unknown)
-    last = (lo, rows)
     holder = layer_devices(probe, n_max, lo)
-    guesses = 0
-    while not (fit_hi is not None and fit_hi - miss_lo <= 1) and miss_lo < n_layer:
-        top = fit_hi if fit_hi is not None else n_layer + 1     # no N at or past it to try
-        guess = moe_guess(*last, experts, holder) if guesses < GUESSES else None
-        guesses += 1
-        if guess is not None and fit_hi is not None and guess >= top:
-            guess = top - 1       # the model puts the edge at the fit we have: the N below it
-        if guess is None or not miss_lo < guess < top:
-            guess = (miss_lo + top) // 2
-        for n in (guess, guess - 1):
-            if not miss_lo < n < (fit_hi if fit_hi is not None else n_layer + 1):
-                continue
-            rows = probe.full(n_max, ctx, n)[0]
-            last = (n, rows)
-            if devices_fit(rows):
-                fit_hi = n       # and confirm the edge below right away: usually the guess is it
-            else:
-                miss_lo = n
-                break
-    if fit_hi is not None:
+    last = [(lo, rows)]
+    guesses = [0]
+    nothing = n_layer + 1                 # a bound: no N fits (every expert on the CPU misses)
+
+    def fits(n: int) -> bool:
+        last[0] = (n, probe.full(n_max, ctx, n)[0])
+        return devices_fit(last[0][1])
+
+    def guess(fit_hi: int, _miss_lo: int) -> int | None:
+        guesses[0] += 1
+        if guesses[0] > GUESSES:
+            return None                   # bisect
+        n = moe_guess(*last[0], experts, holder)
+        # the model puts the edge at the fit we have: the N below it
+        return fit_hi - 1 if fit_hi != nothing and n >= fit_hi else n
+
+    fit_hi = find_edge(fits, nothing, lo, guess)
+    if fit_hi != nothing:
         probe.n_cpu_moe = fit_hi
         return n_max
     probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers

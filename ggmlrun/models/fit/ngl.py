@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ggmlrun.models.fit.core import FitBackend, Prober, device_room, devices_fit
+from ggmlrun.models.fit.core import FitBackend, Prober, device_room, devices_fit, find_edge
 
 
 def device_ngl(probe: Prober, ctx: int, n_max: int, costs: dict[int, int]) -> int | None:
@@ -15,22 +15,14 @@ def device_ngl(probe: Prober, ctx: int, n_max: int, costs: dict[int, int]) -> in
     if devices_fit(rows):
         return n_max
     kv = sum(r.kv_bytes + r.state_bytes for r in rows) / max(1, n_max - 1)
-    fit_lo, miss_hi = -1, n_max          # devices fit at fit_lo (-1: none known), not at miss_hi
-    last = (n_max, rows)
-    while miss_hi - fit_lo > 1:
-        guess = ngl_guess(*last, costs, kv, n_max)
-        if not fit_lo < guess < miss_hi:
-            guess = (fit_lo + miss_hi) // 2
-        for ngl in (guess, guess + 1 if guess > fit_lo and guess + 1 < miss_hi else None):
-            if ngl is None or not fit_lo < ngl < miss_hi:
-                continue
-            rows = probe(ngl, ctx)
-            last = (ngl, rows)
-            if devices_fit(rows):
-                fit_lo = ngl     # and confirm the edge above right away: the guess is usually it
-            else:
-                miss_hi = ngl
-                break
+    last = [(n_max, rows)]
+
+    def fits(ngl: int) -> bool:
+        last[0] = (ngl, probe(ngl, ctx))
+        return devices_fit(last[0][1])
+
+    # devices fit at -1 (a bound: none known) and miss at n_max
+    fit_lo = find_edge(fits, -1, n_max, lambda _fit, _miss: ngl_guess(*last[0], costs, kv, n_max))
     return above_the_edge(probe, ctx, n_max, fit_lo) if fit_lo >= 0 else None
 
 
