@@ -35,7 +35,7 @@ def above_the_edge(probe: Prober, ctx: int, n_max: int, fit_lo: int) -> int:
     already past its room rule it out), so the answer stays exact."""
     from ggmlrun.models.arch import get_arch
     from ggmlrun.models.placement import place
-    from ggmlrun.models.reserve import weights_bytes
+    from ggmlrun.models.buffers import weights_bytes
 
     model, backends = probe.model, probe.backends
     devices = [i for i, b in enumerate(backends) if b.kind != "cpu"]

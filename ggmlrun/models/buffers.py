@@ -1,0 +1,131 @@
+"""The buffers llama.cpp allocates for a model before any graph is reserved: the weights per
+backend (llama_model::load_tensors), the KV cache and recurrent state (llama_memory_*), the
+output buffer. Their bytes follow from the placement and the graph's cache tensors alone, so
+fit can count them, and rule a placement out, without scheduling anything."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.ir.types import TYPES
+from ggmlrun.models.model_graph import ModelGraph
+from ggmlrun.models.modelfile import ModelFile
+from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.placement import Placement
+
+GGUF_ALIGNMENT = 32
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass
+class WeightBytes:
+    """Model buffers per backend as llama.cpp allocates them; on the CPU, `mapped` (the file
+    range with mmap, or the allocated tensors with --no-mmap) plus `repack` (CPU_REPACK)."""
+    sizes: list[int]
+    mapped: int = 0
+    repack: int = 0
+
+
+def weights_bytes(model: ModelFile, placement: Placement, backends: list[BackendSpec],
+                  no_mmap: bool = False) -> WeightBytes:
+    """llama_model::load_tensors' buffers. A CPU matrix ggml-cpu repacks (its type and rows,
+    core/backends/repack.py) goes to CPU_REPACK (its bytes, aligned); every other CPU tensor
+    lives in the mapped file, whose buffer is the range from the first to the end of the last
+    of them (llama_model_loader::get_mapping_range: it spans tensors that live elsewhere, on a
+    device or repacked), or with --no-mmap is allocated, each aligned. A card has no offsets:
+    its mapped tensors count each padded to GGUF's 32 bytes, as in the real file."""
+    from ggmlrun.core.backends.repack import repacked
+
+    sizes = [0] * len(backends)
+    # a device's host buffer type comes before CPU_REPACK in llama.cpp's CPU list (profiles.py)
+    host_first = any(b.kind != "cpu" and b.host_buffer for b in backends)
+
+    def to_repack(spec: BackendSpec, dtype: str, shape) -> bool:
+        return not host_first and repacked(spec.repack_kind, dtype, shape)
+
+    cpu_range: list[int] = []
+    mapped = repack = 0
+    placed = list(placement.weights.items())
+    # TENSOR_DUPLICATED tensors take bytes again in each other buffer they are copied into
+    duplicates = set()
+    if "output.weight" not in model.tensors:
+        duplicates.add(("token_embd.weight", placement.output_weight))
+    for name, copies in placement.layer_copies.items():   # rope factors: one copy per layer
+        duplicates.update((name, b) for b in copies if b is not None)
+    placed_set = set(placed)
+    placed += sorted(d for d in duplicates if d not in placed_set)
+    for name, b in placed:
+        info = model.tensors[name]
+        nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))
+        spec = backends[b]
+        if spec.kind != "cpu":
+            sizes[b] += _align(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
+            continue
+        if name != "token_embd.weight" and to_repack(spec, info.dtype, info.shape):
+            repack += _align(nbytes, spec.alignment)      # read by MUL_MAT: CPU_REPACK
+        elif no_mmap:
+            mapped += _align(nbytes, spec.alignment)
+        elif info.offset is not None:
+            cpu_range += [info.offset, info.offset + nbytes]
+        else:
+            mapped += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
+    # a tied output on the CPU: the duplicate of token_embd that the output's MUL_MAT reads
+    # (one tensor with token_embd on the CPU) is still offered to CPU_REPACK
+    if "output.weight" not in model.tensors and backends[placement.output_weight].kind == "cpu":
+        info = model.tensors["token_embd.weight"]
+        spec = backends[placement.output_weight]
+        if to_repack(spec, info.dtype, info.shape):
+            repack += _align(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
+    if cpu_range:
+        mapped += max(cpu_range) - min(cpu_range)
+    sizes[placement.cpu] += mapped + repack
+    return WeightBytes(sizes, mapped, repack)
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec],
+             linear_only: bool = False) -> list[int]:
+    """Every attention cache's tensors (llama_kv_cache_iswa: the full and the SWA cache, each
+    its own buffers) on their layer's backend, each rounded up to its alignment.
+    `linear_only`: the full cache only (without --swa-full the SWA cache stops growing at
+    its window plus a ubatch)."""
+    sizes = [0] * len(backends)
+    for cache in mg.caches:
+        if linear_only and cache is not mg.cache:
+            continue
+        for il, k in cache.k.items():
+            b = placement.kv[il]
+            for t in (k, cache.v[il]) if il in cache.v else (k,):    # MLA: K only
+                spec = backends[b]
+                sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+    return sizes
+
+
+def state_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    """llama_memory_recurrent's buffers: cache_r_l / cache_s_l of each recurrent layer, on its
+    layer's backend (the CPU under --no-kv-offload), each rounded up to the alignment; their
+    rows do not depend on the context."""
+    sizes = [0] * len(backends)
+    for il, r in mg.cache.r.items():
+        b = placement.kv[il]
+        for t in (r, mg.cache.s[il]):
+            spec = backends[b]
+            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+    return sizes
+
+
+def output_bytes(model: ModelFile, opts: ModelOptions) -> int:
+    """llama_context::output_reserve at creation: logits for max(n_outputs, n_seq_max) rows,
+    n_outputs being n_seq_max then: n_vocab floats per sequence, in host memory (the CPU's
+    buffer type, or the output device's pinned host buffer type, CUDA_Host)."""
+    return model.hparams.n_vocab * 4 * opts.parallel
