@@ -127,10 +127,9 @@ class Decoder:
         """How llama.cpp's llama-like builders open a layer (llama, qwen2, qwen3, glm4moe):
         the layer's KV cache rows, attn_norm over the layer's input, then build_qkv over the
         model's heads."""
-        hp = self.hp
-        self.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+        self.add_kv_layer(il)
         cur = self.b.cb(self.norm(inpL, self.weight(T.ATTN_NORM, il), il), "attn_norm", il)
-        return self.qkv(il, cur, hp.n_embd_head_k, hp.n_head, hp.n_head_kv)
+        return self.qkv(il, cur, self.hp.n_embd_head_k, self.hp.n_head, self.hp.n_head_kv)
 
     def qkv(self, il: int, cur: Tensor, n_embd_head: int, n_head: int, n_head_kv: int):
         """build_qkv: a fused attn_qkv as three strided views of one product, or separate Q, K,
