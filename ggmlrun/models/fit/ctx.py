@@ -7,9 +7,10 @@ bytes per cell are known from any reserve), and the rest (the compute buffer, an
 its window, a hybrid model's recurrent state) is taken not to shrink with it. The compute
 buffer usually stays flat while the context is short and then grows with the attention scores
 (n_kv x n_ubatch per head), so the rest is modelled as flat from the largest context known to
-fit and, below a context known to miss, as a line down from it (its slope: backend_model). The
-first guess is therefore the KV bound itself (nothing measured
-grows yet): when it fits it is the answer in one reserve. Guesses only narrow a bracket (the
+fit and, below a context known to miss, as a line down from it (its slope: backend_model);
+without flash attention never below one layer's scores, which a backend holding KV makes
+whole (attention_scores). The first guess is therefore the KV bound itself, or less where the
+scores outgrow the buffer measured: when it fits it is the answer in one reserve. Guesses only narrow a bracket (the
 largest context measured to fit, the smallest measured to miss), and after a few the bracket
 is bisected, so the answer stays exact whatever the model is worth.
 
@@ -65,8 +66,8 @@ def kv_bound(rows: list[FitBackend], ctx: int, below: int) -> int:
 def attention_scores(probe: Prober):
     """Bytes of one layer's attention scores at a context, without flash attention: KQ is
     n_kv x n_ubatch x n_head floats, made whole on the backend that holds the layer's KV, so
-    that backend's compute buffer is at least that large. Past the context where
-    the scores outgrow the rest of the buffer (the knee), the buffer grows by this much a cell:
+    that backend's compute buffer is at least that large. Past the context where the scores
+    outgrow the rest of the buffer (the knee), the buffer grows with them:
     Qwen3-235B-A22B at 24 GiB, -ngl all, 83 expert layers on the CPU: 744 MiB flat up to about
     6,000 cells (the op-offloaded experts' copies), then 128 KiB a cell (64 heads x 512 tokens x
     4 bytes). None with flash attention (no KQ is made) or a KV stream per sequence."""
@@ -99,11 +100,12 @@ def ctx_guess(points: dict[int, list[FitBackend]], fit_lo: int, miss_hi: int,
 def backend_model(points: dict[int, list[FitBackend]], i: int, fit_lo: int, scores=None):
     """Whether backend i is predicted to fit at a context: linear KV exactly, the rest flat
     from fit_lo, or on a line down from the nearest miss above; never a compute buffer below
-    one layer's attention scores (`scores(ctx)`, attention_scores) on a backend that holds KV. The line's slope: between two
-    misses that both grew, their chord (the growth the scores give); from a fit that already
-    grew past the smallest context, the chord to it; else the larger of that chord and the
-    miss's compute buffer in proportion to its context (the chord from a flat fit is too
-    shallow: the buffer grew only past some knee between them)."""
+    one layer's attention scores (`scores(ctx)`, attention_scores) on a backend that holds
+    KV. The line's slope: between two misses that both grew, their chord (the growth the
+    scores give); from a fit that already grew past the smallest context, the chord to it;
+    else the larger of that chord and the miss's compute buffer in proportion to its context
+    (the chord from a flat fit is too shallow: the buffer grew only past some knee between
+    them)."""
     base = points[fit_lo][i]
     per_cell = base.kv_linear / fit_lo
     room = base.memory_bytes - base.margin_bytes
