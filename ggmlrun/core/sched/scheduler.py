@@ -31,10 +31,15 @@ from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
 def support_key(node: Tensor) -> tuple:
     """What a backend's support answer depends on: the op and its sources' types (and for
     FLASH_ATTN_EXT, which a device profile may refuse by head size, K's and V's head sizes)."""
-    if node.op == "flash_attn_ext":
-        k, v = node.src[1], node.src[2]
-        return (node.op, *(src.dtype for src in node.src), k.shape[-1], v.shape[-1])
-    return (node.op, *(src.dtype for src in node.src))
+    op, srcs = node.op, node.src
+    if op == "flash_attn_ext":
+        k, v = srcs[1], srcs[2]
+        return (op, *[src.dtype for src in srcs], k.shape[-1], v.shape[-1])
+    if len(srcs) == 1:                    # most nodes: asked once per node and schedule
+        return (op, srcs[0].dtype)
+    if len(srcs) == 2:
+        return (op, srcs[0].dtype, srcs[1].dtype)
+    return (op, *[src.dtype for src in srcs])
 
 
 def batch_size(node: Tensor) -> int:
