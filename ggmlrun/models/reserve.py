@@ -15,7 +15,7 @@ allocation only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.memory.alloc import GraphAllocator
@@ -193,49 +193,48 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     # multiple of the sequences (its outputs stay the ubatch's), tg is one token per sequence
     n_seqs = opts.parallel
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
-    shapes = [(pp_tokens, n_tokens), (n_seqs, n_seqs)]
-    graphs = [model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
-                          placement.shared_copies(), kv_streams(opts), swa, n_seqs)
-              for tokens, outputs in shapes[:1]]
-    arena = [0] * len(backends)
-    figures = _figures(model, opts, backends, placement, graphs[0], wb, arena, swa)
-    stages = ("none", "pp", "pp+tg")
-    reserved, sched = 0, None
-    if enough is None or not enough(figures, "none"):
+
+    def graph(tokens: int, outputs: int) -> ModelGraph:
+        return model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
+                           placement.shared_copies(), kv_streams(opts), swa, n_seqs)
+
+    pp = graph(pp_tokens, n_tokens)
+    static = _figures(model, opts, backends, placement, pp, wb, swa)  # no compute buffer yet
+    figures, arena, reserved, sched = static, [0] * len(backends), "none", None
+    if enough is None or not enough(static, "none"):
         scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
                               n_copies=n_copies)
         allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml,
                                    sizers=[b.alloc_size if b.row_padding else None
                                            for b in backends])
-        for k, (tokens, outputs) in enumerate(shapes):
-            mg = graphs[0] if k == 0 else model_graph(
-                model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
-                placement.shared_copies(), kv_streams(opts), swa, n_seqs)
+        for mg, stage in ((pp, "pp"), (None, "pp+tg")):
+            mg = mg or graph(n_seqs, n_seqs)
             apply_placement(mg, placement, backends)
             graph_sched = scheduler.schedule(mg.graph)
             plan = allocator.plan(*allocation_sequence(graph_sched))
             arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
-            sched = sched or graph_sched
-            reserved = k + 1
-            figures = _figures(model, opts, backends, placement, graphs[0], wb, arena, swa)
-            if k == 0 and enough is not None and enough(figures, "pp"):
+            sched, reserved = sched or graph_sched, stage
+            figures = [replace(f, arena_bytes=a) for f, a in zip(static, arena)]
+            if stage == "pp" and enough is not None and enough(figures, "pp"):
                 break
-    return ModelMeasure(n_nodes=len(graphs[0].graph.nodes),
+    return ModelMeasure(n_nodes=len(pp.graph.nodes),
                         n_splits=len(sched.splits) if sched else 0,
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
                         ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
-                        n_copies=n_copies, reserved=stages[reserved])
+                        n_copies=n_copies, reserved=reserved)
 
 
 def _figures(model: ModelFile, opts: ModelOptions, backends: list[BackendSpec],
-             placement: Placement, pp: ModelGraph, wb: WeightBytes, arena: list[int],
+             placement: Placement, pp: ModelGraph, wb: WeightBytes,
              swa: int) -> list[BackendFigures]:
+    """Every buffer but the compute buffers (arena_bytes 0): the placement and the cache
+    tensors of the pp graph decide them."""
     kvb = kv_bytes(pp, placement, backends)
     rsb = state_bytes(pp, placement, backends)
     linear = kv_bytes(pp, placement, backends, linear_only=True) if swa and not opts.swa_full \
         else kvb
     return [BackendFigures(name=b.name, kind=b.kind, weights_bytes=wb.sizes[i], kv_bytes=kvb[i],
-                           arena_bytes=arena[i], memory_bytes=b.memory,
+                           arena_bytes=0, memory_bytes=b.memory,
                            output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
                            mapped_bytes=wb.mapped if i == placement.cpu else 0,
                            repack_bytes=wb.repack if i == placement.cpu else 0,

@@ -18,7 +18,8 @@ def f32(x: float) -> float:
 
 def f32_div(a: float, b: float) -> float:
     """a / b in float32, with IEEE's answers for a zero divisor (inf, or NaN for 0 / 0)."""
-    if b == 0:
-        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * \
-            math.copysign(1.0, b)
-    return f32(a / b)
+    if b != 0:
+        return f32(a / b)
+    if a == 0 or math.isnan(a):
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)      # b is +0.0 or -0.0

@@ -37,19 +37,20 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
         probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
         return device_ngl(probe, ctx, n_max, without_experts(costs, experts))
     holder = layer_devices(probe, n_max, lo)
-    last = [(lo, rows)]
-    guesses = [0]
+    last, guesses = (lo, rows), 0
     nothing = n_layer + 1                 # a bound: no N fits (every expert on the CPU misses)
 
     def fits(n: int) -> bool:
-        last[0] = (n, probe.full(n_max, ctx, n)[0])
-        return devices_fit(last[0][1])
+        nonlocal last
+        last = (n, probe.full(n_max, ctx, n)[0])
+        return devices_fit(last[1])
 
     def guess(fit_hi: int, _miss_lo: int) -> int | None:
-        guesses[0] += 1
-        if guesses[0] > GUESSES:
+        nonlocal guesses
+        guesses += 1
+        if guesses > GUESSES:
             return None                   # bisect
-        n = moe_guess(*last[0], experts, holder)
+        n = moe_guess(*last, experts, holder)
         # the model puts the edge at the fit we have: the N below it
         return fit_hi - 1 if fit_hi != nothing and n >= fit_hi else n
 

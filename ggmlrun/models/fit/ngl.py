@@ -15,14 +15,15 @@ def device_ngl(probe: Prober, ctx: int, n_max: int, costs: dict[int, int]) -> in
     if devices_fit(rows):
         return n_max
     kv = sum(r.kv_bytes + r.state_bytes for r in rows) / max(1, n_max - 1)
-    last = [(n_max, rows)]
+    last = (n_max, rows)
 
     def fits(ngl: int) -> bool:
-        last[0] = (ngl, probe(ngl, ctx))
-        return devices_fit(last[0][1])
+        nonlocal last
+        last = (ngl, probe(ngl, ctx))
+        return devices_fit(last[1])
 
     # devices fit at -1 (a bound: none known) and miss at n_max
-    fit_lo = find_edge(fits, -1, n_max, lambda _fit, _miss: ngl_guess(*last[0], costs, kv, n_max))
+    fit_lo = find_edge(fits, -1, n_max, lambda _fit, _miss: ngl_guess(*last, costs, kv, n_max))
     return above_the_edge(probe, ctx, n_max, fit_lo) if fit_lo >= 0 else None
 
 
