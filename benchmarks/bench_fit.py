@@ -24,9 +24,9 @@ from _common import machine, table
 
 from ggmlrun.core.backends.spec import BackendSpec, GiB
 from ggmlrun.models import reserve
-from ggmlrun.models.cards import CARDS_DIR, read_card
+from ggmlrun.models.cards.reader import CARDS_DIR, read_card
 from ggmlrun.models.fit import fit_model
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 
 CASES = [  # card, device memory (GiB, one entry per device), context (None: auto)
     ("llama-3-70b-q4_k_m.yaml", 24, 8192),

@@ -48,7 +48,7 @@ def legacy_read_gguf(path):
     from gguf import GGUFReader
 
     from ggmlrun.core.ir.types import BY_ID
-    from ggmlrun.models.hparams import from_metadata
+    from ggmlrun.models.arch import from_metadata
     from ggmlrun.models.modelfile import ModelFile, TensorInfo, check_tensors
 
     path = Path(path)
@@ -73,10 +73,11 @@ def legacy_read_gguf(path):
 def write_model(path: Path, n_vocab: int, merges: bool) -> None:
     import gguf
 
-    from ggmlrun.models.hparams import LlamaHParams, llama_tensor_shapes
+    from ggmlrun.models.arch import llama_tensor_shapes
+from ggmlrun.models.hparams.record import HParams
 
     rng = np.random.default_rng(0)
-    hp = LlamaHParams(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=n_vocab,
+    hp = HParams(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=n_vocab,
                       n_ctx_train=8192, n_rot=16)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("llama-3-shaped-tiny")

@@ -14,9 +14,10 @@ import time
 from _common import best_of, machine
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.models.hparams import LlamaHParams, llama_tensor_shapes
+from ggmlrun.models.arch import llama_tensor_shapes
+from ggmlrun.models.hparams.record import HParams
 from ggmlrun.models.modelfile import ModelFile, TensorInfo
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.reserve import measure_model
 
 GiB = 1 << 30
@@ -25,7 +26,7 @@ SHAPES = {"70B": dict(n_layer=80, n_embd=8192, n_head=64, n_head_kv=8, n_ff=2867
 
 
 def header(name: str, **shape) -> ModelFile:
-    hp = LlamaHParams(n_vocab=128256, n_ctx_train=8192, n_rot=128, rope_freq_base=500000.0,
+    hp = HParams(n_vocab=128256, n_ctx_train=8192, n_rot=128, rope_freq_base=500000.0,
                       **shape)
     tensors = {n: TensorInfo(n, s, "q4_K" if len(s) == 2 else "f32", None)
                for n, s in llama_tensor_shapes(hp).items()}

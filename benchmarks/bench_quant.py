@@ -77,7 +77,7 @@ def ggmlrun_child(path: str, sizes: list[int], rounds: int) -> None:
     """Runs in the child: prints {size: best seconds, "rss": peak bytes} as one JSON line."""
     from ggmlrun.core.backends.spec import default_cpu
     from ggmlrun.models.modelfile import read_gguf
-    from ggmlrun.models.options import ModelOptions
+    from ggmlrun.models.options.params import ModelOptions
     from ggmlrun.models.run import run_model
 
     model = read_gguf(path)

@@ -23,9 +23,9 @@ DEVICES = ((8,), (12,), (16,), (24,), (48,), (24, 12))      # GiB per device
 def sweep() -> dict:
     from ggmlrun.core.backends.spec import BackendSpec, GiB
     from ggmlrun.models import reserve
-    from ggmlrun.models.cards import CARDS_DIR, read_card
+    from ggmlrun.models.cards.reader import CARDS_DIR, read_card
     from ggmlrun.models.fit import fit_model
-    from ggmlrun.models.options import ModelOptions
+    from ggmlrun.models.options.params import ModelOptions
 
     out = {}
     for path in sorted(CARDS_DIR.glob("*.yaml")):

@@ -11,10 +11,10 @@ import pytest
 
 from clikit import invoke
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.models.command_line import (llama_cpp_args, llama_cpp_line, options_from_line,
+from ggmlrun.models.options.command_line import (llama_cpp_args, llama_cpp_line, options_from_line,
                                          parse_llama_args, split_text)
 from ggmlrun.models.load import load_model
-from ggmlrun.models.options import ModelOptions, split_proportions
+from ggmlrun.models.options.params import ModelOptions, split_proportions
 from ggmlrun.models.reserve import measure_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +119,7 @@ def test_line_spelling():
 
 def test_split_text_is_exact():
     """The written proportions give llama.cpp's float32 split points exactly."""
-    from ggmlrun.models.placement import split_points
+    from ggmlrun.models.memory.placement import split_points
 
     for parts in ((3, 1), (24, 12), (0.3, 0.7), (1e-300, 1e-300), (5, 0), (1, 2, 3),
                   (16777215, 1), (0.1, 0.2, 0.3)):

@@ -16,8 +16,8 @@ import pytest
 
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.cards import read_card
-from ggmlrun.models.hparams import from_metadata
+from ggmlrun.models.cards.reader import read_card
+from ggmlrun.models.arch import from_metadata
 from tests.clikit import invoke
 from tests.test_moe import measure_without_nextn
 

@@ -17,8 +17,8 @@ import pytest
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models import fit as fitmod
 from ggmlrun.models.arch import ARCHITECTURES
-from ggmlrun.models.cards import read_card
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.cards.reader import read_card
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.reserve import BackendFigures
 
 ROOT = Path(__file__).resolve().parent.parent

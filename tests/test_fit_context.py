@@ -14,7 +14,7 @@ from clikit import invoke
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models.fit import fit_model
 from ggmlrun.models.load import load_model
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.reserve import measure_model
 
 ROOT = Path(__file__).resolve().parent.parent

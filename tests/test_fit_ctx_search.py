@@ -11,8 +11,8 @@ import pytest
 
 from ggmlrun.core.backends.spec import BackendSpec, GiB
 from ggmlrun.models import fit as fitmod
-from ggmlrun.models.cards import CARDS_DIR, read_card
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.cards.reader import CARDS_DIR, read_card
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.reserve import measure_model
 
 SMALL = {   # n_ctx_train 8192: room for the answer to land well inside [256, top]

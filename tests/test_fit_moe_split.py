@@ -14,10 +14,10 @@ import pytest
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models import fit as fitmod
-from ggmlrun.models.cards import read_card
-from ggmlrun.models.command_line import options_from_line
+from ggmlrun.models.cards.reader import read_card
+from ggmlrun.models.options.command_line import options_from_line
 from ggmlrun.models.fit.moe_split import split_of
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.reserve import measure_model
 
 SMALL_MOE = """architecture: qwen3moe
@@ -126,7 +126,7 @@ def test_the_split_beats_llamacpps_default_on_the_235b_card():
     """48 GiB + 24 GiB: llama.cpp's split by memory gives the first device two thirds of the
     layers, whose experts --n-cpu-moe takes first; a split of its own needs far fewer expert
     layers on the CPU, and -ts says so."""
-    from ggmlrun.models.cards import CARDS_DIR
+    from ggmlrun.models.cards.reader import CARDS_DIR
 
     model = read_card(Path(CARDS_DIR) / "qwen3-235b-a22b-q4_k_m.yaml")
     backends = [BackendSpec("GPU0", "sim", 48 << 30, 256),

@@ -12,8 +12,8 @@ import pytest
 
 from ggmlrun.core.backends.spec import BackendSpec, GiB
 from ggmlrun.models import fit as fitmod
-from ggmlrun.models.cards import CARDS_DIR, read_card
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.cards.reader import CARDS_DIR, read_card
+from ggmlrun.models.options.params import ModelOptions
 from tests.clikit import invoke
 
 FIELDS = ("weights_bytes", "kv_bytes", "state_bytes", "arena_bytes", "output_bytes")

@@ -18,9 +18,9 @@ import pytest
 
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.cards import read_card
-from ggmlrun.models.decoder import build_graph
-from ggmlrun.models.hparams import from_metadata
+from ggmlrun.models.cards.reader import read_card
+from ggmlrun.models.arch.build import build_graph
+from ggmlrun.models.arch import from_metadata
 from ggmlrun.models.modelfile import read_gguf
 from tests.clikit import invoke
 from tests.test_moe import test_fit_answers_n_cpu_moe_at_the_edge as fit_at_the_edge

@@ -1,4 +1,4 @@
-"""The GGUF header reader (models/gguf_header.py) against hand-made bad files: every check gguf.cpp
+"""The GGUF header reader (models/gguf/header.py) against hand-made bad files: every check gguf.cpp
 and llama.cpp's model loader make, each a clean exit 2 naming the file and the key or tensor;
 and the tensors and types a model may hold (models/modelfile.py)."""
 
@@ -11,8 +11,8 @@ import gguf
 import numpy as np
 import pytest
 
-from ggmlrun.models import gguf_reader
-from ggmlrun.models.gguf_header import UnreadArray, read_header
+from ggmlrun.models.gguf import reader as gguf_reader
+from ggmlrun.models.gguf.header import UnreadArray, read_header
 from ggmlrun.models.modelfile import WEIGHT_TYPES, read_gguf
 from tests.clikit import invoke
 from tests.ggufkit import (MODELS, info_bytes, kv_bytes, layout, patch, pstr, rebuild,
@@ -266,9 +266,10 @@ def test_misnamed_layer_tensor_is_an_input_error(tmp_path, raw):
 
 def write_with_type(path, name: str, qtype: str):
     """A tiny llama (n_embd 256) whose tensor `name` is stored as `qtype` (random bytes)."""
-    from ggmlrun.models.hparams import LlamaHParams, llama_tensor_shapes
+    from ggmlrun.models.arch import llama_tensor_shapes
+from ggmlrun.models.hparams.record import HParams
 
-    hp = LlamaHParams(n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=256, n_vocab=300,
+    hp = HParams(n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=256, n_vocab=300,
                       n_ctx_train=256, n_rot=64)
     w = gguf.GGUFWriter(str(path), "llama")
     for key, value in (("block_count", 1), ("context_length", 256), ("embedding_length", 256),

@@ -15,7 +15,8 @@ import textwrap
 import pytest
 
 from ggmlrun.core.util import ram
-from ggmlrun.models import load, mapped
+from ggmlrun.models import load
+from ggmlrun.models.gguf import mapped
 from ggmlrun.models import run as model_run
 from tests.clikit import invoke
 from tests.ggufkit import MODELS, ROOT

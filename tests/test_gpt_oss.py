@@ -22,7 +22,7 @@ from ggmlrun.core.ir.ops import get_op, make_node
 from ggmlrun.core.ir.ops.quant import storage_view
 from ggmlrun.core.ir.types import TYPES, decode_blocks
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.decoder import build_graph
+from ggmlrun.models.arch.build import build_graph
 from ggmlrun.models.modelfile import read_gguf
 
 MODELS = Path(__file__).resolve().parents[1] / "examples" / "models"
@@ -178,7 +178,7 @@ CARDS = Path(__file__).resolve().parents[1] / "ggmlrun" / "models" / "cards"
 def test_gpt_oss_cards_weigh_what_llama_bench_reports(card, gib):
     """llama-bench's model size for ggml-org's files (11.27 GiB, 59.02 GiB): MXFP4 experts,
     q8_0 matrices, f32 router, biases (the 2-D expert biases too), sinks and norms."""
-    from ggmlrun.models.cards import read_card
+    from ggmlrun.models.cards.reader import read_card
 
     model = read_card(CARDS / card)
     types = {re.sub(r"^blk\.\d+\.", "", name): t.dtype for name, t in model.tensors.items()}
@@ -206,7 +206,7 @@ def test_fit_on_the_120b_card_answers_n_cpu_moe_in_a_few_reserves():
 
 
 def test_gpt_oss_metadata_needs_its_window_and_expert_width():
-    from ggmlrun.models.hparams import from_metadata
+    from ggmlrun.models.arch import from_metadata
 
     base = {f"gpt-oss.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, feed_forward_length=64, vocab_size=320,

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggmlrun.models.cards import read_card
-from ggmlrun.models.decoder import build_graph
+from ggmlrun.models.cards.reader import read_card
+from ggmlrun.models.arch.build import build_graph
 from ggmlrun.models.modelfile import read_gguf
 from tests.clikit import invoke
 
@@ -35,7 +35,7 @@ def test_state_is_two_f32_rows_per_recurrent_layer_whatever_the_context():
     the KV cache only over the full-attention layers, growing with the context."""
     model = read_gguf(MODELS / "tiny-qwen35-q8_0.gguf")      # layers 0-2 delta-net, 3 attention
     hp = model.hparams
-    assert [hp.is_recr(il) for il in range(4)] == [True, True, True, False]
+    assert [hp.is_recurrent(il) for il in range(4)] == [True, True, True, False]
     assert (hp.n_embd_r, hp.n_embd_s) == (3 * (64 + 2 * 2 * 16), 16 * 64)
     mg = build_graph(model, 8, 8, 256, 256, False, "f16")
     assert sorted(mg.cache.r) == sorted(mg.cache.s) == [0, 1, 2] and sorted(mg.cache.k) == [3]
@@ -60,7 +60,7 @@ def test_27b_card_fits_in_a_few_reserves_counting_the_state():
     """The 1 s target is benchmarks/bench_fit.py's; here the work it stands for: few reserves."""
     model = read_card(CARD_27B)
     hp = model.hparams
-    assert sum(hp.is_recr(il) for il in range(hp.n_layer)) == 48
+    assert sum(hp.is_recurrent(il) for il in range(hp.n_layer)) == 48
     assert (hp.n_embd_head_k, hp.n_rot, hp.rope_sections) == (256, 64, (11, 11, 10, 0))
     assert model.tensors["blk.0.ssm_conv1d.weight"].dtype == "f32"
     # attn_qkv (delta-net) and attn_v (attention) share the quantizer's attn_v counter
@@ -121,7 +121,7 @@ def test_recurrent_layers_array_is_read_when_the_file_has_it(tmp_path):
                         struct.pack("<iQ", 7, len(values)) + bytes(values))
 
     same = read_gguf(_with_kv(tmp_path, bools([1, 1, 1, 0])))
-    assert [same.hparams.is_recr(il) for il in range(4)] == [True, True, True, False]
+    assert [same.hparams.is_recurrent(il) for il in range(4)] == [True, True, True, False]
     assert measure(tmp_path / "m.gguf", "--backends", RPC) == measure(
         MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC)
     _with_kv(tmp_path, bools([1, 0, 1, 0]))
@@ -141,7 +141,7 @@ def test_mtp_blocks_count_for_ngl_but_are_never_loaded(tmp_path):
 
     model = read_gguf(MODELS / "tiny-qwen35moe-q8_0.gguf")
     hp = model.hparams
-    assert (hp.n_layer, hp.n_layer_all, hp.is_recr(4)) == (4, 5, False)
+    assert (hp.n_layer, hp.n_layer_all, hp.is_recurrent(4)) == (4, 5, False)
     mg = build_graph(model, 8, 8, 256, 256, False, "f16")
     assert sorted(mg.cache.k) == [3] and sorted(mg.cache.r) == [0, 1, 2]
     assert not any(n.name.startswith("blk.4.") for n in mg.graph.leafs if n.role == "weight")
@@ -192,7 +192,7 @@ def test_35b_a3b_card_types_and_fit_with_n_cpu_moe():
     second."""
     model = read_card(CARD_35B)
     hp = model.hparams
-    assert sum(hp.is_recr(il) for il in range(hp.n_layer)) == 30
+    assert sum(hp.is_recurrent(il) for il in range(hp.n_layer)) == 30
     assert (hp.n_ff, hp.n_ff_exp, hp.n_ff_shexp) == (0, 512, 512)
     types = {name: t.dtype for name, t in model.tensors.items()}
     assert len(types) == 40 * 19 - 10 * 3 + 3           # 30 delta-net layers of 19, 10 of 16

@@ -66,7 +66,7 @@ def test_without_the_rotation_a_64_wide_q8_0_cache_is_llama_cpp_to_the_rounding(
     no rotation inputs here), flash attention over a q8_0 cache with 64-wide heads gives
     llama.cpp's logits to f32 rounding: what is left with the rotation on (9.3e-3 of the
     largest logit, inside SPEC's 2e-2) is the rotation's, not the kernel's."""
-    from ggmlrun.models import attention
+    from ggmlrun.models.graph import attention
 
     monkeypatch.setattr(attention, "rotation_inputs", lambda b, hp, kv_type: {})
     path = write_model(TinyModel(**record["model"]), tmp_path)

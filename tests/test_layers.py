@@ -1,7 +1,10 @@
 """The house rules, checked on the source: each stage imports only the stages before it.
 
 docs/architecture.md draws the same order. A lazy import inside a function counts too: a
-cycle hidden in a function body is still a cycle.
+cycle hidden in a function body is still a cycle. models/ is staged inside as llama.cpp's
+model code is: the GGUF reader, the hyperparameter record, the options, memory sized from
+those two, the graph pieces, the architectures (the registry and one module each), the model a
+header or card holds, the reserve, fit and run.
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "ggmlrun"
 
 # Stages in pipeline order; a module may import its own stage and any earlier one.
 STAGES = ["core.util", "core.ir", "core.backends", "core.frontend", "core.sched", "core.memory",
-          "core.run", "core.observe", "core.engine", "models", "report", "visual", "cli"]
+          "core.run", "core.observe", "core.engine",
+          "models.gguf", "models.hparams", "models.options", "models.memory", "models.graph",
+          "models.arch", "models.modelfile", "models.cards", "models.load", "models.reserve",
+          "models.fit", "models.run", "models.api",
+          "report", "visual", "cli"]
 NEVER_IN_CORE = {"click", "rich", "gguf", "yaml"}
 GGUF_ONLY_IN = {"core.ir.types"}      # ggml's type table, as the gguf package publishes it
 YAML_ONLY_IN = {"core.frontend.yamlfile"}
@@ -91,8 +98,21 @@ def test_no_import_cycles_between_modules():
             visit(m, [])
 
 
+def test_the_registry_loads_only_its_own_stage():
+    """The registry imports each architecture by name (import_module), which no import
+    statement shows: every name it holds must be a module of the arch stage, so the stage
+    order above covers what it loads (a registry entry below it would hide a loop)."""
+    from ggmlrun.models.arch import _MODULES
+
+    for arch, module in _MODULES.items():
+        name = module[len("ggmlrun."):]
+        assert stage_of(name) == STAGES.index("models.arch") and name in MODULES, (arch, module)
+
+
 def test_the_checker_sees_a_backward_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from ggmlrun.core.engine import run\n")
     assert stage_of("core.engine") > stage_of("core.sched")
     assert "ggmlrun.core.engine" in imports_of(bad)
+    assert stage_of("models.arch.llama") > stage_of("models.graph.decoder")
+    assert stage_of("models.graph") > stage_of("models.memory.caches")

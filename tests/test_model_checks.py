@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from clikit import invoke
-from ggmlrun.models.hparams import LlamaHParams, llama_tensor_shapes
+from ggmlrun.models.arch import llama_tensor_shapes
+from ggmlrun.models.hparams.record import HParams
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples/models/tiny-llama-q8_0.gguf"
@@ -56,7 +57,7 @@ def write_gguf(path: Path, **changes) -> Path:
     w = gguf.GGUFWriter(str(path), "llama")
     for key, (value, vtype, *sub) in meta.items():
         w.add_key_value(key, value, vtype, sub[0] if sub else None)
-    hp = LlamaHParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300,
+    hp = HParams(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300,
                       n_ctx_train=512, n_rot=16)
     rng = np.random.default_rng(0)
     for name, shape in llama_tensor_shapes(hp).items():
@@ -162,7 +163,7 @@ def test_rope_scaling_yarn_is_built_and_longrope_refused_outside_phi3(tmp_path):
     """YaRN with a factor is llama_context's: freq_scale 1/factor, ext_factor 1 (its ramp; the
     mistral3 recordings hold it to llama.cpp's logits); LongRoPE needs factor tensors only
     phi3's graph builds: exit 2 for llama. Linear scaling is rope's freq_scale."""
-    from ggmlrun.models.rope import rope_params
+    from ggmlrun.models.hparams.rope import rope_params
     from ggmlrun.models.modelfile import read_gguf
 
     vt = _vt()
@@ -182,7 +183,7 @@ def test_rope_scaling_yarn_is_built_and_longrope_refused_outside_phi3(tmp_path):
 
 
 def test_defaults_apply_when_optional_keys_are_absent(tmp_path):
-    from ggmlrun.models.hparams import from_metadata
+    from ggmlrun.models.arch import from_metadata
     from ggmlrun.models.modelfile import read_gguf
 
     hp = read_gguf(write_gguf(tmp_path / "d.gguf", rope__freq_base=None)).hparams
@@ -203,7 +204,7 @@ def _fuzz_values():
 def test_no_value_reaches_a_kernel_unchecked(tmp_path):
     """Every rule key set to each of a set of awkward values: `run` either refuses it (exit 2,
     one line) or computes finite logits; never exit 1, an internal error or a warning."""
-    from ggmlrun.models.hparam_keys import RULES
+    from ggmlrun.models.hparams.keys import RULES
 
     rng = random.Random(19)
     keys = list(RULES)
@@ -307,7 +308,7 @@ def test_card_weight_types_need_a_kernel(tmp_path, dtype):
 
 def test_every_card_weight_type_has_a_kernel():
     from ggmlrun.core.ir.types import TYPES, decode_blocks
-    from ggmlrun.models.hparam_rules import WEIGHT_TYPES
+    from ggmlrun.models.hparams.rules import WEIGHT_TYPES
 
     for name in WEIGHT_TYPES:
         t = TYPES[name]
@@ -340,7 +341,7 @@ def test_option_bounds_exit_2(args, option):
 def test_library_callers_get_the_same_bounds():
     from ggmlrun.core.backends.spec import default_backends
     from ggmlrun.models.modelfile import read_gguf
-    from ggmlrun.models.options import ModelOptions
+    from ggmlrun.models.options.params import ModelOptions
     from ggmlrun.models.reserve import measure_model
     from ggmlrun.core.util.errors import InputError
 
@@ -373,10 +374,10 @@ def test_bad_override_patterns_exit_2_naming_the_pattern(pattern, words):
 def test_override_patterns_take_linear_time():
     """'(a+)+$' against a long name: minutes of backtracking in a backtracking engine."""
     from ggmlrun.core.backends.spec import default_backends
-    from ggmlrun.models.options import ModelOptions
-    from ggmlrun.models.placement import place
+    from ggmlrun.models.options.params import ModelOptions
+    from ggmlrun.models.memory.placement import place
 
-    hp = LlamaHParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300,
+    hp = HParams(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_vocab=300,
                       n_ctx_train=512, n_rot=16)
     opts = ModelOptions(overrides=(("(a+)+$", "SIM0"),))
     for n in (26, 100_000):          # 26: ~10 s of backtracking in Python's re; 100k: forever
@@ -410,8 +411,8 @@ def test_tensor_split_extremes_normalise_without_warnings(split):
 def test_split_proportions_keep_llama_cpps_float32_points():
     """Scaling by a power of two changes no float32 split point of ordinary proportions."""
     from ggmlrun.core.backends.spec import BackendSpec
-    from ggmlrun.models.options import split_proportions
-    from ggmlrun.models.placement import split_points
+    from ggmlrun.models.options.params import split_proportions
+    from ggmlrun.models.memory.placement import split_points
 
     rng = random.Random(5)
     devices = [BackendSpec.of_kind("sim", f"D{i}") for i in range(3)]

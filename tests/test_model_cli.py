@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from clikit import invoke
-from ggmlrun.models.cards import bundled_cards, read_card
-from ggmlrun.models.quant_mixture import fit_row, mixture_type, more_bits
+from ggmlrun.models.cards.reader import bundled_cards, read_card
+from ggmlrun.models.cards.quant_mixture import fit_row, mixture_type, more_bits
 from ggmlrun.models.load import load_input
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_gemma3_card_slides_five_layers_of_six_and_fits_fast():
 
     from ggmlrun.core.backends.spec import BackendSpec
     from ggmlrun.models.fit import fit_model
-    from ggmlrun.models.options import ModelOptions
+    from ggmlrun.models.options.params import ModelOptions
 
     model = read_card(CARD_8B.parent / "gemma-3-27b-q4_k_m.yaml")
     hp = model.hparams
@@ -348,7 +348,7 @@ def test_gemma4_card_has_its_real_shapes_and_fits_fast():
 
     from ggmlrun.core.backends.spec import BackendSpec
     from ggmlrun.models.fit import fit_model
-    from ggmlrun.models.options import ModelOptions
+    from ggmlrun.models.options.params import ModelOptions
 
     model = read_card(CARD_8B.parent / "gemma-4-31b-q4_k_m.yaml")
     hp = model.hparams

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from clikit import invoke
-from ggmlrun.models.vocab import token_texts
+from ggmlrun.models.gguf.vocab import token_texts
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples/models/tiny-llama-q8_0.gguf"

@@ -20,12 +20,12 @@ from ggmlrun.core.ir.ops.registry import make_node
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import ARCHITECTURES, get_arch
-from ggmlrun.models.arch.base import MODEL_TENSOR, tn
-from ggmlrun.models.cards import read_card
-from ggmlrun.models.decoder import build_graph
-from ggmlrun.models.hparams import from_metadata
+from ggmlrun.models.gguf.names import MODEL_TENSOR, tn
+from ggmlrun.models.cards.reader import read_card
+from ggmlrun.models.arch.build import build_graph
+from ggmlrun.models.arch import from_metadata
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.rope import rope_params
+from ggmlrun.models.hparams.rope import rope_params
 from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]

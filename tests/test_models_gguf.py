@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.hparams import llama_tensor_shapes
+from ggmlrun.models.arch import llama_tensor_shapes
 from ggmlrun.models.modelfile import is_gguf, read_gguf
 
 
@@ -33,8 +33,8 @@ def write_tiny_llama(path: Path, *, n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(n_vocab)
-    from ggmlrun.models.hparams import LlamaHParams
-    hp = LlamaHParams(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+    from ggmlrun.models.hparams.record import HParams
+    hp = HParams(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
                       n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx, n_rot=n_embd // n_head)
     for name, shape in llama_tensor_shapes(hp).items():
         if tied and name == "output.weight":

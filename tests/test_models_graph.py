@@ -13,10 +13,10 @@ from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.ir.ops import OPS
 from ggmlrun.core.ir.ops.registry import make_node
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.llama import build_llama
+from ggmlrun.models.arch.build import build_graph
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options import ModelOptions, kv_size, ubatch_size
-from ggmlrun.models.placement import place, split_points
+from ggmlrun.models.options.params import ModelOptions, kv_size, ubatch_size
+from ggmlrun.models.memory.placement import place, split_points
 from ggmlrun.models.reserve import measure_model
 from tests.test_models_gguf import write_tiny_llama
 
@@ -57,7 +57,7 @@ def _generic(name: str) -> str:
 
 @pytest.mark.parametrize("flash_attn", [False, True])
 def test_node_list_is_llama_cpps(gqa, flash_attn):
-    mg = build_llama(gqa, 32, 32, 256, 256, flash_attn, "f16")
+    mg = build_graph(gqa, 32, 32, 256, 256, flash_attn, "f16")
     names = [_generic(n.name) for n in mg.graph.nodes]
     attn = FA if flash_attn else NO_FA
     layer = LAYER + attn + FFN
@@ -72,7 +72,7 @@ def test_node_list_is_llama_cpps(gqa, flash_attn):
 
 
 def test_shapes_types_and_cache(gqa):
-    mg = build_llama(gqa, 32, 32, 512, 512, False, "f16")
+    mg = build_graph(gqa, 32, 32, 512, 512, False, "f16")
     g = mg.graph
     by = {n.name: n for n in g.nodes}
     assert by["kq-0"].shape == (1, 4, 32, 512)            # [1, n_head, T, n_kv]
@@ -85,7 +85,7 @@ def test_shapes_types_and_cache(gqa):
     assert inputs["attn_inp_kq_mask"].shape == (1, 1, 32, 512)
     assert inputs["attn_inp_kq_mask"].dtype == "f32"
     assert inputs["attn_inp_v_idxs"].shape == (32 * 32,) and inputs["attn_inp_v_idxs"].dtype == "i64"
-    fa = build_llama(gqa, 1, 1, 512, 512, True, "q8_0").graph
+    fa = build_graph(gqa, 1, 1, 512, 512, True, "q8_0").graph
     assert {t.name: t.dtype for t in fa.inputs}["attn_inp_kq_mask"] == "f16"
     assert [o.name for o in fa.outputs] == ["result_norm", "result_output"]
 
@@ -93,7 +93,7 @@ def test_shapes_types_and_cache(gqa):
 def test_registered_ops_agree_with_the_builder(gqa):
     """Every node whose op the registry knows re-infers to the builder's shape and layout."""
     for flash_attn in (False, True):
-        for node in build_llama(gqa, 32, 32, 256, 256, flash_attn, "f16").graph.nodes:
+        for node in build_graph(gqa, 32, 32, 256, 256, flash_attn, "f16").graph.nodes:
             spec = OPS.get(node.op)
             if spec is None or (node.op == "cont" and "shape" not in spec.params):
                 continue

@@ -13,8 +13,8 @@ import pytest
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options import ModelOptions, kv_size, swa_kv_size, ubatch_size
-from ggmlrun.models.placement import place
+from ggmlrun.models.options.params import ModelOptions, kv_size, swa_kv_size, ubatch_size
+from ggmlrun.models.memory.placement import place
 from ggmlrun.models.reserve import apply_placement, model_graph
 
 ROOT = Path(__file__).parents[1]

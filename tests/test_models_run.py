@@ -13,7 +13,7 @@ import pytest
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.run import run_model
 from tests.test_models_gguf import write_tiny_llama
 from tests.test_models_oracle import options

@@ -10,9 +10,9 @@ import pytest
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.gemma3 import swa_pattern
-from ggmlrun.models.hparams import from_metadata
+from ggmlrun.models.arch import from_metadata
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options import ModelOptions, swa_kv_size
+from ggmlrun.models.options.params import ModelOptions, swa_kv_size
 from ggmlrun.models.reserve import measure_model
 from ggmlrun.models.run import attn_input_values
 from ggmlrun.core.ir.graph import Tensor

@@ -23,12 +23,12 @@ from ggmlrun.core.ir.ops import get_op, make_node
 from ggmlrun.core.ir.ops.quant import storage_view
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.cards import read_card
-from ggmlrun.models.command_line import llama_cpp_line, options_from_line
-from ggmlrun.models.decoder import build_graph
+from ggmlrun.models.cards.reader import read_card
+from ggmlrun.models.options.command_line import llama_cpp_line, options_from_line
+from ggmlrun.models.arch.build import build_graph
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options import LLM_FFN_EXPS_REGEX, ModelOptions, compile_override, moe_overrides
-from ggmlrun.models.placement import place
+from ggmlrun.models.options.params import LLM_FFN_EXPS_REGEX, ModelOptions, compile_override, moe_overrides
+from ggmlrun.models.memory.placement import place
 from tests.clikit import invoke
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_qwen3moe_graph_routes_through_argsort_top_k_and_three_expert_products()
 
 
 def test_qwen3moe_refuses_a_file_without_experts():
-    from ggmlrun.models.hparams import from_metadata
+    from ggmlrun.models.arch import from_metadata
 
     base = {f"qwen3moe.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, feed_forward_length=96, vocab_size=320,

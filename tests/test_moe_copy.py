@@ -13,7 +13,7 @@ from ggmlrun.core.backends import costs
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.run import moe_copy
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.run import run_model
 
 MODEL = Path(__file__).resolve().parents[1] / "examples" / "models" / "tiny-qwen3moe-q8_0.gguf"

@@ -13,7 +13,7 @@ from ggmlrun.core.memory.alloc import GraphAllocator
 from ggmlrun.core.memory.sequence import allocation_sequence
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.models.load import load_model
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.reserve import measure_model, pipeline_copies
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,11 +22,11 @@ CARDS = sorted((ROOT / "ggmlrun" / "models" / "cards").glob("*.yaml"))
 NOT_FOR_A_HEADER = {
     "ggmlrun.core.ir.ops": "the op registry and every op module",
     "ggmlrun.core.ir.graph": "the graph IR",
-    "ggmlrun.models.decoder": "the graph builders",
-    "ggmlrun.models.graph_common": "the graph builders",
-    "ggmlrun.models.attention": "the graph builders",
-    "ggmlrun.models.moe_ffn": "the graph builders",
-    "ggmlrun.models.model_graph": "the graph builders",
+    "ggmlrun.models.graph.decoder": "the graph builders",
+    "ggmlrun.models.graph.builder": "the graph builders",
+    "ggmlrun.models.graph.attention": "the graph builders",
+    "ggmlrun.models.graph.moe_ffn": "the graph builders",
+    "ggmlrun.models.graph.output": "the graph builders",
     "ggmlrun.models.reserve": "the reserve graphs",
     "ggmlrun.models.fit": "fit",
     "ggmlrun.core.engine": "the engine",
@@ -85,7 +85,7 @@ def test_validate_of_every_bundled_model_loads_no_graph_machinery():
 
 def test_validate_of_every_card_loads_no_graph_machinery():
     added = _loaded(_validate_all(CARDS))["added"]
-    assert "ggmlrun.models.cards" in added
+    assert "ggmlrun.models.cards.reader" in added
     assert _offending(added, NOT_FOR_A_CARD) == []
 
 
@@ -95,8 +95,8 @@ def test_every_registered_architecture_keeps_its_tables_apart_from_its_graph():
     in is named, so the failure says which file breaks the rule."""
     found = _loaded("""
 from ggmlrun.models.arch import ARCHITECTURES, _MODULES, get_arch
-heavy = ("ggmlrun.models.decoder", "ggmlrun.models.graph_common", "ggmlrun.models.attention",
-         "ggmlrun.models.moe_ffn", "ggmlrun.models.model_graph", "ggmlrun.core.ir.ops",
+heavy = ("ggmlrun.models.graph.decoder", "ggmlrun.models.graph.builder", "ggmlrun.models.graph.attention",
+         "ggmlrun.models.graph.moe_ffn", "ggmlrun.models.graph.output", "ggmlrun.core.ir.ops",
          "ggmlrun.core.ir.graph", "numpy", "yaml", "rich")
 for name in ARCHITECTURES:
     arch = get_arch(name)
@@ -130,7 +130,7 @@ def test_the_ggmlrun_command_itself():
     bare = _importtime("-c", "pass")
     added = _importtime("-m", "ggmlrun", "validate", str(ROOT / "examples" / "models" /
                                                            "tiny-llama-q8_0.gguf")) - bare
-    assert "ggmlrun.models.gguf_header" in added
+    assert "ggmlrun.models.gguf.header" in added
     assert _offending(added, NOT_FOR_A_HEADER) == []
     added = _importtime("-m", "ggmlrun", "--version") - bare
     assert "ggmlrun.cli" in added

@@ -12,7 +12,7 @@ from ggmlrun.cli.common import BACKENDS, JSON, DEBUG, GGML, emit_json, placement
 from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
                                        print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
-from ggmlrun.models.options import U32_MAX
+from ggmlrun.models.options.params import U32_MAX
 
 
 class _CtxType(click.ParamType):

@@ -43,7 +43,7 @@ def _measure_model(model_input, as_json):
 
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     fit = model_fit(figures)
-    from ggmlrun.models.command_line import llama_cpp_line
+    from ggmlrun.models.options.command_line import llama_cpp_line
 
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
     if as_json:
@@ -179,10 +179,10 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
 
 def top_tokens(model, logits, count: int = 5) -> list[dict]:
     """The `count` largest logits: id, logit and the token's text from the file's vocabulary
-    (read for those ids only, models/vocab.py)."""
+    (read for those ids only, models/gguf/vocab.py)."""
     import numpy as np
 
-    from ggmlrun.models.vocab import token_texts
+    from ggmlrun.models.gguf.vocab import token_texts
 
     count = min(count, len(logits))
     ids = np.argsort(-logits, kind="stable")[:count]
@@ -192,7 +192,7 @@ def top_tokens(model, logits, count: int = 5) -> list[dict]:
 
 def ran_with(model, opts, sched, n_tokens: int) -> dict:
     """The context, -ngl and splits a run used (JSON keys; the text report reads them)."""
-    from ggmlrun.models.options import context_size, gpu_layers
+    from ggmlrun.models.options.params import context_size, gpu_layers
 
     hp = model.hparams
     splits = [{"backend": sched.backends[s.backend].name, "nodes": len(s.nodes)}

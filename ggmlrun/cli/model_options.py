@@ -19,7 +19,7 @@ class _NglType(click.ParamType):
     name = "N|all"
 
     def convert(self, value, param, ctx):
-        from ggmlrun.models.options import I32_MAX
+        from ggmlrun.models.options.params import I32_MAX
 
         if isinstance(value, int) or value is None:
             return value
@@ -39,7 +39,7 @@ class _SplitType(click.ParamType):
     name = "A,B,..."
 
     def convert(self, value, param, ctx):
-        from ggmlrun.models.options import split_proportions
+        from ggmlrun.models.options.params import split_proportions
 
         if isinstance(value, tuple):
             return value
@@ -57,7 +57,7 @@ class _OverrideType(click.ParamType):
     name = "REGEX=BACKEND"
 
     def convert(self, value, param, ctx):
-        from ggmlrun.models.options import compile_override
+        from ggmlrun.models.options.params import compile_override
 
         if isinstance(value, tuple):
             return value
@@ -193,7 +193,7 @@ class ModelInput(tuple):
 
 def _model_setup(model, backends, kw: dict):
     from ggmlrun.core.backends.spec import default_backends
-    from ggmlrun.models.options import ModelOptions
+    from ggmlrun.models.options.params import ModelOptions
 
     backends = backends or default_backends()
     names = [b.name for b in backends]

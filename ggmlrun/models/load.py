@@ -33,7 +33,7 @@ def load_model(path: Path) -> ModelFile | None:
     if path.is_file() and _looks_like_card(path):
         # a card's reader (and the YAML parser) only for a card: a GGUF file needs neither
         from ggmlrun.core.frontend.yamlfile import read_yaml
-        from ggmlrun.models.cards import card_model, is_card
+        from ggmlrun.models.cards.reader import card_model, is_card
 
         data, doc = read_yaml(path)
         if is_card(data):

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from ggmlrun.core.ir.types import BY_ID, TYPES
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch import ARCHITECTURES, get_arch
-from ggmlrun.models.gguf_header import FileStamp, read_header, shown
-from ggmlrun.models.hparams import LlamaHParams, from_metadata, gguf_types
+from ggmlrun.models.arch import ARCHITECTURES, from_metadata, get_arch
+from ggmlrun.models.arch.base import check_tensors as check
+from ggmlrun.models.gguf.header import FileStamp, read_header, shown
+from ggmlrun.models.hparams.record import HParams, gguf_types
 
 GGUF_MAGIC = b"GGUF"
 # Weight types ggmlrun's kernels read (plain, or block types it decodes); q8_1 and q8_K (the
@@ -40,7 +41,7 @@ class ModelFile:
     path: Path | None
     arch: str
     name: str
-    hparams: LlamaHParams
+    hparams: HParams
     tensors: dict[str, TensorInfo]          # in file order
     stamp: FileStamp | None = None          # the file as its header was read (None: a card)
     data_end: int = 0                       # the file's bytes its tensors need
@@ -94,7 +95,7 @@ def read_gguf(path: Path) -> ModelFile:
                      stamp=header.stamp, data_end=header.data_end)
 
 
-def expected_tensors(hp: LlamaHParams, arch: str = "llama"
+def expected_tensors(hp: HParams, arch: str = "llama"
                      ) -> tuple[dict[str, tuple[int, ...]], frozenset[str]]:
     """Every tensor the architecture loads (its tensor table, models/arch/), with its shape, and
     which of them may be absent (TENSOR_NOT_REQUIRED: the output, then tied to token_embd;
@@ -104,13 +105,11 @@ def expected_tensors(hp: LlamaHParams, arch: str = "llama"
             frozenset(name for name, spec in table.items() if spec.required is not True))
 
 
-def check_tensors(hparams: LlamaHParams, tensors: dict[str, TensorInfo], where: str | None,
+def check_tensors(hparams: HParams, tensors: dict[str, TensorInfo], where: str | None,
                   arch: str = "llama") -> None:
     """Every tensor llama.cpp requires for the architecture, in the shape the hyperparameters
     give it, and no other: llama.cpp's loader counts the tensors it made against the file's
     ("wrong number of tensors"), so a tensor the architecture does not load is refused too."""
-    from ggmlrun.models.arch.base import check_tensors as check
-
     spec = get_arch(arch, where)
     table = check(spec, hparams, tensors, where)
     extra = next((name for name in tensors if name not in table), None)

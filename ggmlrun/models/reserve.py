@@ -1,6 +1,6 @@
 """llama.cpp's buffers for a model and options, from the header alone.
 
-- Model, KV, state and output buffers: models/buffers.py (from the placement alone).
+- Model, KV, state and output buffers: models/memory/buffers.py (from the placement alone).
 - Compute buffers: llama_context::sched_reserve reserves the worst-case graphs in the order
   pp (n_tokens = n_ubatch, n_outputs = n_tokens, the whole cache), tg (1 token), pp again; ggml's
   allocator only grows, so each backend's buffer is its largest of the three. Each graph is
@@ -25,13 +25,15 @@ from ggmlrun.core.sched.schedule import Schedule
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
-from ggmlrun.models.decoder import ModelGraph, build_graph
+from ggmlrun.models.arch.build import build_graph
+from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions, kv_streams, context_size, gpu_layers,
-                                     kv_size, swa_kv_size, ubatch_size)
-from ggmlrun.models.buffers import (WeightBytes, kv_bytes, output_bytes, state_bytes,
-                                     weights_bytes)
-from ggmlrun.models.placement import Placement, place
+from ggmlrun.models.options.params import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions,
+                                            context_size, gpu_layers, ubatch_size)
+from ggmlrun.models.memory.buffers import (WeightBytes, kv_bytes, output_bytes, state_bytes,
+                                           weights_bytes)
+from ggmlrun.models.memory.caches import Memory, model_memory
+from ggmlrun.models.memory.placement import Placement, place
 
 @dataclass
 class BackendFigures:
@@ -76,22 +78,23 @@ class ModelMeasure:
 _GRAPHS: dict[tuple, tuple[ModelFile, ModelGraph]] = {}
 
 
-def model_graph(model: ModelFile, n_tokens: int, n_outputs: int, n_kv: int, kv: int,
-                flash_attn: bool, kv_type: str, shared: tuple = (),
-                n_stream: int = 1, swa: int = 0, n_seqs: int = 1) -> ModelGraph:
-    """The graph for one ubatch shape, built once per model and shape (and sharing of the
-    per-layer duplicated tensors, Placement.shared_copies; `swa`: the SWA cache's cells, all
-    attended over, as in a reserve). Entries hold their model, so an id in a key always
+def model_graph(model: ModelFile, memory: Memory, n_tokens: int, n_outputs: int,
+                shared: tuple = ()) -> ModelGraph:
+    """The reserve graph for one ubatch shape over the whole memory (every cell attended
+    over), built once per model, memory and shape (and sharing of the per-layer duplicated
+    tensors, Placement.shared_copies). Entries hold their model, so an id in a key always
     belongs to the model it was made for."""
-    key = (id(model), n_tokens, n_outputs, n_kv, kv, flash_attn, kv_type, shared, n_stream, swa,
-           n_seqs)
+    swa = memory.swa.cells if memory.swa is not None else 0
+    key = (id(model), memory.key, n_tokens, n_outputs, shared)
     entry = _GRAPHS.get(key)
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
-        entry = _GRAPHS[key] = (model, build_graph(model, n_tokens, n_outputs, n_kv, kv,
-                                                   flash_attn, kv_type, shared, n_stream,
-                                                   swa, swa, n_seqs=n_seqs))
+        kv = memory.kv
+        entry = _GRAPHS[key] = (model, build_graph(
+            model, n_tokens, n_outputs, kv.cells, kv.cells, not kv.v_trans, kv.kv_type, shared,
+            kv.n_stream, swa, swa, n_seqs=memory.recurrent.rows if memory.recurrent else 1,
+            memory=memory))
     return entry[1]
 
 
@@ -181,12 +184,11 @@ def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
 def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
              enough: Callable[[list[BackendFigures], str], bool] | None) -> ModelMeasure:
     hp = model.hparams
-    kv = kv_size(opts, hp.n_ctx_train)
-    swa = swa_kv_size(opts, hp)
-    n_tokens = min(kv, ubatch_size(opts, hp.n_ctx_train))
+    memory = model_memory(hp, opts)       # llama_model::create_memory: before any graph
+    n_tokens = min(memory.kv.cells, ubatch_size(opts, hp.n_ctx_train))
     placement = place(hp, model.tensors, backends, opts)
     n_copies = pipeline_copies(model, backends, opts)
-    wb = weights_bytes(model, placement, backends, no_mmap=opts.no_mmap)
+    wb = weights_bytes(model.tensors, placement, backends, no_mmap=opts.no_mmap)
     # pp, tg, pp again: the third is the first graph under the same placement, which ggml's
     # deterministic allocator sizes exactly as before, so its result is reused
     # llama_context::graph_reserve with n_seqs = n_seq_max: pp rounds its tokens up to a
@@ -195,13 +197,13 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
 
     def graph(tokens: int, outputs: int) -> ModelGraph:
-        return model_graph(model, tokens, outputs, kv, kv, opts.flash_attn, opts.kv_type,
-                           placement.shared_copies(), kv_streams(opts), swa, n_seqs)
+        return model_graph(model, memory, tokens, outputs, placement.shared_copies())
 
-    pp = graph(pp_tokens, n_tokens)
-    static = _figures(model, opts, backends, placement, pp, wb, swa)  # no compute buffer yet
-    figures, arena, reserved, sched = static, [0] * len(backends), "none", None
+    static = _figures(model, opts, backends, placement, memory, wb)  # no compute buffer yet
+    figures, arena, reserved, sched, n_nodes = static, [0] * len(backends), "none", None, 0
     if enough is None or not enough(static, "none"):
+        pp = graph(pp_tokens, n_tokens)
+        n_nodes = len(pp.graph.nodes)
         scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
                               n_copies=n_copies)
         allocator = GraphAllocator([b.alignment for b in backends], ggml=opts.ggml,
@@ -217,7 +219,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
             figures = [replace(f, arena_bytes=a) for f, a in zip(static, arena)]
             if stage == "pp" and enough is not None and enough(figures, "pp"):
                 break
-    return ModelMeasure(n_nodes=len(pp.graph.nodes),
+    return ModelMeasure(n_nodes=n_nodes,
                         n_splits=len(sched.splits) if sched else 0,
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
                         ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
@@ -225,17 +227,15 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
 
 
 def _figures(model: ModelFile, opts: ModelOptions, backends: list[BackendSpec],
-             placement: Placement, pp: ModelGraph, wb: WeightBytes,
-             swa: int) -> list[BackendFigures]:
-    """Every buffer but the compute buffers (arena_bytes 0): the placement and the cache
-    tensors of the pp graph decide them."""
-    kvb = kv_bytes(pp, placement, backends)
-    rsb = state_bytes(pp, placement, backends)
-    linear = kv_bytes(pp, placement, backends, linear_only=True) if swa and not opts.swa_full \
-        else kvb
+             placement: Placement, memory: Memory, wb: WeightBytes) -> list[BackendFigures]:
+    """Every buffer but the compute buffers (arena_bytes 0): the placement and the memory
+    decide them, before any graph."""
+    kvb = kv_bytes(memory, placement, backends)
+    rsb = state_bytes(memory, placement, backends)
+    linear = kv_bytes(memory, placement, backends, linear_only=True)
     return [BackendFigures(name=b.name, kind=b.kind, weights_bytes=wb.sizes[i], kv_bytes=kvb[i],
                            arena_bytes=0, memory_bytes=b.memory,
-                           output_bytes=output_bytes(model, opts) if i == placement.cpu else 0,
+                           output_bytes=output_bytes(model.hparams, opts) if i == placement.cpu else 0,
                            mapped_bytes=wb.mapped if i == placement.cpu else 0,
                            repack_bytes=wb.repack if i == placement.cpu else 0,
                            state_bytes=rsb[i], kv_linear_bytes=linear[i])

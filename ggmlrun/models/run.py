@@ -22,13 +22,13 @@ from ggmlrun.core.run.exec import RunResult
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.models.decoder import build_graph
-from ggmlrun.models.model_graph import ModelGraph
-from ggmlrun.models.mapped import MappedFile, sigbus_guard
+from ggmlrun.models.arch.build import build_graph
+from ggmlrun.models.graph.output import ModelGraph
+from ggmlrun.models.gguf.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import (ModelOptions, context_size, kv_size, swa_kv_size,
+from ggmlrun.models.options.params import (ModelOptions, context_size, kv_size, swa_kv_size,
                                      ubatch_size)
-from ggmlrun.models.placement import place
+from ggmlrun.models.memory.placement import place
 from ggmlrun.models.reserve import apply_placement, check_options
 
 KV_PAD = 256

@@ -196,7 +196,7 @@ def ran_with_lines(ran: dict, width: int = 80) -> list[str]:
 
 def top_tokens_table(top: list[dict]) -> Table:
     """The largest logits of the last token, with each token's text from the vocabulary."""
-    from ggmlrun.models.vocab import shown_text
+    from ggmlrun.models.gguf.vocab import shown_text
 
     table = Table(title=f"top {len(top)} tokens (last position)")
     table.add_column("rank", "right", number=True, drop=1)

@@ -4,7 +4,7 @@ One short module per architecture (llama.cpp's src/models/<arch>.cpp), each an `
 (models/arch/base.py): its hyperparameters beyond the common ones (llama_model_base::
 load_hparams + the architecture's load_arch_hparams), its tensor table (load_arch_tensors: names
 from the `gguf` package's tables, shapes from the hyperparameters, required or optional) and its
-graph (the layer loop, on the shared pieces of models/decoder.py).
+graph (the layer loop, on the shared pieces of models/graph/decoder.py).
 
 An architecture is listed here only once its graph gives llama.cpp's recorded figures
 (tests/data/llamacpp/figures.json); anything else is an input error naming the supported ones.
@@ -15,12 +15,13 @@ from __future__ import annotations
 from importlib import import_module
 
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.hparams.record import HParams, read_hparams
 
 LLAMA_CPP = "llama-cpp-python 0.3.36 (ggml 0.25.3)"   # whose llama.cpp every builder follows
 
 # general.architecture -> module defining ARCH, in the order they landed
 _MODULES = {
-    "llama": "ggmlrun.models.llama",
+    "llama": "ggmlrun.models.arch.llama",
     "qwen2": "ggmlrun.models.arch.qwen2",
     "qwen3": "ggmlrun.models.arch.qwen3",
     "mistral3": "ggmlrun.models.arch.mistral3",
@@ -52,3 +53,23 @@ def get_arch(name: str, where: str | None = None):
                              f"graph for: {', '.join(ARCHITECTURES)}", file=where)
         arch = _LOADED[name] = import_module(module).ARCH
     return arch
+
+
+def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) -> HParams:
+    """The hyperparameters of a model of `arch` (models/hparams/record.py read_hparams, with
+    the architecture's registry entry handed down)."""
+    return read_hparams(fields, get_arch(arch), types)
+
+
+def tensor_shapes(hp: HParams, arch: str = "llama",
+                  optional: tuple[str, ...] = ("output.weight",)) -> dict[str, tuple[int, ...]]:
+    """The tensors a model of `arch` has, NumPy order (ggml's ne reversed), in llama.cpp's load
+    order: every required one, and of the optional ones those named in `optional` (by default
+    `output.weight`: a file without it ties the output to `token_embd.weight`)."""
+    return {name: spec.shape for name, spec in get_arch(arch).tensors(hp).items()
+            if spec.required is True or name in optional}
+
+
+def llama_tensor_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    """Every tensor a plain llama model has (tensor_shapes of llama)."""
+    return tensor_shapes(hp, "llama")

@@ -3,8 +3,8 @@
 - `Arch`: the architecture's name (as llama.cpp and `general.architecture` spell it), its rope
   type (llama_model_rope_type), how its own hyperparameters are read (load_arch_hparams), its
   tensor table (load_arch_tensors) and its graph (the layer loop of src/models/<arch>.cpp).
-- `tn`: a tensor's GGUF name from the `gguf` package's tables (MODEL_TENSORS / TENSOR_NAMES),
-  never retyped; asking for a tensor gguf does not list for the architecture is an error.
+- `tn` (models/gguf/names.py): a tensor's GGUF name from the `gguf` package's tables, never
+  retyped; the tensor tables below spell every name through it.
 - `TensorSpec`: one tensor llama.cpp creates: NumPy-order shape, and whether the file must have
   it (`required` True), may have it (False), or must have it unless another tensor is present
   (`required` = that tensor's name: separate Q/K/V unless a fused attn_qkv is there).
@@ -16,18 +16,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ggmlrun.core.ir.types import gguf_constants
 from ggmlrun.core.util.errors import InputError
-
-# gguf's tables without the gguf package's start-up (core/ir/types.py says why)
-_CONSTANTS = gguf_constants()
-MODEL_ARCH_NAMES, MODEL_TENSOR = _CONSTANTS.MODEL_ARCH_NAMES, _CONSTANTS.MODEL_TENSOR
-MODEL_TENSORS, TENSOR_NAMES = _CONSTANTS.MODEL_TENSORS, _CONSTANTS.TENSOR_NAMES
+from ggmlrun.models.gguf.names import MODEL_TENSOR, tn
 
 ROPE_TYPE_NORM = 0      # LLAMA_ROPE_TYPE_NORM: pairs of consecutive values
 ROPE_TYPE_NEOX = 2      # LLAMA_ROPE_TYPE_NEOX: pairs n_rot/2 apart
-
-_GGUF_ARCH = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -68,30 +61,6 @@ class Arch:
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}
-
-
-# llama.cpp's LLM_TENSOR_FFN_NORM is gguf's FFN_PRE_NORM for the architectures with post-norms
-# (gemma3): one name, "blk.{bid}.ffn_norm", under either
-_SAME_NAME = {MODEL_TENSOR.FFN_NORM: MODEL_TENSOR.FFN_PRE_NORM}
-# tensors llama.cpp's loader creates for an architecture that the gguf package's table does not
-# list for it (the qwen35 family's MTP blocks: llama_model_qwen35(moe)::load_block_mtp); the
-# names are still gguf's (TENSOR_NAMES)
-_NEXTN = frozenset({MODEL_TENSOR.NEXTN_EH_PROJ, MODEL_TENSOR.NEXTN_ENORM, MODEL_TENSOR.NEXTN_HNORM,
-                    MODEL_TENSOR.NEXTN_EMBED_TOKENS, MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD,
-                    MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM})
-_LOADER_ONLY = {"qwen35": _NEXTN, "qwen35moe": _NEXTN}
-
-
-def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None = None) -> str:
-    """llama.cpp's tn(LLM_TENSOR_X, suffix, bid): the name from gguf's own tables (no suffix
-    when it is "", as for LLM_TENSOR_SSM_A_NOSCAN's "blk.N.ssm_a")."""
-    listed = MODEL_TENSORS[_GGUF_ARCH[arch]]
-    if tensor not in listed and _SAME_NAME.get(tensor) in listed:
-        tensor = _SAME_NAME[tensor]
-    if tensor not in listed and tensor not in _LOADER_ONLY.get(arch, ()):
-        raise KeyError(f"gguf lists no {tensor.name} tensor for architecture {arch}")
-    base = TENSOR_NAMES[tensor]
-    return (base.format(bid=bid) if bid is not None else base) + ("." + suffix if suffix else "")
 
 
 def default_kq_scale(hp) -> float:

@@ -22,20 +22,20 @@ read for the lite shapes llama.cpp lists (26 or 27 trunk layers, or 48 with a vo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import (ROPE_TYPE_NORM, TENSOR_NAMES, Arch, TensorSpec,
-                                      nextn_tensors, tn)
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, TensorSpec, nextn_tensors
+from ggmlrun.models.gguf.names import TENSOR_NAMES, tn
 from ggmlrun.models.arch import glm4moe
 from ggmlrun.models.arch.glm4moe import GATING, Glm4MoeHParams
-from ggmlrun.models.hparam_rules import as_f32
+from ggmlrun.models.hparams.rules import as_f32
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 GLM47_VOCAB = 154880       # GLM-4.7-Flash: sigmoid gating without the key
 LITE_VOCAB = 128256        # a 48-layer lite model (Kanana-2-30B-A3B): no q_lora_rank
@@ -43,6 +43,7 @@ LITE_VOCAB = 128256        # a 48-layer lite model (Kanana-2-30B-A3B): no q_lora
 
 @dataclass(frozen=True)
 class Deepseek2HParams(Glm4MoeHParams):
+    is_mla: ClassVar[bool] = True  # one K-only cache row per token: kv_lora_rank + n_rot
     n_lora_q: int = 0              # attention.q_lora_rank; 0: attn_q (the lite variant)
     n_lora_kv: int = 0             # attention.kv_lora_rank
     n_embd_head_k_mla: int = 0     # attention.key_length_mla: nope + rope per head
@@ -164,7 +165,7 @@ def kq_scale(d: Decoder) -> float:
 
 def attention(d: Decoder, il: int, cur, scale: float):
     """The MLA block of deepseek2.cpp (is_mla, not OCR), up to and including wo."""
-    from ggmlrun.models.attention import build_attn_k
+    from ggmlrun.models.graph.attention import build_attn_k
 
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, T_ = b.cb, d.T
@@ -222,7 +223,7 @@ def build(d: Decoder):
         return b.cb(d.add(routed, shared), "ffn_out", il)
 
     for il in range(hp.n_layer):
-        d.cache.add_k_layer(il, hp.n_embd_k_gqa)
+        d.add_kv_layer(il)
         cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
         cur = attention(d, il, cur, scale)
         inpL = d.ffn_block(il, cur, inpL, ffn)

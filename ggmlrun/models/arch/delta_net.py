@@ -10,15 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import TensorSpec, tn
-from ggmlrun.models.hparams import LlamaHParams
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import TensorSpec
+from ggmlrun.models.gguf.names import tn
+from ggmlrun.models.hparams.record import HParams
 
 ROPE_TYPE_IMROPE = 40    # LLAMA_ROPE_TYPE_IMROPE (GGML_ROPE_TYPE_IMROPE)
 
 
 @dataclass(frozen=True)
-class DeltaNetHParams(LlamaHParams):
+class DeltaNetHParams(HParams):
     ssm_d_conv: int = 4             # ssm.conv_kernel
     ssm_d_inner: int = 0            # ssm.inner_size
     ssm_d_state: int = 0            # ssm.state_size (the head size of K and V)
@@ -28,7 +29,7 @@ class DeltaNetHParams(LlamaHParams):
     rope_sections: tuple = (0, 0, 0, 0)
     recurrent_layers: tuple = ()    # attention.recurrent_layers, when the file has it
 
-    def is_recr(self, il: int) -> bool:
+    def is_recurrent(self, il: int) -> bool:
         """attention.recurrent_layers where given (newer converters write it from the model's
         layer_types), else every full_attention_interval-th layer is attention; an MTP block
         never (llama.cpp flags them attention)."""
@@ -97,7 +98,7 @@ def layer_tensors(arch: str, hp: DeltaNetHParams, il: int) -> dict[str, TensorSp
     name = lambda t, s="weight": tn(arch, t, s, il)   # noqa: E731
     n, hd = hp.n_embd, hp.n_embd_head_k
     out = {name(T.ATTN_NORM): TensorSpec((n,)), name(T.ATTN_POST_NORM): TensorSpec((n,))}
-    if not hp.is_recr(il):
+    if not hp.is_recurrent(il):
         n_q, n_k, n_v = hd * hp.n_head * 2, hp.n_embd_k_gqa, hp.n_embd_v_gqa
         out[name(T.ATTN_Q)] = TensorSpec((n_q, n))
         out[name(T.ATTN_K)] = TensorSpec((n_k, n))

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors
-from ggmlrun.models.hparams import LlamaHParams
+from ggmlrun.models.hparams.record import HParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 
 @dataclass(frozen=True)
-class Gemma3HParams(LlamaHParams):
+class Gemma3HParams(HParams):
     f_final_logit_softcapping: float = 0.0
     f_attention_scale: float = 0.0
 

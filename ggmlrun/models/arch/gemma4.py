@@ -32,18 +32,19 @@ from typing import TYPE_CHECKING
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import gemma4_moe
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, tn
-from ggmlrun.models.hparams import LlamaHParams
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec
+from ggmlrun.models.gguf.names import tn
+from ggmlrun.models.hparams.record import HParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 ARCH_NAME = "gemma4"
 
 
 @dataclass(frozen=True)
-class Gemma4HParams(LlamaHParams):
+class Gemma4HParams(HParams):
     f_final_logit_softcapping: float = 0.0
     n_head_arr: tuple = ()
     n_head_kv_arr: tuple = ()
@@ -84,6 +85,9 @@ class Gemma4HParams(LlamaHParams):
 
     def n_embd_k_gqa_l(self, il: int) -> int:
         return self.head(il) * self.heads_kv(il)
+
+    def n_embd_v_gqa_l(self, il: int) -> int:
+        return self.n_embd_k_gqa_l(il)
 
     @property
     def n_embd_v_gqa(self) -> int:          # n_embd_v_gqa_max: the V cache rows, v_idxs
@@ -213,9 +217,7 @@ def build(d: Decoder):
         hd, n_head, n_head_kv = hp.head(il), hp.heads(il), hp.heads_kv(il)
         rope = dict(d.rope_for(il), n_dims=hp.rot(il))
         if hp.has_kv(il):
-            d.kv_cache(il).add_layer(il, hp.n_embd_k_gqa_l(il),
-                                     hp.n_embd_v_gqa if not ctx.flash_attn else
-                                     hp.n_embd_k_gqa_l(il))
+            d.add_kv_layer(il)
         cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
         factors = None if hp.is_swa(il) else d.rope_factors(il)
         q = b.cb(ctx.mul_mat(d.weight(T.ATTN_Q, il), cur), "Qcur", il)

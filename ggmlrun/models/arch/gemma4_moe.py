@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import TensorSpec
 
 
@@ -57,7 +57,7 @@ def card_tensor(name: str) -> bool:
 
 def moe_layer_ffn(d, il: int, attn_out):
     """The MoE layer's FFN: the dense branch and the experts' branch, added."""
-    from ggmlrun.models.hparam_rules import as_f32
+    from ggmlrun.models.hparams.rules import as_f32
 
     hp, b = d.hp, d.b
     d.weight(T.FFN_GATE_UP_EXP, il)          # required with a router (see above)

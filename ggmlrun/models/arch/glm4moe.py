@@ -14,20 +14,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import (ROPE_TYPE_NEOX, Arch, TensorSpec, default_kq_scale,
-                                      nextn_tensors, tn)
-from ggmlrun.models.hparam_keys import MAX_DIM
-from ggmlrun.models.hparams import LlamaHParams
+                                      nextn_tensors)
+from ggmlrun.models.gguf.names import tn
+from ggmlrun.models.hparams.keys import MAX_DIM
+from ggmlrun.models.hparams.record import HParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 GATING = {1: "softmax", 2: "sigmoid"}     # LLAMA_EXPERT_GATING_FUNC_TYPE_*
 
 
 @dataclass(frozen=True)
-class Glm4MoeHParams(LlamaHParams):
+class Glm4MoeHParams(HParams):
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0

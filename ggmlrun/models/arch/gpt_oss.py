@@ -16,20 +16,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, tn
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec
+from ggmlrun.models.gguf.names import tn
 from ggmlrun.models.arch.gemma3 import read_swa
-from ggmlrun.models.hparams import LlamaHParams
+from ggmlrun.models.hparams.record import HParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 # LLM_FFN_SWIGLU_OAI_MOE's constants (build_moe_ffn: "TODO: move to hparams?")
 SWIGLU_OAI = {"op": "swiglu_oai", "alpha": 1.702, "limit": 7.0}
 
 
 @dataclass(frozen=True)
-class GptOssHParams(LlamaHParams):
+class GptOssHParams(HParams):
     n_expert: int = 0             # expert_count
     n_expert_used: int = 0        # expert_used_count
     n_ff_exp: int = 0             # expert_feed_forward_length (required)

@@ -2,7 +2,7 @@
 Llama 4's attention temperature when attention.temperature_scale is set: an input
 `inp_attn_scale` [n_tokens, 1, 1] of log(floor(pos / n_ctx_orig_yarn) + 1) * scale + 1 that
 multiplies Q after rope. Its load_arch_hparams also reads YaRN's beta_fast, beta_slow and
-log multiplier (the rope scaling itself is every architecture's: models/decoder.py rope_params).
+log multiplier (the rope scaling itself is every architecture's: models/graph/decoder.py rope_params).
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors
-from ggmlrun.models import llama
-from ggmlrun.models.hparams import LlamaHParams
+from ggmlrun.models.arch import llama
+from ggmlrun.models.hparams.record import HParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 
 @dataclass(frozen=True)
-class Mistral3HParams(LlamaHParams):
+class Mistral3HParams(HParams):
     attn_temp_scale: float = 0.0          # attention.temperature_scale; 0: no temperature input
     n_attn_temp_floor_scale: int = 0      # n_ctx_orig_yarn when the scale is set
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 
 def tensors(hp):
@@ -25,7 +25,7 @@ def build(d: Decoder):
     hd = hp.n_embd_head_v
     inpL = d.inpL
     for il in range(hp.n_layer):
-        d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+        d.add_kv_layer(il)
         residual = inpL
         factors = d.rope_factors(il)
         cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, default_kq_scale
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 
 def tensors(hp):

@@ -7,8 +7,9 @@ delta_net_graph.py (memory, both layer kinds)."""
 from __future__ import annotations
 
 from ggmlrun.models.arch import delta_net
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import Arch, TensorSpec, tn
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import Arch, TensorSpec
+from ggmlrun.models.gguf.names import tn
 
 
 def tensors(hp):
@@ -33,7 +34,7 @@ def tensors(hp):
 
 
 def build(d):
-    from ggmlrun.models.arch import delta_net_graph
+    from ggmlrun.models.graph import delta_net as delta_net_graph
 
     return delta_net_graph.build(d, lambda d, cur, il: d.ffn_swiglu(il, cur))
 

@@ -13,8 +13,9 @@ from typing import ClassVar
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import delta_net
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import Arch, TensorSpec, moe_tensors, tn
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.arch.base import Arch, TensorSpec, moe_tensors
+from ggmlrun.models.gguf.names import tn
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def moe_ffn(d, cur, il: int):
 
 
 def build(d):
-    from ggmlrun.models.arch import delta_net_graph
+    from ggmlrun.models.graph import delta_net as delta_net_graph
 
     return delta_net_graph.build(d, moe_ffn)
 

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import qwen3
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, moe_tensors
-from ggmlrun.models.hparams import LlamaHParams
+from ggmlrun.models.hparams.record import HParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
+    from ggmlrun.models.graph.decoder import Decoder
 
 
 @dataclass(frozen=True)
-class MoEHParams(LlamaHParams):
+class MoEHParams(HParams):
     n_expert: int = 0             # expert_count
     n_expert_used: int = 0        # expert_used_count
     n_ff_exp: int = 0             # expert_feed_forward_length; 0: n_ff / n_expert_used

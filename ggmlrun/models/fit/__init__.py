@@ -38,7 +38,7 @@ import time
 from dataclasses import replace
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.models.command_line import llama_cpp_line
+from ggmlrun.models.options.command_line import llama_cpp_line
 from ggmlrun.models.fit.advice import advice as nothing_fits_advice
 from ggmlrun.models.fit.core import (CTX_STEP, MIN_CTX, FitBackend, FitResult, Prober,
                                      all_fit, ctx_top, expert_costs, layer_costs)
@@ -46,7 +46,7 @@ from ggmlrun.models.fit.ctx import kv_bound, largest_ctx
 from ggmlrun.models.fit.moe import moe_device_fit
 from ggmlrun.models.fit.ngl import device_ngl
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import ModelOptions, kv_size, kv_streams
+from ggmlrun.models.options.params import ModelOptions, kv_size, kv_streams
 
 __all__ = ["CTX_STEP", "MIN_CTX", "FitBackend", "FitResult", "Prober", "all_fit", "fit_model",
            "kv_bound", "layer_costs"]

@@ -203,7 +203,7 @@ def expert_costs(model: ModelFile) -> dict[int, int]:
     """Bytes per layer of the tensors --n-cpu-moe moves (LLM_FFN_EXPS_REGEX); empty for a
     model without experts."""
     from ggmlrun.core.ir.types import TYPES
-    from ggmlrun.models.options import LLM_FFN_EXPS_REGEX, compile_override
+    from ggmlrun.models.options.params import LLM_FFN_EXPS_REGEX, compile_override
 
     rx = compile_override(LLM_FFN_EXPS_REGEX)
     sizes: dict[int, int] = {}

@@ -71,7 +71,7 @@ def attention_scores(probe: Prober):
     Qwen3-235B-A22B at 24 GiB, -ngl all, 83 expert layers on the CPU: 744 MiB flat up to about
     6,000 cells (the op-offloaded experts' copies), then 128 KiB a cell (64 heads x 512 tokens x
     4 bytes). None with flash attention (no KQ is made) or a KV stream per sequence."""
-    from ggmlrun.models.options import kv_streams
+    from ggmlrun.models.options.params import kv_streams
 
     opts = probe.opts
     if opts.flash_attn or kv_streams(opts) > 1:

@@ -74,7 +74,7 @@ def layer_devices(probe: Prober, n_max: int, n_cpu_moe: int) -> list[int]:
     moved to the CPU frees bytes on that device only."""
     from dataclasses import replace
 
-    from ggmlrun.models.placement import place
+    from ggmlrun.models.memory.placement import place
 
     opts = replace(probe.opts, ngl=n_max, n_cpu_moe=n_cpu_moe, tensor_split=probe.split)
     return place(probe.model.hparams, probe.model.tensors, probe.backends, opts).layer

@@ -146,7 +146,7 @@ def moe_split_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
     """The smallest N in [lo, n_layer] at which some split of every layer over the devices
     fits, and that split (-ts, layers per device); None when not even N = n_layer does.
     `first`: the reserve at N = lo with the split llama.cpp would make (it calibrates)."""
-    from ggmlrun.models.placement import place
+    from ggmlrun.models.memory.placement import place
 
     devices = [i for i, b in enumerate(probe.backends) if b.kind != "cpu"]
     model = _SplitModel(costs, experts, n_max, devices)

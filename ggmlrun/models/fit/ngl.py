@@ -35,8 +35,8 @@ def above_the_edge(probe: Prober, ctx: int, n_max: int, fit_lo: int) -> int:
     a bound that needs no reserve (a device's weights alone, placed as llama.cpp places them,
     already past its room rule it out), so the answer stays exact."""
     from ggmlrun.models.arch import get_arch
-    from ggmlrun.models.placement import place
-    from ggmlrun.models.buffers import weights_bytes
+    from ggmlrun.models.memory.placement import place
+    from ggmlrun.models.memory.buffers import weights_bytes
 
     model, backends = probe.model, probe.backends
     devices = [i for i, b in enumerate(backends) if b.kind != "cpu"]

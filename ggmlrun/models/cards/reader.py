@@ -25,11 +25,11 @@ from ggmlrun.core.frontend.yamlfile import describe_value, read_yaml, shown, unk
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import did_you_mean
 from ggmlrun.models.arch import ARCHITECTURES, get_arch
-from ggmlrun.models.hparam_rules import WEIGHT_TYPES
+from ggmlrun.models.hparams.rules import WEIGHT_TYPES
 from ggmlrun.models.modelfile import ModelFile, TensorInfo
-from ggmlrun.models.quant_mixture import ATTN_V_LIKE, MIXTURES, fit_row, mixture_type
+from ggmlrun.models.cards.quant_mixture import ATTN_V_LIKE, MIXTURES, fit_row, mixture_type
 
-CARDS_DIR = Path(__file__).parent / "cards"
+CARDS_DIR = Path(__file__).parent       # the bundled cards live beside their reader
 TOP_KEYS = ("architecture", "name", "hparams", "weights", "types", "tied_embeddings")
 
 # card key -> (GGUF metadata key under the architecture, required, default)
@@ -148,7 +148,7 @@ def _hparams(doc, raw, keys: dict = HPARAMS, arch: str = "llama") -> dict:
     """The card's hyperparameters (the common ones and the architecture's own, `keys`), checked
     by the same rules as a GGUF file's metadata (hparam_rules), each error at the line of the
     key it blames."""
-    from ggmlrun.models import hparam_rules as rules
+    from ggmlrun.models.hparams import rules
 
     path = ("hparams",)
     if not isinstance(raw, dict):
@@ -192,7 +192,7 @@ def _hparams(doc, raw, keys: dict = HPARAMS, arch: str = "llama") -> dict:
 def _build_hparams(doc, arch: str, values: dict, keys: dict = HPARAMS):
     """Through the GGUF metadata path, so a card and a file with the same numbers agree."""
     from ggmlrun.core.util.errors import InputError
-    from ggmlrun.models.hparams import from_metadata
+    from ggmlrun.models.arch import from_metadata
 
     fields = {"general.architecture": arch}
     for key, (gguf_key, _, _) in keys.items():

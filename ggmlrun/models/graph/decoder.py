@@ -1,9 +1,9 @@
 """llama.cpp's llm_graph_context for one ubatch of a decoder-only model: the inputs, the shared
 layer pieces (build_norm, build_qkv, rope, build_attn, build_ffn). An architecture module
-(models/llama.py, models/arch/*.py) is then only its layer loop, as llama.cpp's
+(models/arch/llama.py, models/arch/*.py) is then only its layer loop, as llama.cpp's
 src/models/<arch>.cpp are. Three pieces live beside it: the attention and the KV cache's views
-(models/attention.py), the mixture-of-experts FFN (models/moe_ffn.py, called as `moe_ffn`) and
-the output head with the ModelGraph it returns (models/model_graph.py).
+(models/graph/attention.py), the mixture-of-experts FFN (models/graph/moe_ffn.py, called as `moe_ffn`) and
+the output head with the ModelGraph it returns (models/graph/output.py).
 
 One ubatch of `n_tokens` tokens, `n_outputs` output rows and `n_kv` cache cells attended over.
 Every call is one of llama.cpp's (src/llama-graph.cpp), in its order, so the nodes, their order
@@ -18,13 +18,13 @@ from typing import Callable
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import check_tensors, tn
-from ggmlrun.models.attention import KVCache, attn_inputs, build_attn_kv
-from ggmlrun.models.graph_common import GraphBuilder, LayerContext
-from ggmlrun.models.moe_ffn import build_moe_ffn
-from ggmlrun.models.model_graph import ModelGraph, output_head
-from ggmlrun.models.rope import rope_freqs_layers, rope_params
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.gguf.names import tn
+from ggmlrun.models.graph.attention import KVCache, attn_inputs, build_attn_kv
+from ggmlrun.models.graph.builder import GraphBuilder, LayerContext
+from ggmlrun.models.graph.moe_ffn import build_moe_ffn
+from ggmlrun.models.memory.caches import Memory, create_memory
+from ggmlrun.models.hparams.rope import rope_freqs_layers, rope_params
 
 
 class Decoder:
@@ -32,7 +32,8 @@ class Decoder:
 
     def __init__(self, model, arch, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
                  flash_attn: bool, kv_type: str, table: dict | None = None, n_stream: int = 1,
-                 swa_size: int = 0, swa_n_kv: int = 0):
+                 swa_size: int = 0, swa_n_kv: int = 0, shared: tuple = (), rs_zero: int = 0,
+                 n_seqs: int = 1, memory: Memory | None = None):
         hp = self.hp = model.hparams
         self.model, self.arch = model, arch
         self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
@@ -43,8 +44,12 @@ class Decoder:
         self.ctx = LayerContext(b=b, n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv,
                                 kv_size=kv_size, flash_attn=flash_attn,
                                 norm_rms_eps=hp.norm_rms_eps)
-        self.cache = KVCache(kv_type=kv_type, kv_size=kv_size, v_trans=not flash_attn,
-                             n_stream=n_stream)
+        # the caches were sized before the graph (llama_model::create_memory); the graph
+        # takes views of them
+        self.memory = memory or create_memory(hp, kv_type=kv_type, cells=kv_size,
+                                              flash_attn=flash_attn, n_stream=n_stream,
+                                              swa_cells=swa_size, n_seq_max=n_seqs)
+        self.cache = KVCache(self.memory.kv, self.memory.recurrent)
         self.n_ctx = kv_size
         out_name = self.name(T.OUTPUT)
         self.output_w = self.weights.get(out_name)
@@ -52,7 +57,7 @@ class Decoder:
             src = self.weight(T.TOKEN_EMBD)
             self.output_w = GraphBuilder.leaf(src.name, src.shape, src.dtype, role="weight")
         self.rope_freqs: dict[int, Tensor] = {}
-        self.shared: dict[str, tuple[int, ...]] = {}
+        self.shared: dict[str, tuple[int, ...]] = dict(shared)
         self.extra_inputs: dict[Tensor, Callable] = {}
         if hp.rope_scaling == "longrope" and not arch.longrope:
             raise InputError(f"rope scaling 'longrope' is not supported for {arch.name} yet "
@@ -77,15 +82,14 @@ class Decoder:
         # a hybrid memory's recurrent half (models/arch/delta_net.py): the states the graph
         # sees (n_rs: the whole memory in a reserve) and the one it clears first (rs_z; -1:
         # none, as after a sequence's first ubatch)
-        self.n_rs, self.rs_zero, self.n_seqs = 1, 0, 1
+        self.n_rs = self.n_seqs = n_seqs
+        self.rs_zero = rs_zero
         # llama_kv_cache_iswa (build_attn_inp_kv_iswa): a second cache for the sliding-window
         # layers, of swa_size cells (default: the full cache's), with its own idxs and mask
         self.swa_cache, self.swa_inputs, self.swa_n_kv = None, {}, 0
-        if hp.has_swa:
+        if self.memory.swa is not None:
             self.swa_n_kv = swa_n_kv or n_kv
-            swa_size = swa_size or kv_size
-            self.swa_cache = KVCache(kv_type=kv_type, kv_size=swa_size, v_trans=not flash_attn,
-                                     n_stream=n_stream)
+            self.swa_cache = KVCache(self.memory.swa)
             self.swa_inputs = attn_inputs(b, hp, T_, self.swa_n_kv, n_stream, flash_attn,
                                           kv_type)
 
@@ -212,7 +216,7 @@ class Decoder:
         return self.swa_cache if self.hp.is_swa(il) else self.cache
 
     def add_kv_layer(self, il: int) -> None:
-        self.kv_cache(il).add_layer(il, self.hp.n_embd_k_gqa, self.hp.n_embd_v_gqa)
+        self.kv_cache(il).add_layer(il)
 
     def attn(self, il: int, q: Tensor, k: Tensor | None, v: Tensor | None, kq_scale: float,
              kv_layer: int | None = None, sinks: Tensor | None = None) -> Tensor:
@@ -252,7 +256,7 @@ class Decoder:
         return cur
 
     def moe_ffn(self, il: int, cur: Tensor, **options) -> Tensor:
-        """build_moe_ffn (models/moe_ffn.py, which lists the options)."""
+        """build_moe_ffn (models/graph/moe_ffn.py, which lists the options)."""
         return build_moe_ffn(self, il, cur, **options)
 
     @staticmethod
@@ -281,29 +285,3 @@ class Decoder:
 
     def add(self, a: Tensor, c: Tensor) -> Tensor:
         return self.b.op("add", [a, c], a.shape)
-
-
-def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                flash_attn: bool, kv_type: str, shared: tuple = (),
-                n_stream: int = 1, swa_size: int = 0, swa_n_kv: int = 0,
-                rs_zero: int = 0, n_seqs: int = 1) -> ModelGraph:
-    """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
-    `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
-    (Placement.shared_copies); without it every layer gets its own copy. `n_stream`: KV
-    streams (-np N without -kvu: one per sequence, kv_size cells each). `swa_size`,
-    `swa_n_kv`: the SWA cache's cells per stream and those attended over (models with SWA
-    layers; options.swa_kv_size; default the full cache's). `n_seqs`: the ubatch's sequences
-    (a reserve's n_seq_max), equal splits of n_tokens; a hybrid model's recurrent state then
-    has that many rows, all of them seen by the graph (the whole memory, as in a reserve)."""
-    from ggmlrun.models.arch import get_arch
-
-    where = str(model.path) if model.path else None
-    arch = get_arch(model.arch, where)
-    table = check_tensors(arch, model.hparams, model.tensors, where)
-    d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,
-                n_stream, swa_size=swa_size, swa_n_kv=swa_n_kv)
-    d.shared = dict(shared)
-    d.rs_zero = rs_zero
-    d.n_seqs = d.n_rs = n_seqs
-    return output_head(d, arch.build(d), rows_after_norm=arch.rows_after_norm,
-                       rows_before_norm=arch.rows_before_norm)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.fmt import clip
-from ggmlrun.models.gguf_reader import BoundedReader
+from ggmlrun.models.gguf.reader import BoundedReader
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)                 # gguf.cpp: v1 "no longer supported", above 3 unknown

@@ -20,7 +20,7 @@ import math
 import shlex
 from dataclasses import replace
 
-from ggmlrun.models.options import ModelOptions
+from ggmlrun.models.options.params import ModelOptions
 
 LLAMA_BATCH = 2048          # llama.cpp's default -b: n_ubatch = min(n_batch, n_ubatch)
 LLAMA_UBATCH = 512          # llama.cpp's default -ub
@@ -172,7 +172,7 @@ def parse_llama_args(line: str | list[str]) -> dict:
 def options_from_line(line: str | list[str], base: ModelOptions | None = None) -> ModelOptions:
     """A ModelOptions from a llama.cpp line (the fields it does not name keep `base`'s, or
     llama.cpp's defaults: f16 cache, flash attention off, ubatch 512, op offload on)."""
-    from ggmlrun.models.options import split_proportions
+    from ggmlrun.models.options.params import split_proportions
 
     fields = parse_llama_args(line)
     base = base or ModelOptions()

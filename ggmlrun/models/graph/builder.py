@@ -8,8 +8,8 @@ of unnamed nodes are ggml's own. Nodes are built directly from the shapes ggml c
 per-node shape inference: an 80-layer graph has thousands of nodes and `fit` builds several);
 tests re-infer every node through the op registry to keep the two in step.
 
-`LayerContext` holds what build_norm / build_attn need; models/attention.py builds the
-attention and the KV cache's views on it, models/decoder.py the rest of llm_graph_context, so
+`LayerContext` holds what build_norm / build_attn need; models/graph/attention.py builds the
+attention and the KV cache's views on it, models/graph/decoder.py the rest of llm_graph_context, so
 an architecture is a short file of calls, as in llama.cpp's src/models/. `rs_inputs` /
 `build_rs` are the recurrent state's (llm_graph_context::build_rs).
 """

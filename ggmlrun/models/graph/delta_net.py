@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 from ggmlrun.core.util.lazynumpy import np     # graph building only: headers load no NumPy
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 
 
 def ssm_a(d, il: int):
@@ -26,7 +26,7 @@ def ssm_a(d, il: int):
 def memory_inputs(d) -> None:
     """build_inp_mem_hybrid's recurrent half: rs_s_copy and its views (the ubatch's n_seqs
     states; in a reserve the whole memory of max(1, n_seq_max) rows)."""
-    from ggmlrun.models.graph_common import rs_inputs
+    from ggmlrun.models.graph.builder import rs_inputs
 
     d.inputs.update(rs_inputs(d.b, d.n_rs, d.n_seqs))
 
@@ -42,7 +42,7 @@ def linear_attn(d, cur, il: int):
     """build_layer_attn_linear: projections, the conv state through SSM_CONV, the fused gated
     delta net with the delta state, the gated norm and ssm_out; Tn tokens per sequence of the
     ubatch's ns sequences."""
-    from ggmlrun.models.graph_common import build_rs
+    from ggmlrun.models.graph.builder import build_rs
 
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
@@ -50,7 +50,7 @@ def linear_attn(d, cur, il: int):
     Tn = d.T // ns
     nkh, nvh = hp.ssm_n_group, hp.ssm_dt_rank
     conv_dim = 2 * S * nkh + hp.ssm_d_inner
-    d.cache.add_recurrent(il, hp.n_embd_r, hp.n_embd_s, d.n_rs)
+    d.cache.add_recurrent(il)
     r_l, s_l = d.cache.r[il], d.cache.s[il]
     qkv = ctx.mul_mat(w(T.ATTN_QKV, il), cur)
     qkv = cb(b.reshape(qkv, (ns, Tn, conv_dim)), "linear_attn_qkv_mixed", il)
@@ -113,12 +113,12 @@ def linear_attn(d, cur, il: int):
 def gated_attn(d, cur, il: int):
     """build_layer_attn: Q and its gate from one doubled projection, Q/K head norms, IMROPE,
     attention over the KV cache, the output times sigmoid(gate), then wo."""
-    from ggmlrun.models.attention import build_attn_kv
+    from ggmlrun.models.graph.attention import build_attn_kv
 
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
     hd, Tn = hp.n_embd_head_k, d.T
-    d.cache.add_layer(il, hp.n_embd_k_gqa, hp.n_embd_v_gqa)
+    d.add_kv_layer(il)
     q_full = cb(ctx.mul_mat(w(T.ATTN_Q, il), cur), "Qcur_full", il)
     k = cb(ctx.mul_mat(w(T.ATTN_K, il), cur), "Kcur", il)
     v = cb(ctx.mul_mat(w(T.ATTN_V, il), cur), "Vcur", il)
@@ -151,7 +151,7 @@ def build(d, ffn) -> object:
         inpSA = inpL
         cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
         b.expand(cur)
-        cur = linear_attn(d, cur, il) if hp.is_recr(il) else gated_attn(d, cur, il)
+        cur = linear_attn(d, cur, il) if hp.is_recurrent(il) else gated_attn(d, cur, il)
         cur = b.cb(d.add(cur, inpSA), "attn_residual", il)
         residual = cur
         cur = b.cb(d.norm(cur, d.weight(T.ATTN_POST_NORM, il), il), "attn_post_norm", il)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from ggmlrun.core.util.float32 import f32, f32_div
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.util.errors import InputError, did_you_mean
-from ggmlrun.models.hparams import LlamaHParams
-from ggmlrun.models.options import LLM_FFN_EXPS_REGEX, ModelOptions, compile_override, gpu_layers
+from ggmlrun.models.hparams.record import HParams
+from ggmlrun.models.options.params import LLM_FFN_EXPS_REGEX, ModelOptions, compile_override, gpu_layers
 
 
 # Tensors llama.cpp creates in layer 0's context and TENSOR_DUPLICATED into every other layer's
@@ -102,7 +102,7 @@ def split_points(devices: list[BackendSpec], tensor_split: tuple[float, ...] | N
     return [f32_div(p, acc) for p in points]
 
 
-def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
+def place(hp: HParams, tensor_names, backends: list[BackendSpec],
           opts: ModelOptions) -> Placement:
     cpu = len(backends) - 1
     devices = list(range(cpu))
@@ -145,7 +145,7 @@ def place(hp: LlamaHParams, tensor_names, backends: list[BackendSpec],
                 return cpu
         return default
 
-    from ggmlrun.models.rope import rope_freqs_layers
+    from ggmlrun.models.hparams.rope import rope_freqs_layers
 
     dup_layers = rope_freqs_layers(hp)
     weights = {}

@@ -1,7 +1,7 @@
 """llama.cpp's llama graph (src/models/llama.cpp, llama.cpp vendored by llama-cpp-python 0.3.36).
 
 The layer loop only: inputs, attention, FFN and the output head are llm_graph_context's, in
-models/decoder.py and models/model_graph.py. Every call below is one of llama.cpp's, in its
+models/graph/decoder.py and models/graph/output.py. Every call below is one of llama.cpp's, in its
 order, so the nodes, their order and their names are llama.cpp's: a change here should be
 read against that file.
 """
@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors, default_kq_scale
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
-    from ggmlrun.models.decoder import Decoder
-    from ggmlrun.models.model_graph import ModelGraph
+    from ggmlrun.models.graph.decoder import Decoder
 
 
 def tensors(hp):
@@ -45,10 +44,3 @@ def build(d: Decoder, scale_q=None):
 ARCH = Arch(name="llama", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
             is_70b=lambda hp: hp.n_layer == 80 and hp.n_head != hp.n_head_kv)
 
-
-def build_llama(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                flash_attn: bool, kv_type: str) -> ModelGraph:
-    """The graph of any registered architecture (the name stays for its callers)."""
-    from ggmlrun.models.decoder import build_graph
-
-    return build_graph(model, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type)

@@ -1,7 +1,8 @@
 """The buffers llama.cpp allocates for a model before any graph is reserved: the weights per
 backend (llama_model::load_tensors), the KV cache and recurrent state (llama_memory_*), the
-output buffer. Their bytes follow from the placement and the graph's cache tensors alone, so
-fit can count them, and rule a placement out, without scheduling anything."""
+output buffer. Their bytes follow from the placement and the memory (models/memory/caches.py)
+alone, so fit can count them, and rule a placement out, without building a graph.
+`tensors`: the model's tensor table (GGUF name -> dtype, shape, file offset)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from dataclasses import dataclass
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.ir.types import TYPES
-from ggmlrun.models.model_graph import ModelGraph
-from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options import ModelOptions
-from ggmlrun.models.placement import Placement
+from ggmlrun.models.memory.caches import Memory
+from ggmlrun.models.memory.placement import Placement
+from ggmlrun.models.options.params import ModelOptions
 
 GGUF_ALIGNMENT = 32
 
@@ -30,7 +30,7 @@ class WeightBytes:
     repack: int = 0
 
 
-def weights_bytes(model: ModelFile, placement: Placement, backends: list[BackendSpec],
+def weights_bytes(tensors: dict, placement: Placement, backends: list[BackendSpec],
                   no_mmap: bool = False) -> WeightBytes:
     """llama_model::load_tensors' buffers. A CPU matrix ggml-cpu repacks (its type and rows,
     core/backends/repack.py) goes to CPU_REPACK (its bytes, aligned); every other CPU tensor
@@ -52,14 +52,14 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
     placed = list(placement.weights.items())
     # TENSOR_DUPLICATED tensors take bytes again in each other buffer they are copied into
     duplicates = set()
-    if "output.weight" not in model.tensors:
+    if "output.weight" not in tensors:
         duplicates.add(("token_embd.weight", placement.output_weight))
     for name, copies in placement.layer_copies.items():   # rope factors: one copy per layer
         duplicates.update((name, b) for b in copies if b is not None)
     placed_set = set(placed)
     placed += sorted(d for d in duplicates if d not in placed_set)
     for name, b in placed:
-        info = model.tensors[name]
+        info = tensors[name]
         nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))
         spec = backends[b]
         if spec.kind != "cpu":
@@ -75,8 +75,8 @@ def weights_bytes(model: ModelFile, placement: Placement, backends: list[Backend
             mapped += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
     # a tied output on the CPU: the duplicate of token_embd that the output's MUL_MAT reads
     # (one tensor with token_embd on the CPU) is still offered to CPU_REPACK
-    if "output.weight" not in model.tensors and backends[placement.output_weight].kind == "cpu":
-        info = model.tensors["token_embd.weight"]
+    if "output.weight" not in tensors and backends[placement.output_weight].kind == "cpu":
+        info = tensors["token_embd.weight"]
         spec = backends[placement.output_weight]
         if to_repack(spec, info.dtype, info.shape):
             repack += _align(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
@@ -93,39 +93,33 @@ def _elements(shape) -> int:
     return n
 
 
-def kv_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec],
+def _cache_bytes(tensors, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    """Each cache tensor on its layer's backend (placement.kv: the CPU under
+    --no-kv-offload), rounded up to that backend's alignment."""
+    sizes = [0] * len(backends)
+    for t in tensors:
+        b = placement.kv[t.il]
+        spec = backends[b]
+        sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+    return sizes
+
+
+def kv_bytes(memory: Memory, placement: Placement, backends: list[BackendSpec],
              linear_only: bool = False) -> list[int]:
     """Every attention cache's tensors (llama_kv_cache_iswa: the full and the SWA cache, each
-    its own buffers) on their layer's backend, each rounded up to its alignment.
-    `linear_only`: the full cache only (without --swa-full the SWA cache stops growing at
-    its window plus a ubatch)."""
-    sizes = [0] * len(backends)
-    for cache in mg.caches:
-        if linear_only and cache is not mg.cache:
-            continue
-        for il, k in cache.k.items():
-            b = placement.kv[il]
-            for t in (k, cache.v[il]) if il in cache.v else (k,):    # MLA: K only
-                spec = backends[b]
-                sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
-    return sizes
+    its own buffers). `linear_only`: the caches whose cells are the context (without
+    --swa-full the SWA cache stops growing at its window plus a ubatch)."""
+    return _cache_bytes(memory.kv_tensors(linear_only), placement, backends)
 
 
-def state_bytes(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> list[int]:
-    """llama_memory_recurrent's buffers: cache_r_l / cache_s_l of each recurrent layer, on its
-    layer's backend (the CPU under --no-kv-offload), each rounded up to the alignment; their
+def state_bytes(memory: Memory, placement: Placement, backends: list[BackendSpec]) -> list[int]:
+    """llama_memory_recurrent's buffers: cache_r_l / cache_s_l of each recurrent layer; their
     rows do not depend on the context."""
-    sizes = [0] * len(backends)
-    for il, r in mg.cache.r.items():
-        b = placement.kv[il]
-        for t in (r, mg.cache.s[il]):
-            spec = backends[b]
-            sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
-    return sizes
+    return _cache_bytes(memory.state_tensors(), placement, backends)
 
 
-def output_bytes(model: ModelFile, opts: ModelOptions) -> int:
+def output_bytes(hp, opts: ModelOptions) -> int:
     """llama_context::output_reserve at creation: logits for max(n_outputs, n_seq_max) rows,
     n_outputs being n_seq_max then: n_vocab floats per sequence, in host memory (the CPU's
     buffer type, or the output device's pinned host buffer type, CUDA_Host)."""
-    return model.hparams.n_vocab * 4 * opts.parallel
+    return hp.n_vocab * 4 * opts.parallel

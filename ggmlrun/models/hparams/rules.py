@@ -14,7 +14,7 @@ import math
 import struct
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.hparam_keys import F32_MAX, MAX_DIM, RULES, VOCAB_LIST, Rule
+from ggmlrun.models.hparams.keys import F32_MAX, MAX_DIM, RULES, VOCAB_LIST, Rule
 
 # architectures whose graph rotates the whole head (llama.cpp: n_rot == n_embd_head)
 FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3", "qwen3moe")

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ggmlrun.core.ir.graph import Graph, Tensor
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.attention import KVCache
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.graph.attention import KVCache
 
 
 @dataclass
@@ -68,7 +68,7 @@ def output_head(d, inpL: Tensor, softcap: float | None = None,
     if softcap is None:
         softcap = getattr(d.hp, "f_final_logit_softcapping", 0.0)
     if softcap:
-        from ggmlrun.models.hparam_rules import as_f32     # 1.0f / softcap, in float
+        from ggmlrun.models.hparams.rules import as_f32     # 1.0f / softcap, in float
         cur = b.op("scale", [cur], cur.shape, s=as_f32(1.0 / as_f32(softcap)))
         cur = b.op("tanh", [cur], cur.shape)
         cur = b.op("scale", [cur], cur.shape, s=softcap)

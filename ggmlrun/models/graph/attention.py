@@ -6,54 +6,62 @@ set_rows, get_k / get_v view the cells attended over; `attn_inputs` are the grap
 they need (build_attn_inp_kv). `build_attn_kv` is build_attn for
 llm_graph_input_attn_kv (and the iSWA one), `build_attn_k` the K-only (MLA) cache's,
 `build_attn_mha` the attention itself, `mul_mat_hadamard` the quantized cache's rotation.
-Kept apart from models/graph_common.py (the builder every graph uses) as llama.cpp keeps
+Kept apart from models/graph/builder.py (the builder every graph uses) as llama.cpp keeps
 llama-kv-cache.cpp apart from llama-graph.cpp.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
-from ggmlrun.models.graph_common import GraphBuilder, LayerContext, row_size
+from ggmlrun.models.graph.builder import GraphBuilder, LayerContext, row_size
 
 
-@dataclass
 class KVCache:
-    """llama_kv_cache: cache_k_l{il} / cache_v_l{il}, each [n_stream, kv_size, n_embd_gqa]
-    (ggml ne [n_embd_gqa, kv_size, n_stream]); V is read transposed without flash attention.
-    One stream unless the context keeps one per sequence (-np N without -kvu): each stream
-    then has kv_size cells, and the graph attends per stream.
+    """The graph's views of one memory cache (models/memory/caches.py, sized before any graph):
+    a leaf per cache tensor of each layer the graph builds, named, shaped and typed as the
+    memory lists it, cache_k_l{il} / cache_v_l{il} [n_stream, kv_size, width] (ggml ne
+    [width, kv_size, n_stream]); V is read transposed without flash attention. One stream
+    unless the context keeps one per sequence (-np N without -kvu): each stream then has
+    kv_size cells, and the graph attends per stream.
 
-    A hybrid model's memory (llama_memory_hybrid) adds llama_memory_recurrent's state over its
-    recurrent layers: cache_r_l{il} [rows, n_embd_r] and cache_s_l{il} [rows, n_embd_s], f32,
-    rows = max(1, n_seq_max) * (1 + n_rs_seq), whatever the context."""
+    A hybrid model's graph also views llama_memory_recurrent's state over its recurrent
+    layers (`state`): cache_r_l{il} and cache_s_l{il}, f32, whatever the context."""
 
-    kv_type: str
-    kv_size: int
-    v_trans: bool
-    k: dict[int, Tensor] = field(default_factory=dict)
-    v: dict[int, Tensor] = field(default_factory=dict)
-    n_stream: int = 1
-    r: dict[int, Tensor] = field(default_factory=dict)
-    s: dict[int, Tensor] = field(default_factory=dict)
+    def __init__(self, memory, state=None):
+        self.memory, self.state = memory, state
+        self.kv_type, self.kv_size = memory.kv_type, memory.cells
+        self.v_trans, self.n_stream = memory.v_trans, memory.n_stream
+        self.k: dict[int, Tensor] = {}
+        self.v: dict[int, Tensor] = {}
+        self.r: dict[int, Tensor] = {}
+        self.s: dict[int, Tensor] = {}
+        self._kv = self._by_layer(memory.tensors())
+        self._state = self._by_layer(state.tensors() if state is not None else [])
 
-    def add_recurrent(self, il: int, n_embd_r: int, n_embd_s: int, rows: int = 1) -> None:
-        self.r[il] = GraphBuilder.leaf(f"cache_r_l{il}", (rows, n_embd_r), "f32", role="weight")
-        self.s[il] = GraphBuilder.leaf(f"cache_s_l{il}", (rows, n_embd_s), "f32", role="weight")
+    @staticmethod
+    def _by_layer(tensors) -> dict[int, list]:
+        out: dict[int, list] = {}
+        for t in tensors:
+            out.setdefault(t.il, []).append(t)
+        return out
 
-    def add_layer(self, il: int, n_embd_k_gqa: int, n_embd_v_gqa: int) -> None:
-        ns = self.n_stream
-        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", (ns, self.kv_size, n_embd_k_gqa),
-                                       self.kv_type, role="weight")
-        self.v[il] = GraphBuilder.leaf(f"cache_v_l{il}", (ns, self.kv_size, n_embd_v_gqa),
-                                       self.kv_type, role="weight")
+    @staticmethod
+    def _leaves(by_layer: dict, il: int, what: str) -> list[Tensor]:
+        mine = by_layer.get(il)
+        if not mine:
+            raise ValueError(f"layer {il} has no {what} in the model's memory (create_memory)")
+        return [GraphBuilder.leaf(t.name, t.shape, t.dtype, role="weight") for t in mine]
 
-    def add_k_layer(self, il: int, n_embd_k_gqa: int) -> None:
-        """An MLA layer (llama_hparams::is_mla): K rows only; V is a view of them."""
-        shape = (self.n_stream, self.kv_size, n_embd_k_gqa)
-        self.k[il] = GraphBuilder.leaf(f"cache_k_l{il}", shape, self.kv_type, role="weight")
+    def add_layer(self, il: int) -> None:
+        """Layer il's K (and V, unless the cache is MLA's K-only one) views."""
+        leaves = self._leaves(self._kv, il, "KV cache")
+        self.k[il] = leaves[0]
+        if len(leaves) > 1:
+            self.v[il] = leaves[1]
+
+    def add_recurrent(self, il: int) -> None:
+        self.r[il], self.s[il] = self._leaves(self._state, il, "recurrent state")
 
     def _all_streams(self, b: GraphBuilder, cache: Tensor) -> Tensor:
         """Several streams: the cache as one 2-D buffer (the row indices are global)."""

@@ -1,6 +1,6 @@
 """llama.cpp's build_moe_ffn: a mixture-of-experts FFN for one layer of the graph a `Decoder`
 (`d` below) is building: the router, the top experts, their products by mul_mat_id, the
-weighted sum. Apart from models/decoder.py because only the MoE architectures use it; they call
+weighted sum. Apart from models/graph/decoder.py because only the MoE architectures use it; they call
 it as `d.moe_ffn(il, cur, ...)`, so an architecture module reads as llama.cpp's
 src/models/<arch>.cpp. `d` is not annotated: decoder.py imports this module, and an import
 back (even for annotations) is a cycle tests/test_layers.py refuses.
@@ -13,8 +13,8 @@ import math
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.arch.base import MODEL_TENSOR as T
-from ggmlrun.models.graph_common import GraphBuilder
+from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+from ggmlrun.models.graph.builder import GraphBuilder
 
 
 def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,

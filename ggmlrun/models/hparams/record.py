@@ -1,7 +1,7 @@
 """A model's hyperparameters, read from GGUF metadata as llama.cpp's loader reads them.
 
 Keys are `{arch}.{name}` (llama.cpp's LLM_KV names). Defaults are llama.cpp's where a key is
-optional; a missing required key is an input error naming it. `LlamaHParams` holds what
+optional; a missing required key is an input error naming it. `HParams` holds what
 llama_model_base::load_hparams reads for every architecture (plus the RMS epsilon every
 registered architecture requires); an architecture with keys of its own reads them in its
 module's `read_hparams` (its load_arch_hparams) into a subclass (models/arch/).
@@ -19,8 +19,10 @@ ROPE_SCALING = ("none", "linear", "yarn", "longrope")     # llama.cpp's LLAMA_RO
 
 
 @dataclass(frozen=True)
-class LlamaHParams:
+class HParams:
     N_FF_OPTIONAL: ClassVar[bool] = False     # feed_forward_length may be 0 (absent)
+    # llama_hparams::is_mla: one K-only cache row per token (V is a view of it)
+    is_mla: ClassVar[bool] = False
     n_layer: int
     n_embd: int
     n_head: int
@@ -59,6 +61,20 @@ class LlamaHParams:
     def has_swa(self) -> bool:
         return any(self.swa_layers)
 
+    # llama_hparams' per-layer questions, which models/memory/caches.py sizes the caches by;
+    # an architecture whose layers differ answers them in its own record (models/arch/)
+    def is_recurrent(self, il: int) -> bool:
+        return False
+
+    def has_kv(self, il: int) -> bool:
+        return True
+
+    def n_embd_k_gqa_l(self, il: int) -> int:
+        return self.n_embd_k_gqa
+
+    def n_embd_v_gqa_l(self, il: int) -> int:
+        return self.n_embd_v_gqa
+
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
             if key == "n_ff" and self.n_ff == 0 and self.N_FF_OPTIONAL:
@@ -91,19 +107,17 @@ class LlamaHParams:
         return self.n_embd_head_v * self.n_head_kv
 
 
-HParams = LlamaHParams     # the common base, under the name every architecture shares
 
-
-def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) -> LlamaHParams:
-    """`fields`: GGUF key -> plain value (ints, floats, strings, lists); `types`: GGUF key ->
-    its stored GGUF type where known (`gguf_types`). Every value is checked by hparam_rules
+def read_hparams(fields: dict, spec, types: dict | None = None) -> HParams:
+    """`fields`: GGUF key -> plain value (ints, floats, strings, lists); `spec`: the
+    architecture's registry entry (models/arch/: its own keys and reader), handed down by the
+    caller; `types`: GGUF key -> its stored GGUF type where known (`gguf_types`). Every value is checked by hparam_rules
     against hparam_keys' table (types, ranges) and the rules between keys before it is used;
     the common keys are read here, the architecture's own by its module (models/arch/)."""
-    from ggmlrun.models import hparam_rules as rules
-    from ggmlrun.models.hparam_keys import VOCAB_LIST
-    from ggmlrun.models.arch import get_arch
+    from ggmlrun.models.hparams import rules
+    from ggmlrun.models.hparams.keys import VOCAB_LIST
 
-    spec = get_arch(arch)
+    arch = spec.name
     prefix = f"{arch}."
     values = rules.check(fields, prefix=prefix, types=types, per_layer=spec.per_layer)
     # per-layer values (an architecture that has them: gemma4): layer 0's stands for the
@@ -159,20 +173,9 @@ def from_metadata(fields: dict, arch: str = "llama", types: dict | None = None) 
         n_ctx_orig_yarn=get("rope.scaling.original_context_length", 0),
         rope_attn_factor=get("rope.scaling.attn_factor", 1.0))
     if spec.read_hparams is None:
-        return LlamaHParams(**common)
+        return HParams(**common)
     get.arrays = arrays
     return spec.read_hparams(get, common)
-
-
-def tensor_shapes(hp: LlamaHParams, arch: str = "llama",
-                  optional: tuple[str, ...] = ("output.weight",)) -> dict[str, tuple[int, ...]]:
-    """The tensors a model of `arch` has, NumPy order (ggml's ne reversed), in llama.cpp's load
-    order: every required one, and of the optional ones those named in `optional` (by default
-    `output.weight`: a file without it ties the output to `token_embd.weight`)."""
-    from ggmlrun.models.arch import get_arch
-
-    return {name: spec.shape for name, spec in get_arch(arch).tensors(hp).items()
-            if spec.required is True or name in optional}
 
 
 _GGUF_TYPE_NAMES = {"u8": "UINT8", "i8": "INT8", "u16": "UINT16", "i16": "INT16",
@@ -193,8 +196,3 @@ def gguf_types(kv_types: dict[str, str], prefix: str) -> dict[str, str]:
         else:
             types[key] = _GGUF_TYPE_NAMES.get(short, short.upper())
     return types
-
-
-def llama_tensor_shapes(hp: LlamaHParams) -> dict[str, tuple[int, ...]]:
-    """Every tensor a plain llama model has (tensor_shapes of llama)."""
-    return tensor_shapes(hp, "llama")

@@ -21,7 +21,7 @@ import signal
 import numpy as np
 
 from ggmlrun.core.util.errors import RunError
-from ggmlrun.models.gguf_header import FileStamp
+from ggmlrun.models.gguf.header import FileStamp
 
 
 class MappedFile:

@@ -1,0 +1,42 @@
+"""The graph of any registered architecture for one ubatch: the registry's Arch picks the
+tensor table and the layer loop; the Decoder (models/graph/decoder.py) holds the inputs and the
+shared pieces, the output head closes it. The graph builders load with the first graph, never
+with a header (docs/models.md), hence the imports inside the function.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ggmlrun.models.arch import get_arch
+from ggmlrun.models.arch.base import check_tensors
+
+if TYPE_CHECKING:
+    from ggmlrun.models.graph.output import ModelGraph
+
+
+def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
+                flash_attn: bool, kv_type: str, shared: tuple = (),
+                n_stream: int = 1, swa_size: int = 0, swa_n_kv: int = 0,
+                rs_zero: int = 0, n_seqs: int = 1, memory=None) -> ModelGraph:
+    """The graph llama.cpp builds for `model` (any registered architecture) and one ubatch.
+    `shared`: (name, each layer's representative layer) for the per-layer duplicated tensors
+    (Placement.shared_copies); without it every layer gets its own copy. `n_stream`: KV
+    streams (-np N without -kvu: one per sequence, kv_size cells each). `swa_size`,
+    `swa_n_kv`: the SWA cache's cells per stream and those attended over (models with SWA
+    layers; options.swa_kv_size; default the full cache's). `n_seqs`: the ubatch's sequences
+    (a reserve's n_seq_max), equal splits of n_tokens; a hybrid model's recurrent state then
+    has that many rows, all of them seen by the graph (the whole memory, as in a reserve).
+    `memory`: the caches sized before the graph (models/memory/caches.py); by default made
+    from the sizes above."""
+    from ggmlrun.models.graph.decoder import Decoder
+    from ggmlrun.models.graph.output import output_head
+
+    where = str(model.path) if model.path else None
+    arch = get_arch(model.arch, where)
+    table = check_tensors(arch, model.hparams, model.tensors, where)
+    d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,
+                n_stream, swa_size=swa_size, swa_n_kv=swa_n_kv, shared=shared, rs_zero=rs_zero,
+                n_seqs=n_seqs, memory=memory)
+    return output_head(d, arch.build(d), rows_after_norm=arch.rows_after_norm,
+                       rows_before_norm=arch.rows_before_norm)
