@@ -74,7 +74,7 @@ def write_model(path: Path, n_vocab: int, merges: bool) -> None:
     import gguf
 
     from ggmlrun.models.arch import llama_tensor_shapes
-from ggmlrun.models.hparams.record import HParams
+    from ggmlrun.models.hparams.record import HParams
 
     rng = np.random.default_rng(0)
     hp = HParams(n_layer=4, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=n_vocab,

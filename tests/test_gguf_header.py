@@ -267,7 +267,7 @@ def test_misnamed_layer_tensor_is_an_input_error(tmp_path, raw):
 def write_with_type(path, name: str, qtype: str):
     """A tiny llama (n_embd 256) whose tensor `name` is stored as `qtype` (random bytes)."""
     from ggmlrun.models.arch import llama_tensor_shapes
-from ggmlrun.models.hparams.record import HParams
+    from ggmlrun.models.hparams.record import HParams
 
     hp = HParams(n_layer=1, n_embd=256, n_head=4, n_head_kv=4, n_ff=256, n_vocab=300,
                       n_ctx_train=256, n_rot=64)
