@@ -220,15 +220,15 @@ def test_fit_bad_options(args, words):
 
 
 def test_margins():
-    from ggmlrun.cli import _parse_margins
+    from ggmlrun.cli.fit_command import parse_margins
 
-    assert _parse_margins(None) == (2**30, 0, {})
-    assert _parse_margins("0") == (0, 0, {})
-    assert _parse_margins("0GiB,2GiB") == (0, 2 * 2**30, {})
-    assert _parse_margins("512MiB") == (512 * 2**20, 0, {})
-    assert _parse_margins("GPU0=1GiB,GPU1=512MiB") == (2**30, 0, {"GPU0": 2**30,
+    assert parse_margins(None) == (2**30, 0, {})
+    assert parse_margins("0") == (0, 0, {})
+    assert parse_margins("0GiB,2GiB") == (0, 2 * 2**30, {})
+    assert parse_margins("512MiB") == (512 * 2**20, 0, {})
+    assert parse_margins("GPU0=1GiB,GPU1=512MiB") == (2**30, 0, {"GPU0": 2**30,
                                                                  "GPU1": 512 * 2**20})
-    assert _parse_margins("CPU=0") == (2**30, 0, {"CPU": 0})
+    assert parse_margins("CPU=0") == (2**30, 0, {"CPU": 0})
 
 
 @pytest.mark.parametrize("margin, words", [("GPU0=1GiB,512MiB", "every margin as NAME=SIZE"),

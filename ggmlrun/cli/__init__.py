@@ -7,8 +7,7 @@ family of commands; importing them registers them on the `cli` group.
 
 from ggmlrun.cli import fit_command, graph_commands, tools  # noqa: F401  (they register commands)
 from ggmlrun.cli.common import cli
-from ggmlrun.cli.fit_command import _parse_margins
-from ggmlrun.cli.main import _install_signal_handlers, fail, main
+from ggmlrun.cli.main import fail, main
 from ggmlrun.core.util.errors import InputError
 
-__all__ = ["cli", "main", "fail", "InputError", "_parse_margins", "_install_signal_handlers"]
+__all__ = ["cli", "main", "fail", "InputError"]

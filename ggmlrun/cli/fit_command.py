@@ -69,7 +69,7 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     if model is None:
         raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
                          "YAML file with `architecture:`); this is neither", file=str(model_path))
-    margin_device, margin_cpu, by_name = _parse_margins(margin)
+    margin_device, margin_cpu, by_name = parse_margins(margin)
     model_file, backends, opts = model
     names = [b.name for b in backends]
     for name in by_name:
@@ -103,7 +103,7 @@ def _ngl_refused(value) -> None:
                          f"{value}")
 
 
-def _parse_margins(text: str | None) -> tuple[int, int, dict[str, int]]:
+def parse_margins(text: str | None) -> tuple[int, int, dict[str, int]]:
     """Device and CPU margins, and per-backend ones (NAME=SIZE); unlike a memory size, a
     margin may be 0."""
     from ggmlrun.core.frontend.sizes import SIZE_RE, SIZE_UNITS, parse_size

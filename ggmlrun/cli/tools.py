@@ -84,37 +84,11 @@ def gen():
     """Write a generated graph file (llama-style or MLP) with real model shapes."""
 
 
-def _check_gen(name: str, device: str, out: Path | None) -> None:
-    """Refuse, before generating, what would make a file ggmlrun itself then rejects."""
-    from ggmlrun.core.frontend.yamlfile import NAME_RE
-    from ggmlrun.core.util.fmt import clip
+def _check_out(out: Path | None) -> None:
     from ggmlrun.core.util.outputs import check_output
 
-    for option, value in (("--name", name), ("--device", device)):
-        if not NAME_RE.match(value):
-            raise InputError(f"{option} '{clip(value)}' is not a valid name; use letters, digits, "
-                             "'_', '.' and '-', starting with a letter or '_'")
     if out is not None:
         check_output(out, "--out")
-
-
-MAX_GEN_NODES = 200_000       # validate reads ~30k nodes a second: ~7 s at this bound
-MAX_GEN_TENSOR_BYTES = 2**40  # the loader's limit per tensor (frontend/leaves.py)
-
-
-def _check_gen_size(layers: int, nodes_per_layer: int, tensors: dict[str, list[int]]) -> None:
-    """Bound what gen will write before generating it: `--layers 100000000` would build gigabytes
-    of text for minutes and end in a MemoryError, and a weight over the loader's limit would
-    write a file ggmlrun itself refuses."""
-    if layers * nodes_per_layer > MAX_GEN_NODES:
-        raise InputError(f"--layers {layers} would write {layers * nodes_per_layer:,} nodes "
-                         f"({nodes_per_layer} a layer); at most {MAX_GEN_NODES:,} "
-                         f"(--layers {MAX_GEN_NODES // nodes_per_layer})")
-    for what, shape in tensors.items():
-        nbytes = 4 * shape[0] * shape[1]
-        if nbytes > MAX_GEN_TENSOR_BYTES:
-            raise InputError(f"{what} would make a {shape} weight of {nbytes:,} bytes, over the "
-                             f"{MAX_GEN_TENSOR_BYTES:,} (1 TiB) a graph file allows per tensor")
 
 
 def _write_text(text: str, out: Path | None) -> None:
@@ -155,15 +129,7 @@ def gen_llama(layers, dim, heads, ffn, batch, context, dtype, offload, device, n
     """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN."""
     from ggmlrun.core.frontend.gen import LlamaShape, llama
 
-    _check_gen(name, device, out)
-    if dim % heads or (dim // heads) % 2:
-        raise InputError(f"--dim {dim} must be a multiple of --heads {heads} with an even head size")
-    if offload > layers:
-        raise InputError(f"--offload {offload} is more than --layers {layers}")
-    if 0 < context < batch:
-        raise InputError(f"--context {context} is shorter than --batch {batch}")
-    _check_gen_size(layers, 32, {"--ffn/--dim": [ffn, dim], "--context/--dim": [context, dim],
-                                 "--batch/--ffn": [batch, ffn]})
+    _check_out(out)
     shape = LlamaShape(layers=layers, dim=dim, heads=heads, ffn=ffn, batch=batch, context=context,
                        dtype=dtype, offload=offload, device=device)
     _write_text(llama(shape, name=name), out)
@@ -192,8 +158,5 @@ def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
     """A stack of gelu MLP blocks with residuals."""
     from ggmlrun.core.frontend.gen import mlp
 
-    _check_gen(name, device, out)
-    if offload > layers:
-        raise InputError(f"--offload {offload} is more than --layers {layers}")
-    _check_gen_size(layers, 4, {"--hidden/--dim": [hidden, dim], "--batch/--hidden": [batch, hidden]})
+    _check_out(out)
     _write_text(mlp(layers, dim, hidden, batch, dtype, offload, device, name), out)

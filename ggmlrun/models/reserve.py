@@ -163,8 +163,7 @@ def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOp
           and gpu_layers(opts, model.hparams.n_layer_all) > model.hparams.n_layer_all
           and not opts.no_kv_offload
           and not opts.overrides
-          and not getattr(opts, "cpu_moe", False) and not getattr(opts, "n_cpu_moe", 0)
-          and all(getattr(b, "async_events", True) for b in devices))
+          and not opts.cpu_moe and not opts.n_cpu_moe)
     return max(1, opts.sched_copies) if on else 1
 
 

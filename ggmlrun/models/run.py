@@ -5,7 +5,7 @@ Weights come memory-mapped from the GGUF (mapped.py: one map of one descriptor, 
 against the header; block types stay raw bytes, as the quantized kernels take them), the KV
 cache (and a hybrid model's recurrent state) starts empty (zeros), and the inputs are the ones
 llama.cpp's set_input fills for one batch in sequence 0 split into ubatches: ubatch i at
-positions p0..p0+T-1 writes cache cells p0.., attends with a causal mask over the n_kv cells
+positions p0..p0+n_tok-1 writes cache cells p0.., attends with a causal mask over the n_kv cells
 in use (padded to 256), and the caches it wrote carry over to the next (the recurrent state is
 cleared by the first ubatch only: rs_z 0, then -1); the last token's row is the one output.
 """
@@ -26,12 +26,11 @@ from ggmlrun.models.arch.build import build_graph
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.gguf.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options.params import (ModelOptions, context_size, kv_size, swa_kv_size,
+from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, kv_size, swa_kv_size,
                                      ubatch_size)
 from ggmlrun.models.memory.placement import place
 from ggmlrun.models.reserve import apply_placement, check_options
 
-KV_PAD = 256
 
 
 def storage_shape(shape: tuple[int, ...], dtype: str) -> tuple[tuple[int, ...], np.dtype]:
@@ -64,21 +63,21 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Te
     return values
 
 
-def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa: int,
+def attn_input_values(inp: dict, n_tok: int, n_kv: int, kv_cells: int, n_embd_v_gqa: int,
                       n_swa: int = 0, p0: int = 0) -> dict[Tensor, np.ndarray]:
-    """One cache's attention inputs for T tokens of sequence 0 at positions p0.. in cells p0..
+    """One cache's attention inputs for n_tok tokens of sequence 0 at positions p0.. in cells p0..
     (llama_kv_cache's set_input_k_idxs / v_idxs / kq_mask): a causal mask over its n_kv cells,
     and with `n_swa` the standard sliding window too (is_masked_swa: p1 - p0 >= n_swa)."""
-    cells = np.arange(p0, p0 + T, dtype=np.int64)
+    cells = np.arange(p0, p0 + n_tok, dtype=np.int64)
     if "v_idxs" not in inp:       # MLA: the K-only cache
         v_idxs = None
-    elif inp["v_idxs"].shape[0] == T:
+    elif inp["v_idxs"].shape[0] == n_tok:
         v_idxs = cells
     else:       # transposed V: one row per element, element e of token t at e * kv_size + t
         v_idxs = (np.arange(n_embd_v_gqa, dtype=np.int64)[None, :] * kv_cells
                   + cells[:, None]).reshape(-1)
     p1, pc = cells[:, None], np.arange(n_kv)[None, :]
-    keep = (pc <= p1) & (pc < p0 + T)
+    keep = (pc <= p1) & (pc < p0 + n_tok)
     if n_swa:
         keep &= p1 - pc < n_swa
     mask = np.where(keep, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
@@ -94,19 +93,19 @@ def attn_input_values(inp: dict, T: int, n_kv: int, kv_cells: int, n_embd_v_gqa:
 def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
                  n_embd: int, n_embd_v_gqa: int, p0: int = 0) -> dict[Tensor, np.ndarray]:
     """One ubatch of `tokens` at positions p0.. (cells p0.., after p0 cells in use)."""
-    T = len(tokens)
+    n_tok = len(tokens)
     inp = mg.inputs
-    values = attn_input_values(inp, T, n_kv, kv_cells, n_embd_v_gqa, p0=p0)
+    values = attn_input_values(inp, n_tok, n_kv, kv_cells, n_embd_v_gqa, p0=p0)
     if mg.swa_cache is not None:      # llama_kv_cache_iswa: the SWA cache's own inputs
-        values.update(attn_input_values(mg.swa_inputs, T, mg.swa_n_kv, mg.swa_cache.kv_size,
+        values.update(attn_input_values(mg.swa_inputs, n_tok, mg.swa_n_kv, mg.swa_cache.kv_size,
                                         n_embd_v_gqa, mg.n_swa, p0=p0))
-    pos = np.arange(p0, p0 + T, dtype=np.int32)
-    if inp["pos"].shape[0] == 4 * T:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
-        pos = np.concatenate([pos, pos, pos, np.zeros(T, np.int32)])
+    pos = np.arange(p0, p0 + n_tok, dtype=np.int32)
+    if inp["pos"].shape[0] == 4 * n_tok:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
+        pos = np.concatenate([pos, pos, pos, np.zeros(n_tok, np.int32)])
     values.update({inp["tokens"]: np.asarray(tokens, dtype=np.int32),
-                   inp["embd"]: np.zeros((T, n_embd), np.float32),
+                   inp["embd"]: np.zeros((n_tok, n_embd), np.float32),
                    inp["pos"]: pos,
-                   inp["out_ids"]: np.array([T - 1], dtype=np.int32)})
+                   inp["out_ids"]: np.array([n_tok - 1], dtype=np.int32)})
     if "s_copy" in inp:               # the recurrent state: sequence 0 reads its own row
         values[inp["s_copy"]] = np.zeros(inp["s_copy"].shape, np.int32)
     if "ple_tokens" in inp:           # gemma4's per-layer embeddings read the tokens again
@@ -145,16 +144,16 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
     # a sliding-window cache's cells are reused past its size: those models run the prompt as
     # one ubatch (as before); the others in ubatches of --ubatch tokens, as llama.cpp splits it
-    step = len(tokens) if getattr(hp, "has_swa", False) else ubatch
+    step = len(tokens) if hp.has_swa else ubatch
     chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
     if model.path is None or model.stamp is None:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
     def prepare(i: int):
         """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""
-        p0, T = i * step, len(chunks[i])
-        used = (p0 + T + KV_PAD - 1) // KV_PAD * KV_PAD
+        p0, n_tok = i * step, len(chunks[i])
+        used = (p0 + n_tok + KV_PAD - 1) // KV_PAD * KV_PAD
         n_kv = min(cells, max(KV_PAD, used))                                       # get_n_kv
-        mg = build_graph(model, T, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
+        mg = build_graph(model, n_tok, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
                          placement.shared_copies(), swa_size=swa,
                          swa_n_kv=min(swa, max(KV_PAD, used)), rs_zero=0 if i == 0 else -1)
         writes = cache_writes(mg) if i < len(chunks) - 1 else {}   # what the next one reads
@@ -163,7 +162,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         plan, memory = plan_memory(sched, "ggml")
         check_capacity(sched, memory)
         check_run_memory(model, mg, memory)
-        return p0, T, n_kv, mg, writes, sched, plan
+        return p0, n_tok, n_kv, mg, writes, sched, plan
 
     # before anything is computed: the most tokens (the first) and the most cells (the last)
     ready = {i: prepare(i) for i in sorted({0, len(chunks) - 1})}
@@ -172,12 +171,12 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     try:
         for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
-            p0, T, n_kv, mg, writes, sched, plan = ready.pop(i) if i in ready else prepare(i)
+            p0, n_tok, n_kv, mg, writes, sched, plan = ready.pop(i) if i in ready else prepare(i)
             values = weight_values(model, mg, weights.bytes)
             values.update((leaf, caches[leaf.name]) for leaf in cache_leaves(mg)
                           if leaf.name in caches)
             values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa, p0))
-            values.update((leaf, fill(range(p0, p0 + T))) for leaf, fill in mg.extra_inputs.items())
+            values.update((leaf, fill(range(p0, p0 + n_tok))) for leaf, fill in mg.extra_inputs.items())
             with sigbus_guard(model.path):
                 result = execute(sched, plan, values, repeat=repeat if last else 1,
                                  warmup=warmup if last else 0,

@@ -9,6 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ggmlrun.core.util.errors import InputError
+
+MAX_GEN_NODES = 200_000       # validate reads ~30k nodes a second: ~7 s at this bound
+MAX_GEN_TENSOR_BYTES = 2**40  # the loader's limit per tensor (frontend/leaves.py)
+
 
 def _value(v) -> str:
     if isinstance(v, bool):
@@ -73,18 +78,55 @@ class LlamaShape:
     device: str = "SIM0"
 
 
+def check_names(name: str, device: str) -> None:
+    """A graph name and device the loader would take: refused here, before generating, rather
+    than in the file ggmlrun itself then rejects."""
+    from ggmlrun.core.frontend.yamlfile import NAME_RE
+    from ggmlrun.core.util.fmt import clip
+
+    for option, value in (("--name", name), ("--device", device)):
+        if not NAME_RE.match(value):
+            raise InputError(f"{option} '{clip(value)}' is not a valid name; use letters, digits, "
+                             "'_', '.' and '-', starting with a letter or '_'")
+
+
+def check_size(layers: int, nodes_per_layer: int, tensors: dict[str, list[int]]) -> None:
+    """Bound what would be written before writing it: `--layers 100000000` would build gigabytes
+    of text for minutes and end in a MemoryError, and a weight over the loader's limit would
+    write a file ggmlrun itself refuses."""
+    if layers * nodes_per_layer > MAX_GEN_NODES:
+        raise InputError(f"--layers {layers} would write {layers * nodes_per_layer:,} nodes "
+                         f"({nodes_per_layer} a layer); at most {MAX_GEN_NODES:,} "
+                         f"(--layers {MAX_GEN_NODES // nodes_per_layer})")
+    for what, shape in tensors.items():
+        nbytes = 4 * shape[0] * shape[1]
+        if nbytes > MAX_GEN_TENSOR_BYTES:
+            raise InputError(f"{what} would make a {shape} weight of {nbytes:,} bytes, over the "
+                             f"{MAX_GEN_TENSOR_BYTES:,} (1 TiB) a graph file allows per tensor")
+
+
+def check_llama(s: LlamaShape, name: str) -> None:
+    check_names(name, s.device)
+    if s.dim % s.heads or (s.dim // s.heads) % 2:
+        raise InputError(f"--dim {s.dim} must be a multiple of --heads {s.heads} with an even "
+                         f"head size")
+    if s.offload > s.layers:
+        raise InputError(f"--offload {s.offload} is more than --layers {s.layers}")
+    if 0 < s.context < s.batch:
+        raise InputError(f"--context {s.context} is shorter than --batch {s.batch}")
+    check_size(s.layers, 32, {"--ffn/--dim": [s.ffn, s.dim], "--context/--dim": [s.context, s.dim],
+                              "--batch/--ffn": [s.batch, s.ffn]})
+
+
 def llama(shape: LlamaShape, name: str = "llama") -> str:
     """A llama-style stack: rms_norm, q/k/v, rope, causal attention, swiglu FFN, residuals.
 
     As in llama.cpp's partial offload, the last `offload` layers' weights live on the device
     and the rest on the CPU; the scheduler decides where every node runs from there.
     """
+    check_llama(shape, name)
     s = shape
-    if s.dim % s.heads:
-        raise ValueError("dim must be a multiple of heads")
     hd = s.dim // s.heads
-    if hd % 2:
-        raise ValueError("head dim (dim / heads) must be even for rope")
     cached = s.context > s.batch
     past = s.context - s.batch if cached else 0
     g = GraphText(name, f"generated: ggmlrun gen llama --layers {s.layers} --dim {s.dim} "
@@ -161,6 +203,10 @@ def _through_cache(g: GraphText, p: str, kind: str, rows: str, s: LlamaShape, hd
 def mlp(layers: int = 2, dim: int = 512, hidden: int = 2048, batch: int = 32,
         dtype: str = "f32", offload: int = 0, device: str = "SIM0", name: str = "mlp") -> str:
     """A stack of gelu MLP blocks with residuals; the last `offload` blocks' weights on the device."""
+    check_names(name, device)
+    if offload > layers:
+        raise InputError(f"--offload {offload} is more than --layers {layers}")
+    check_size(layers, 4, {"--hidden/--dim": [hidden, dim], "--batch/--hidden": [batch, hidden]})
     g = GraphText(name, f"generated: ggmlrun gen mlp --layers {layers} --dim {dim} --hidden "
                         f"{hidden} --batch {batch} --dtype {dtype} --offload {offload}")
     x = g.tensor("x", [batch, dim], role="input", init="randn")

@@ -160,37 +160,43 @@ class CostPolicy:
 
     # --- one device against the CPU -----------------------------------------------------------
     def _cut(self, graph: Graph, labels: dict, fixed: set, device: int) -> bool:
+        """Move the free nodes between `device` and the CPU by a minimum cut: each node's
+        compute on either side (_compute_costs), the copies between them (_copy_edges)."""
         cpu = self.cpu
-        spec = self.backends
         free = [n for n in graph.nodes
                 if n is owner(n) and n not in fixed and not get_op(n.op).view_op
                 and labels[n] in (device, cpu)]
         if not free:
             return False
-        index = {n: i + 2 for i, n in enumerate(free)}
-        s, t = 0, 1
-        n_vertices = [2 + len(free)]
-        edges: list[tuple[int, int, int]] = []
-        on_d = [0] * (len(free) + 2)      # cost if on the device (source side)
-        on_c = [0] * (len(free) + 2)      # cost if on the CPU (sink side)
+        net = _Network({n: i + 2 for i, n in enumerate(free)})
+        self._compute_costs(graph, net, device)
+        self._copy_edges(graph, net, labels, device)
+        device_side = net.solve()
+        changed = False
+        for node, v in net.index.items():
+            b = device if v in device_side else cpu
+            changed |= labels[node] != b
+            labels[node] = b
+        for node in graph.nodes:                 # views and writes follow their root
+            if owner(node) in net.index:
+                labels[node] = labels[owner(node)]
+        return changed
 
-        def ps(seconds: float) -> int:
-            return int(round(seconds * PICO))
-
-        def aux() -> int:
-            n_vertices[0] += 1
-            return n_vertices[0] - 1
-
-        # 1. compute: every compute node's time is charged to the variable owning it
+    def _compute_costs(self, graph: Graph, net: _Network, device: int) -> None:
+        """Every compute node's time, charged to the variable owning it, on either side."""
+        spec, cpu = self.backends, self.cpu
         for node in graph.nodes:
-            if get_op(node.op).view_op or owner(node) not in index:
+            if get_op(node.op).view_op or owner(node) not in net.index:
                 continue
-            v = index[owner(node)]
+            v = net.index[owner(node)]
             runs = spec[device].supports_node(node)
-            on_d[v] += ps(costs.compute_s(spec[device], node)) if runs else INF
-            on_c[v] += ps(costs.compute_s(spec[cpu], node))
+            net.on_d[v] += ps(costs.compute_s(spec[device], node)) if runs else INF
+            net.on_c[v] += ps(costs.compute_s(spec[cpu], node))
 
-        # 2. copies: once per tensor and destination backend
+    def _copy_edges(self, graph: Graph, net: _Network, labels: dict, device: int) -> None:
+        """A copy once per tensor and destination backend: charged to the tensor's variable
+        for a fixed consumer elsewhere, else through an auxiliary vertex its users share."""
+        spec, cpu, s, t, index = self.backends, self.cpu, net.S, net.T, net.index
         consumers: dict[Tensor, set[Tensor]] = {}
         for node in graph.nodes:
             if get_op(node.op).view_op:
@@ -205,46 +211,29 @@ class CostPolicy:
             fixed_at = {labels[u] for u in users if u not in index}
             if x in index:
                 xv = index[x]
-                to_d, to_c = ps(costs.copy_s(spec[cpu], spec[device], nbytes)), \
-                    ps(costs.copy_s(spec[device], spec[cpu], nbytes))
+                to_d = ps(costs.copy_s(spec[cpu], spec[device], nbytes))
+                to_c = ps(costs.copy_s(spec[device], spec[cpu], nbytes))
                 for label in fixed_at:          # a fixed consumer elsewhere: a copy whenever x differs
                     if label != device:
-                        on_d[xv] += ps(costs.copy_s(spec[device], spec[label], nbytes))
+                        net.on_d[xv] += ps(costs.copy_s(spec[device], spec[label], nbytes))
                     if label != cpu:
-                        on_c[xv] += ps(costs.copy_s(spec[cpu], spec[label], nbytes))
+                        net.on_c[xv] += ps(costs.copy_s(spec[cpu], spec[label], nbytes))
                 if var_users and device not in fixed_at:   # x on CPU, some user on the device
-                    w = aux()
-                    edges += [(u, w, INF) for u in var_users] + [(w, xv, to_d)]
+                    w = net.aux()
+                    net.edges += [(u, w, INF) for u in var_users] + [(w, xv, to_d)]
                 if var_users and cpu not in fixed_at:      # x on the device, some user on the CPU
-                    w = aux()
-                    edges += [(xv, w, to_c)] + [(w, u, INF) for u in var_users]
+                    w = net.aux()
+                    net.edges += [(xv, w, to_c)] + [(w, u, INF) for u in var_users]
             elif var_users:
                 home = labels[x]
                 if home != device and device not in fixed_at:   # any user on the device pays
-                    w = aux()
-                    edges += [(u, w, INF) for u in var_users]
-                    edges.append((w, t, ps(costs.copy_s(spec[home], spec[device], nbytes))))
+                    w = net.aux()
+                    net.edges += [(u, w, INF) for u in var_users]
+                    net.edges.append((w, t, ps(costs.copy_s(spec[home], spec[device], nbytes))))
                 if home != cpu and cpu not in fixed_at:         # any user on the CPU pays
-                    w = aux()
-                    edges.append((s, w, ps(costs.copy_s(spec[home], spec[cpu], nbytes))))
-                    edges += [(w, u, INF) for u in var_users]
-
-        flow = MinCut(n_vertices[0])
-        for v in range(2, len(free) + 2):
-            flow.add(v, t, min(on_d[v], INF))
-            flow.add(s, v, min(on_c[v], INF))
-        for u, v, cap in edges:
-            flow.add(u, v, cap)
-        device_side = flow.source_side(s, t)
-        changed = False
-        for node, v in index.items():
-            b = device if v in device_side else cpu
-            changed |= labels[node] != b
-            labels[node] = b
-        for node in graph.nodes:                 # views and writes follow their root
-            if owner(node) in index:
-                labels[node] = labels[owner(node)]
-        return changed
+                    w = net.aux()
+                    net.edges.append((s, w, ps(costs.copy_s(spec[home], spec[cpu], nbytes))))
+                    net.edges += [(w, u, INF) for u in var_users]
 
     # --- causes --------------------------------------------------------------------------------
     def _explain(self, sched: Schedule, base: Schedule, moved: list[Tensor]) -> None:
@@ -256,3 +245,36 @@ class CostPolicy:
             if now >= before:
                 why += "; keeps copies away"
             sched.reasons[node] = why
+
+
+def ps(seconds: float) -> int:
+    """Seconds as whole picoseconds: the cut's capacities are integers."""
+    return int(round(seconds * PICO))
+
+
+class _Network:
+    """The cut's graph: source 0 (the device side), sink 1 (the CPU side), a vertex per free
+    node (`index`), auxiliary vertices for shared copies; `on_d` / `on_c` each variable's cost
+    on the device / the CPU."""
+    S, T = 0, 1
+
+    def __init__(self, index: dict):
+        self.index = index
+        self.n_vertices = 2 + len(index)
+        self.on_d = [0] * self.n_vertices
+        self.on_c = [0] * self.n_vertices
+        self.edges: list[tuple[int, int, int]] = []
+
+    def aux(self) -> int:
+        self.n_vertices += 1
+        return self.n_vertices - 1
+
+    def solve(self) -> set[int]:
+        """The vertices on the device's side of a minimum cut."""
+        flow = MinCut(self.n_vertices)
+        for v in range(2, len(self.index) + 2):
+            flow.add(v, self.T, min(self.on_d[v], INF))
+            flow.add(self.S, v, min(self.on_c[v], INF))
+        for u, v, cap in self.edges:
+            flow.add(u, v, cap)
+        return flow.source_side(self.S, self.T)

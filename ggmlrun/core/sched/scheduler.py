@@ -73,21 +73,27 @@ class Scheduler:
 
     def schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None = None) -> Schedule:
         """Run the passes. `decided` holds assignments made elsewhere (a placement policy):
-        like user pins, the passes never overwrite them, and the rest follows ggml's rules."""
-        with gc_paused():
-            try:
-                return self._schedule(graph, decided)
-            finally:     # the working tables go before the GC runs again (see Schedule.copies)
-                self.tensors = self.location = None
+        like user pins, the passes never overwrite them, and the rest follows ggml's rules.
+        Each call works on tables of its own (_Scheduling), so a scheduler is reusable and
+        holds nothing of a graph between calls."""
+        with gc_paused():    # the working tables go before the GC runs again (Schedule.copies)
+            return _Scheduling(self, graph).run(decided)
 
-    def _schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
+
+class _Scheduling:
+    """One call's working tables: per tensor row (graph leafs, nodes, then the copies pass 5
+    makes) its backend (-1: none yet), its cause (None: never assigned) and what it can run
+    on; `order` keeps the rows in the order of their first assignment, which is backend_of's
+    order."""
+
+    def __init__(self, config: Scheduler, graph: Graph):
+        self.backends, self.ggml, self.n_copies = config.backends, config.ggml, config.n_copies
+        self.n, self.cpu, self.index = config.n, config.cpu, config.index
+        self.op_offload = config.op_offload
         self.graph = graph
         self._masks: dict[tuple, int] = {}          # support key -> bit b: backend b runs it
         self._all = (1 << self.n) - 1
         self._view_ops = frozenset(name for name, spec in OPS.items() if spec.view_op)
-        # per tensor row (graph leafs, nodes, then the copies pass 5 makes): its backend (-1:
-        # none yet), its cause (None: never assigned) and what it can run on; `order` keeps
-        # the rows in the order of their first assignment, which is backend_of's order
         self.tensors = graph.leafs + graph.nodes
         self.stamp = number(self.tensors)
         self.where = [-1] * len(self.tensors)
@@ -96,6 +102,9 @@ class Scheduler:
         self.order = array("l")
         self.copies: list[Tensor] = []
         self.location = self._weight_locations(graph)
+
+    def run(self, decided: dict[Tensor, tuple[int, str]] | None) -> Schedule:
+        graph = self.graph
         self._user_pins(graph)
         for tensor, (b, cause) in (decided or {}).items():
             if self.where[tensor.index] == -1:

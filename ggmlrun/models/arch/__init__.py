@@ -8,6 +8,9 @@ graph (the layer loop, on the shared pieces of models/graph/decoder.py).
 
 An architecture is listed here only once its graph gives llama.cpp's recorded figures
 (tests/data/llamacpp/figures.json); anything else is an input error naming the supported ones.
+
+The stages below this one never look the registry up: whoever reads a model here hands the
+entry down (hparams' read_hparams takes it; the graph's Decoder is given it by arch/build.py).
 """
 
 from __future__ import annotations

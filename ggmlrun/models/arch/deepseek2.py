@@ -21,8 +21,7 @@ read for the lite shapes llama.cpp lists (26 or 27 trunk layers, or 48 with a vo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.lazynumpy import np
@@ -31,7 +30,8 @@ from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, TensorSpec, nextn_tensors
 from ggmlrun.models.gguf.names import TENSOR_NAMES, tn
 from ggmlrun.models.arch import glm4moe
-from ggmlrun.models.arch.glm4moe import GATING, Glm4MoeHParams
+from ggmlrun.models.arch.glm4moe import GATING
+from ggmlrun.models.hparams.record import HParams
 from ggmlrun.models.hparams.rules import as_f32
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
@@ -41,21 +41,7 @@ GLM47_VOCAB = 154880       # GLM-4.7-Flash: sigmoid gating without the key
 LITE_VOCAB = 128256        # a 48-layer lite model (Kanana-2-30B-A3B): no q_lora_rank
 
 
-@dataclass(frozen=True)
-class Deepseek2HParams(Glm4MoeHParams):
-    is_mla: ClassVar[bool] = True  # one K-only cache row per token: kv_lora_rank + n_rot
-    n_lora_q: int = 0              # attention.q_lora_rank; 0: attn_q (the lite variant)
-    n_lora_kv: int = 0             # attention.kv_lora_rank
-    n_embd_head_k_mla: int = 0     # attention.key_length_mla: nope + rope per head
-    n_embd_head_v_mla: int = 0     # attention.value_length_mla
-    yarn_mscale_all_dims: bool = True    # decoder.rope_params: deepseek2's YaRN mscale
-
-    @property
-    def n_embd_head_qk_nope(self) -> int:
-        return self.n_embd_head_k_mla - self.n_rot
-
-
-def read_hparams(get, common: dict) -> Deepseek2HParams:
+def read_hparams(get, common: dict) -> HParams:
     block_count = common["n_layer"]
     nextn = int(get("nextn_predict_layers", 0) or 0)
     if nextn >= block_count:
@@ -90,22 +76,15 @@ def read_hparams(get, common: dict) -> Deepseek2HParams:
                          f"and value_length kv_lora_rank ({kv_lora}); the file has "
                          f"{common['n_head_kv']}, {head_k} and {head_v}")
     log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
-    return Deepseek2HParams(
+    return HParams(
         **dict(common, n_layer=n_layer), n_layer_nextn=nextn,
         rope_yarn_log_mul=as_f32(as_f32(log_mul) / as_f32(0.1)) if log_mul else 0.0,
-        n_expert=int(get("expert_count", 0) or 0),
-        n_expert_used=int(get("expert_used_count", 0) or 0),
-        n_ff_exp=int(get("expert_feed_forward_length")),
-        n_expert_shared=int(get("expert_shared_count")),
-        n_layer_dense_lead=int(get("leading_dense_block_count", 0) or 0),
-        expert_weights_scale=float(get("expert_weights_scale", 0.0) or 0.0),
-        expert_weights_norm=bool(get("expert_weights_norm", False)),
-        gating=GATING[func],
+        yarn_mscale_all_dims=True, gating=GATING[func], **glm4moe.moe_fields(get, common),
         n_lora_q=0 if lite else int(get("attention.q_lora_rank", None)),
         n_lora_kv=kv_lora, n_embd_head_k_mla=k_mla, n_embd_head_v_mla=v_mla)
 
 
-def tensors(hp: Deepseek2HParams) -> dict[str, TensorSpec]:
+def tensors(hp: HParams) -> dict[str, TensorSpec]:
     """load_arch_tensors, in its order; the NextN layers' tensors may be absent (a trunk-only
     file) and are never loaded."""
     n_embd, n_head = hp.n_embd, hp.n_head
@@ -168,7 +147,7 @@ def attention(d: Decoder, il: int, cur, scale: float):
     from ggmlrun.models.graph.attention import build_attn_k
 
     hp, b, ctx = d.hp, d.b, d.ctx
-    cb, T_ = b.cb, d.T
+    cb, n_tokens = b.cb, d.n_tokens
     k_mla, n_rot, kv_lora = hp.n_embd_head_k_mla, hp.n_rot, hp.n_lora_kv
     nope = hp.n_embd_head_qk_nope
     if hp.n_lora_q:
@@ -177,25 +156,25 @@ def attention(d: Decoder, il: int, cur, scale: float):
         q = cb(ctx.mul_mat(d.weight(T.ATTN_Q_B, il), q), "q", il)
     else:
         q = cb(ctx.mul_mat(d.weight(T.ATTN_Q, il), cur), "q", il)
-    q = cb(b.reshape(q, (T_, hp.n_head, k_mla)), "q", il)
+    q = cb(b.reshape(q, (n_tokens, hp.n_head, k_mla)), "q", il)
     kv_pe = cb(ctx.mul_mat(d.weight(T.ATTN_KV_A_MQA, il), cur), "kv_cmpr_pe", il)
     row, item = kv_pe.strides[-2], TYPES[kv_pe.dtype].type_size
-    kv_cmpr = cb(b.view(kv_pe, (T_, kv_lora), (row, item)), "kv_cmpr", il)
-    k_pe = cb(b.view(kv_pe, (T_, 1, n_rot), (row, row, item), kv_lora * item), "k_pe", il)
+    kv_cmpr = cb(b.view(kv_pe, (n_tokens, kv_lora), (row, item)), "kv_cmpr", il)
+    k_pe = cb(b.view(kv_pe, (n_tokens, 1, n_rot), (row, row, item), kv_lora * item), "k_pe", il)
     k_pe = cb(d.rope_ext(k_pe, None), "k_pe", il)
     kv_cmpr = cb(d.norm(kv_cmpr, d.weight(T.ATTN_KV_A_NORM, il), il), "kv_cmpr", il)
     q_steps = (q.strides[-3], q.strides[-2], q.strides[-1])
-    q_nope = cb(b.view(q, (T_, hp.n_head, nope), q_steps), "q_nope", il)
-    q_pe = cb(b.view(q, (T_, hp.n_head, n_rot), q_steps, nope * TYPES[q.dtype].type_size),
+    q_nope = cb(b.view(q, (n_tokens, hp.n_head, nope), q_steps), "q_nope", il)
+    q_pe = cb(b.view(q, (n_tokens, hp.n_head, n_rot), q_steps, nope * TYPES[q.dtype].type_size),
               "q_pe", il)
     q_pe = cb(d.rope_ext(q_pe, None), "q_pe", il)
     q_nope = cb(b.permute(q_nope, (1, 0, 2)), "q_nope_perm", il)
     absorbed = cb(ctx.mul_mat(d.weight(T.ATTN_K_B, il), q_nope), "q_nope_absorbed", il)
     absorbed = cb(b.permute(absorbed, (1, 0, 2)), "q_nope_absorbed_perm", il)
-    q_cur = cb(b.op("concat", [absorbed, q_pe], (T_, hp.n_head, kv_lora + n_rot), axis=2),
+    q_cur = cb(b.op("concat", [absorbed, q_pe], (n_tokens, hp.n_head, kv_lora + n_rot), axis=2),
                "Qcur", il)
-    kv_cmpr = cb(b.reshape(kv_cmpr, (T_, 1, kv_lora)), "kv_cmpr_reshape", il)
-    k_cur = cb(b.op("concat", [kv_cmpr, k_pe], (T_, 1, kv_lora + n_rot), axis=2), "Kcur", il)
+    kv_cmpr = cb(b.reshape(kv_cmpr, (n_tokens, 1, kv_lora)), "kv_cmpr_reshape", il)
+    k_cur = cb(b.op("concat", [kv_cmpr, k_pe], (n_tokens, 1, kv_lora + n_rot), axis=2), "Kcur", il)
     v_cur = cb(kv_cmpr, "Vcur", il)
     return build_attn_k(ctx, d.cache, d.inputs, d.weight(T.ATTN_OUT, il), q_cur, k_cur, v_cur,
                         d.weight(T.ATTN_V_B, il), scale, il)

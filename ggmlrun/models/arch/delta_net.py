@@ -7,7 +7,6 @@ these and no graph code; the layers themselves are delta_net_graph's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.gguf.names import MODEL_TENSOR as T
@@ -16,36 +15,6 @@ from ggmlrun.models.gguf.names import tn
 from ggmlrun.models.hparams.record import HParams
 
 ROPE_TYPE_IMROPE = 40    # LLAMA_ROPE_TYPE_IMROPE (GGML_ROPE_TYPE_IMROPE)
-
-
-@dataclass(frozen=True)
-class DeltaNetHParams(HParams):
-    ssm_d_conv: int = 4             # ssm.conv_kernel
-    ssm_d_inner: int = 0            # ssm.inner_size
-    ssm_d_state: int = 0            # ssm.state_size (the head size of K and V)
-    ssm_dt_rank: int = 0            # ssm.time_step_rank (value heads)
-    ssm_n_group: int = 0            # ssm.group_count (key heads)
-    full_attention_interval: int = 4
-    rope_sections: tuple = (0, 0, 0, 0)
-    recurrent_layers: tuple = ()    # attention.recurrent_layers, when the file has it
-
-    def is_recurrent(self, il: int) -> bool:
-        """attention.recurrent_layers where given (newer converters write it from the model's
-        layer_types), else every full_attention_interval-th layer is attention; an MTP block
-        never (llama.cpp flags them attention)."""
-        if self.recurrent_layers:
-            return self.recurrent_layers[il]
-        return il < self.n_layer and (il + 1) % self.full_attention_interval != 0
-
-    @property
-    def n_embd_r(self) -> int:
-        """The conv state per sequence: (d_conv - 1) * (d_inner + 2 n_group d_state)."""
-        return (self.ssm_d_conv - 1) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
-
-    @property
-    def n_embd_s(self) -> int:
-        """The delta state per sequence: d_state * d_inner."""
-        return self.ssm_d_state * self.ssm_d_inner
 
 
 # a card's own keys: card key -> (GGUF key under the architecture, required, default)
@@ -59,9 +28,8 @@ CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
                 "n_layer_nextn": ("nextn_predict_layers", False, None)}
 
 
-def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHParams:
-    """The delta-net keys (`cls` with `extra`: an architecture's own on top, qwen35moe's
-    experts)."""
+def read_hparams(get, common: dict, **extra) -> HParams:
+    """The delta-net keys (`extra`: an architecture's own on top, qwen35moe's experts)."""
     # the last nextn_predict_layers blocks are MTP (multi-token prediction) blocks: counted by
     # block_count, so by -ngl and the layer split, but never loaded (TENSOR_SKIP without
     # load_mtp) nor run, and without KV cache or state (the memory's filters take il < n_layer)
@@ -70,7 +38,7 @@ def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHPa
         raise InputError(f"nextn_predict_layers {nextn} leaves no layers of block_count "
                          f"{common['n_layer']} to run")
     common = dict(common, n_layer=common["n_layer"] - nextn)
-    hp = cls(**common, **extra, n_layer_nextn=nextn,
+    hp = HParams(**common, **extra, n_layer_nextn=nextn,
              recurrent_layers=get("attention.recurrent_layers", ()),
              ssm_d_conv=get("ssm.conv_kernel"), ssm_d_inner=get("ssm.inner_size"),
              ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
@@ -93,7 +61,7 @@ def read_hparams(get, common: dict, cls=DeltaNetHParams, **extra) -> DeltaNetHPa
     return hp
 
 
-def layer_tensors(arch: str, hp: DeltaNetHParams, il: int) -> dict[str, TensorSpec]:
+def layer_tensors(arch: str, hp: HParams, il: int) -> dict[str, TensorSpec]:
     """load_block_trunk up to the FFN: the norms, then the attention or delta-net tensors."""
     name = lambda t, s="weight": tn(arch, t, s, il)   # noqa: E731
     n, hd = hp.n_embd, hp.n_embd_head_k
@@ -122,7 +90,7 @@ def layer_tensors(arch: str, hp: DeltaNetHParams, il: int) -> dict[str, TensorSp
     return out
 
 
-def mtp_tensors(arch: str, hp: DeltaNetHParams, ffn) -> dict[str, TensorSpec]:
+def mtp_tensors(arch: str, hp: HParams, ffn) -> dict[str, TensorSpec]:
     """load_block_mtp for each MTP block (il >= n_layer): a full-attention block (its FFN from
     `ffn(name, il)`: dense or the experts) and the nextn.* tensors, all optional: llama.cpp
     skips them without load_mtp."""
@@ -142,7 +110,7 @@ def mtp_tensors(arch: str, hp: DeltaNetHParams, ffn) -> dict[str, TensorSpec]:
     return out
 
 
-def card_tensor(name: str, hp: DeltaNetHParams) -> bool:
+def card_tensor(name: str, hp: HParams) -> bool:
     """A card's model carries its MTP blocks' tensors as the converters write them (all but
     nextn.embed_tokens and nextn.shared_head_head), so the quantizer's counters see them; they
     are never loaded."""

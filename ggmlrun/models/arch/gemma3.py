@@ -14,7 +14,6 @@ Without the key no layer slides and the cache is the plain one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
@@ -24,12 +23,6 @@ from ggmlrun.models.hparams.record import HParams
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
     from ggmlrun.models.graph.decoder import Decoder
-
-
-@dataclass(frozen=True)
-class Gemma3HParams(HParams):
-    f_final_logit_softcapping: float = 0.0
-    f_attention_scale: float = 0.0
 
 
 def swa_pattern(n_layer: int, n_pattern: int, dense_first: bool = False) -> tuple:
@@ -55,7 +48,7 @@ def read_swa(get, n_layer: int, default_pattern: int) -> dict:
                 rope_freq_base_swa=float(get("rope.freq_base_swa", 10000.0)))
 
 
-def read_hparams(get, common: dict) -> Gemma3HParams:
+def read_hparams(get, common: dict) -> HParams:
     hp = dict(common, **read_swa(get, common["n_layer"], 6),
               f_final_logit_softcapping=float(get("final_logit_softcapping", 0.0)))
     # LLM_TYPE_27B (62 layers) scales Q by 1/sqrt(n_embd / n_head), the others by the head size
@@ -63,7 +56,7 @@ def read_hparams(get, common: dict) -> Gemma3HParams:
         hp["f_attention_scale"] = 1.0 / math.sqrt(float(common["n_embd"] // common["n_head"]))
     else:
         hp["f_attention_scale"] = 1.0 / math.sqrt(float(common["n_embd_head_k"]))
-    return Gemma3HParams(**hp)
+    return HParams(**hp)
 
 
 def tensors(hp):

@@ -26,7 +26,6 @@ a narrower layer's V padded with zeros (ggml_pad) before it is stored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.ir.types import TYPES
@@ -43,58 +42,7 @@ if TYPE_CHECKING:     # the graph builders load with the first graph (docs/model
 ARCH_NAME = "gemma4"
 
 
-@dataclass(frozen=True)
-class Gemma4HParams(HParams):
-    f_final_logit_softcapping: float = 0.0
-    n_head_arr: tuple = ()
-    n_head_kv_arr: tuple = ()
-    n_ff_arr: tuple = ()
-    n_embd_head_k_swa: int = 0
-    n_rot_swa: int = 0
-    n_layer_kv_from_start: int = 0
-    n_embd_per_layer: int = 0
-    rope_freqs_layers: tuple = ()      # the full layers: they read rope_freqs
-    n_expert: int = 0                  # expert_count: 0 for the dense models
-    n_expert_used: int = 0             # expert_used_count
-    n_ff_exp: int = 0                  # expert_feed_forward_length (layer 0's, as n_ff_exp())
-
-    def head(self, il: int) -> int:
-        return self.n_embd_head_k_swa if self.is_swa(il) else self.n_embd_head_k
-
-    def rot(self, il: int) -> int:
-        return self.n_rot_swa if self.is_swa(il) else self.n_rot
-
-    def heads(self, il: int) -> int:
-        return self.n_head_arr[il]
-
-    def heads_kv(self, il: int) -> int:
-        return self.n_head_kv_arr[il]
-
-    def ff(self, il: int) -> int:
-        return self.n_ff_arr[il]
-
-    def has_kv(self, il: int) -> bool:
-        return il < self.n_layer_kv_from_start
-
-    def kv_source(self, il: int) -> int:
-        """The layer whose cache layer il reads (itself, or for a KV-shared layer the last
-        sliding / full layer with a cache: llama.cpp's reuse callback)."""
-        if self.has_kv(il):
-            return il
-        return self.n_layer_kv_from_start - (2 if self.is_swa(il) else 1)
-
-    def n_embd_k_gqa_l(self, il: int) -> int:
-        return self.head(il) * self.heads_kv(il)
-
-    def n_embd_v_gqa_l(self, il: int) -> int:
-        return self.n_embd_k_gqa_l(il)
-
-    @property
-    def n_embd_v_gqa(self) -> int:          # n_embd_v_gqa_max: the V cache rows, v_idxs
-        return max(self.head(il) * self.heads_kv(il) for il in range(self.n_layer))
-
-
-def read_hparams(get, common: dict) -> Gemma4HParams:
+def read_hparams(get, common: dict) -> HParams:
     arrays = getattr(get, "arrays", {})
     n_layer = common["n_layer"]
     pattern = get("attention.sliding_window_pattern")
@@ -134,7 +82,7 @@ def read_hparams(get, common: dict) -> Gemma4HParams:
                          f"expert_count {n_expert}")
     if n_expert and n_ff_exp <= 0:
         raise InputError(f"{ARCH_NAME}.expert_feed_forward_length must be positive with experts")
-    return Gemma4HParams(
+    return HParams(
         **common, n_swa=get("attention.sliding_window"), swa_layers=pattern,
         rope_freq_base_swa=float(get("rope.freq_base_swa", 10000.0)),
         f_final_logit_softcapping=float(get("final_logit_softcapping", 0.0)),
@@ -145,7 +93,7 @@ def read_hparams(get, common: dict) -> Gemma4HParams:
         n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp)
 
 
-def tensors(hp: Gemma4HParams) -> dict[str, TensorSpec]:
+def tensors(hp: HParams) -> dict[str, TensorSpec]:
     """load_arch_tensors (dense layers), in llama.cpp's order."""
     name = lambda t, s="weight", bid=None: tn(ARCH_NAME, t, s, bid)   # noqa: E731
     n_embd, ple = hp.n_embd, hp.n_embd_per_layer
@@ -185,22 +133,22 @@ def tensors(hp: Gemma4HParams) -> dict[str, TensorSpec]:
 
 def per_layer_inputs(d: Decoder, inpL):
     """build_inp_per_layer + project_per_layer_inputs: [n_layer, T, n_embd_per_layer]."""
-    hp, b, ctx, T_ = d.hp, d.b, d.ctx, d.T
+    hp, b, n_tokens = d.hp, d.b, d.n_tokens
     ple, n_layer = hp.n_embd_per_layer, hp.n_layer
-    tokens = d.inputs["ple_tokens"] = b.leaf("", (T_,), "i32")      # unnamed, as llama.cpp's
-    sel = b.op("get_rows", [d.weight(T.PER_LAYER_TOKEN_EMBD), tokens], (T_, ple * n_layer))
-    sel = b.reshape(sel, (T_, n_layer, ple))
+    tokens = d.inputs["ple_tokens"] = b.leaf("", (n_tokens,), "i32")      # unnamed, as llama.cpp's
+    sel = b.op("get_rows", [d.weight(T.PER_LAYER_TOKEN_EMBD), tokens], (n_tokens, ple * n_layer))
+    sel = b.reshape(sel, (n_tokens, n_layer, ple))
     sel = b.cb(b.op("scale", [sel], sel.shape, s=math.sqrt(ple)), "inp_per_layer_selected", -1)
     b.expand(sel)
     return sel
 
 
 def project_per_layer(d: Decoder, inp_batch, selected):
-    hp, b, ctx, T_ = d.hp, d.b, d.ctx, d.T
+    hp, b, ctx, n_tokens = d.hp, d.b, d.ctx, d.n_tokens
     ple, n_layer = hp.n_embd_per_layer, hp.n_layer
     proj = ctx.mul_mat(d.weight(T.PER_LAYER_MODEL_PROJ), inp_batch)
     proj = b.op("scale", [proj], proj.shape, s=1.0 / math.sqrt(float(hp.n_embd)))
-    proj = b.reshape(proj, (T_, n_layer, ple))
+    proj = b.reshape(proj, (n_tokens, n_layer, ple))
     proj = b.cb(d.norm(proj, d.weight(T.PER_LAYER_PROJ_NORM), -1), "per_layer_proj", -1)
     cur = b.op("add", [proj, selected], proj.shape)
     cur = b.cb(b.op("scale", [cur], cur.shape, s=1.0 / math.sqrt(2.0)), "inp_per_layer", -1)
@@ -208,7 +156,7 @@ def project_per_layer(d: Decoder, inp_batch, selected):
 
 
 def build(d: Decoder):
-    hp, b, ctx, T_ = d.hp, d.b, d.ctx, d.T
+    hp, b, ctx, n_tokens = d.hp, d.b, d.ctx, d.n_tokens
     inpL = b.cb(b.op("scale", [d.inpL], d.inpL.shape, s=math.sqrt(hp.n_embd)), "inp_scaled", -1)
     per_layer = None
     if hp.n_embd_per_layer:
@@ -221,7 +169,7 @@ def build(d: Decoder):
         cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
         factors = None if hp.is_swa(il) else d.rope_factors(il)
         q = b.cb(ctx.mul_mat(d.weight(T.ATTN_Q, il), cur), "Qcur", il)
-        q = b.reshape(q, (T_, n_head, hd))
+        q = b.reshape(q, (n_tokens, n_head, hd))
         q = b.cb(d.norm(q, d.weight(T.ATTN_Q_NORM, il), il), "Qcur_normed", il)
         q = b.cb(d.rope_ext(q, factors, rope), "Qcur_pos", il)
         if hp.has_kv(il):
@@ -230,8 +178,8 @@ def build(d: Decoder):
             v = ctx.mul_mat(wv, cur) if wv is not None else k     # no v_proj: V is K
             b.cb(k, "Kcur", il)
             b.cb(v, "Vcur", il)
-            k = b.reshape(k, (T_, n_head_kv, hd))
-            v = b.reshape(v, (T_, n_head_kv, hd))
+            k = b.reshape(k, (n_tokens, n_head_kv, hd))
+            v = b.reshape(v, (n_tokens, n_head_kv, hd))
             k = d.norm(k, d.weight(T.ATTN_K_NORM, il), il)
             v = b.op("rms_norm", [v], v.shape, eps=hp.norm_rms_eps)
             b.cb(k, "Kcur_normed", il)
@@ -268,7 +216,7 @@ def build(d: Decoder):
     return inpL
 
 
-def card_tensor(name: str, hp: Gemma4HParams) -> bool:
+def card_tensor(name: str, hp: HParams) -> bool:
     """The optional tensors real Gemma 4 files carry: attn_v on the sliding layers (the full
     ones use K as V), each layer's output scale and, with experts, every layer's MoE block."""
     if hp.n_expert and gemma4_moe.card_tensor(name):

@@ -10,7 +10,6 @@ never loaded (TENSOR_SKIP) nor run, and without a KV cache (hparams.n_layer is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
@@ -20,6 +19,7 @@ from ggmlrun.models.arch.base import (ROPE_TYPE_NEOX, Arch, TensorSpec, default_
 from ggmlrun.models.gguf.names import tn
 from ggmlrun.models.hparams.keys import MAX_DIM
 from ggmlrun.models.hparams.record import HParams
+from ggmlrun.models.hparams.rules import check_experts
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
     from ggmlrun.models.graph.decoder import Decoder
@@ -27,37 +27,7 @@ if TYPE_CHECKING:     # the graph builders load with the first graph (docs/model
 GATING = {1: "softmax", 2: "sigmoid"}     # LLAMA_EXPERT_GATING_FUNC_TYPE_*
 
 
-@dataclass(frozen=True)
-class Glm4MoeHParams(HParams):
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0
-    n_expert_shared: int = 0
-    n_layer_dense_lead: int = 0
-    expert_weights_scale: float = 0.0
-    expert_weights_norm: bool = False
-    gating: str = "sigmoid"
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.n_expert <= 0 or self.n_expert_used <= 0:
-            raise InputError("expert_count and expert_used_count must be > 0 for glm4moe")
-        if self.n_expert_used > self.n_expert:
-            raise InputError(f"expert_used_count {self.n_expert_used} is more than "
-                             f"expert_count {self.n_expert}")
-        if not self.n_ff_exp:
-            object.__setattr__(self, "n_ff_exp", self.n_ff // self.n_expert_used)
-        if self.n_ff_exp <= 0:      # n_ff < n_expert_used: experts of width 0
-            raise InputError(f"the experts' feed-forward length must be positive (no "
-                             f"expert_feed_forward_length, and feed_forward_length {self.n_ff} "
-                             f"// expert_used_count {self.n_expert_used} is 0)")
-        if self.n_ff_exp * self.n_expert_shared > MAX_DIM:    # the shared experts' one width
-            raise InputError(f"expert_feed_forward_length {self.n_ff_exp} times "
-                             f"expert_shared_count {self.n_expert_shared} is more than "
-                             f"{MAX_DIM}")
-
-
-def read_hparams(get, common: dict) -> Glm4MoeHParams:
+def read_hparams(get, common: dict) -> HParams:
     block_count = common["n_layer"]
     nextn = int(get("nextn_predict_layers", 0) or 0)
     if nextn >= block_count:
@@ -67,18 +37,28 @@ def read_hparams(get, common: dict) -> Glm4MoeHParams:
     if func not in GATING:
         raise InputError(f"expert_gating_func {func} is not built for glm4moe (softmax 1, "
                          f"sigmoid 2)")
-    return Glm4MoeHParams(**dict(common, n_layer=block_count - nextn), n_layer_nextn=nextn,
-                          n_expert=int(get("expert_count", 0) or 0),
-                          n_expert_used=int(get("expert_used_count", 0) or 0),
-                          n_ff_exp=int(get("expert_feed_forward_length")),
-                          n_expert_shared=int(get("expert_shared_count")),
-                          n_layer_dense_lead=int(get("leading_dense_block_count", 0) or 0),
-                          expert_weights_scale=float(get("expert_weights_scale", 0.0) or 0.0),
-                          expert_weights_norm=bool(get("expert_weights_norm", False)),
-                          gating=GATING[func])
+    return HParams(**dict(common, n_layer=block_count - nextn), n_layer_nextn=nextn,
+                   gating=GATING[func], **moe_fields(get, common))
 
 
-def tensors(hp: Glm4MoeHParams) -> dict[str, TensorSpec]:
+def moe_fields(get, common: dict) -> dict:
+    """The experts' keys glm4moe and deepseek2 read alike (llm_build_glm4_moe's and
+    llm_build_deepseek2's routed and shared experts), checked."""
+    n_expert, n_used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
+    n_ff_exp = check_experts(common["arch"], n_expert, n_used, common["n_ff"],
+                             int(get("expert_feed_forward_length")))
+    n_shared = int(get("expert_shared_count"))
+    if n_ff_exp * n_shared > MAX_DIM:    # the shared experts' one width
+        raise InputError(f"{common['arch']}.expert_feed_forward_length {n_ff_exp} times "
+                         f"expert_shared_count {n_shared} is more than {MAX_DIM}")
+    return dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp,
+                n_expert_shared=n_shared,
+                n_layer_dense_lead=int(get("leading_dense_block_count", 0) or 0),
+                expert_weights_scale=float(get("expert_weights_scale", 0.0) or 0.0),
+                expert_weights_norm=bool(get("expert_weights_norm", False)))
+
+
+def tensors(hp: HParams) -> dict[str, TensorSpec]:
     """load_arch_tensors, in its order; the NextN layers' tensors may be absent (a trunk-only
     file) and are never loaded."""
     n_embd, n_q = hp.n_embd, hp.n_embd_head_k * hp.n_head

@@ -12,7 +12,6 @@ off): the output rows are taken after it, before the output norm.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
@@ -21,6 +20,7 @@ from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec
 from ggmlrun.models.gguf.names import tn
 from ggmlrun.models.arch.gemma3 import read_swa
 from ggmlrun.models.hparams.record import HParams
+from ggmlrun.models.hparams.rules import check_experts
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
     from ggmlrun.models.graph.decoder import Decoder
@@ -29,37 +29,21 @@ if TYPE_CHECKING:     # the graph builders load with the first graph (docs/model
 SWIGLU_OAI = {"op": "swiglu_oai", "alpha": 1.702, "limit": 7.0}
 
 
-@dataclass(frozen=True)
-class GptOssHParams(HParams):
-    n_expert: int = 0             # expert_count
-    n_expert_used: int = 0        # expert_used_count
-    n_ff_exp: int = 0             # expert_feed_forward_length (required)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.n_expert <= 0 or self.n_expert_used <= 0:
-            raise InputError("expert_count and expert_used_count must be > 0 for gpt-oss")
-        if self.n_expert_used > self.n_expert:
-            raise InputError(f"expert_used_count {self.n_expert_used} is more than "
-                             f"expert_count {self.n_expert}")
-        if self.n_ff_exp <= 0:
-            raise InputError("expert_feed_forward_length must be > 0 for gpt-oss")
-
-
-def read_hparams(get, common: dict) -> GptOssHParams:
+def read_hparams(get, common: dict) -> HParams:
     """load_arch_hparams: the window is required, the pattern defaults to 2, and the SWA
     layers' rope base and scale default to the model's own (not gemma's 10000 and 1)."""
     if not get("attention.sliding_window"):
         raise InputError("gpt-oss.attention.sliding_window must be > 0")
     swa = read_swa(get, common["n_layer"], 2)
     swa["rope_freq_base_swa"] = float(get("rope.freq_base_swa", common["rope_freq_base"]))
-    return GptOssHParams(**common, **swa, rope_freq_scale_swa=common["rope_freq_scale"],
-                         n_expert=int(get("expert_count", 0) or 0),
-                         n_expert_used=int(get("expert_used_count", 0) or 0),
-                         n_ff_exp=int(get("expert_feed_forward_length")))
+    n_expert, n_used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
+    n_ff_exp = check_experts(common["arch"], n_expert, n_used, common["n_ff"],
+                             int(get("expert_feed_forward_length")), derive_width=False)
+    return HParams(**common, **swa, rope_freq_scale_swa=common["rope_freq_scale"],
+                   n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp)
 
 
-def tensors(hp: GptOssHParams) -> dict[str, TensorSpec]:
+def tensors(hp: HParams) -> dict[str, TensorSpec]:
     """load_arch_tensors, in its order (create_tensor_qkv: a fused attn_qkv or Q/K/V)."""
     n_embd, n_e, n_ff = hp.n_embd, hp.n_expert, hp.n_ff_exp
     n_q, n_kv = hp.n_head * hp.n_rot, hp.n_head_kv * hp.n_rot

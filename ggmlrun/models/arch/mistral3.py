@@ -7,7 +7,6 @@ log multiplier (the rope scaling itself is every architecture's: models/graph/de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.errors import InputError
@@ -19,13 +18,7 @@ if TYPE_CHECKING:     # the graph builders load with the first graph (docs/model
     from ggmlrun.models.graph.decoder import Decoder
 
 
-@dataclass(frozen=True)
-class Mistral3HParams(HParams):
-    attn_temp_scale: float = 0.0          # attention.temperature_scale; 0: no temperature input
-    n_attn_temp_floor_scale: int = 0      # n_ctx_orig_yarn when the scale is set
-
-
-def read_hparams(get, common: dict) -> Mistral3HParams:
+def read_hparams(get, common: dict) -> HParams:
     temp = float(get("attention.temperature_scale", 0.0) or 0.0)
     hp = dict(common,
               yarn_beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
@@ -37,10 +30,10 @@ def read_hparams(get, common: dict) -> Mistral3HParams:
         if not floor:
             raise InputError("invalid n_ctx_orig_yarn for attention temperature scaling")
         hp["n_attn_temp_floor_scale"] = floor
-    return Mistral3HParams(**hp)
+    return HParams(**hp)
 
 
-def attn_temperature(hp: Mistral3HParams, pos):
+def attn_temperature(hp: HParams, pos):
     """llm_graph_input_attn_temp::set_input: log(floor(pos / n) + 1) * scale + 1 per token."""
     import numpy as np
 
@@ -61,7 +54,7 @@ def build(d: Decoder):
     if not hp.attn_temp_scale:
         return llama.build(d)
     # build_inp_attn_scale: ne [1, 1, n_tokens]
-    attn_scale = d.inputs["attn_scale"] = b.cb(b.leaf("inp_attn_scale", (d.T, 1, 1), "f32"),
+    attn_scale = d.inputs["attn_scale"] = b.cb(b.leaf("inp_attn_scale", (d.n_tokens, 1, 1), "f32"),
                                                "inp_attn_scale", -1)
     d.extra_inputs[attn_scale] = lambda pos: attn_temperature(hp, pos)
     return llama.build(d, scale_q=lambda il, q: b.cb(b.op("mul", [q, attn_scale], q.shape),

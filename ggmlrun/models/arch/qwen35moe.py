@@ -8,49 +8,29 @@ files carry only those."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import delta_net
 from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.arch.base import Arch, TensorSpec, moe_tensors
 from ggmlrun.models.gguf.names import tn
+from ggmlrun.models.hparams.record import HParams
+from ggmlrun.models.hparams.rules import check_experts
 
 
-@dataclass(frozen=True)
-class Qwen35MoeHParams(delta_net.DeltaNetHParams):
-    N_FF_OPTIONAL: ClassVar[bool] = True
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ff_exp: int = 0             # expert_feed_forward_length; 0: n_ff / n_expert_used
-    n_ff_shexp: int = 0           # expert_shared_feed_forward_length; 0: n_ff
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.n_expert <= 0 or self.n_expert_used <= 0:
-            raise InputError("expert_count and expert_used_count must be > 0 for qwen35moe")
-        if self.n_expert_used > self.n_expert:
-            raise InputError(f"expert_used_count {self.n_expert_used} is more than "
-                             f"expert_count {self.n_expert}")
-        if not self.n_ff_exp:
-            object.__setattr__(self, "n_ff_exp", self.n_ff // self.n_expert_used)
-        if not self.n_ff_shexp:
-            object.__setattr__(self, "n_ff_shexp", self.n_ff)
-        if self.n_ff_exp <= 0 or self.n_ff_shexp <= 0:
-            raise InputError("qwen35moe needs expert_feed_forward_length and "
-                             "expert_shared_feed_forward_length (or feed_forward_length)")
+def read_hparams(get, common: dict) -> HParams:
+    n_expert, n_used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
+    n_ff_exp = check_experts(common["arch"], n_expert, n_used, common["n_ff"],
+                             int(get("expert_feed_forward_length", 0) or 0))
+    n_ff_shexp = int(get("expert_shared_feed_forward_length", 0) or 0) or common["n_ff"]
+    if n_ff_shexp <= 0:
+        raise InputError("qwen35moe needs expert_shared_feed_forward_length (or "
+                         "feed_forward_length)")
+    return delta_net.read_hparams(get, common, n_expert=n_expert, n_expert_used=n_used,
+                                  n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp)
 
 
-def read_hparams(get, common: dict) -> Qwen35MoeHParams:
-    return delta_net.read_hparams(
-        get, common, Qwen35MoeHParams, n_expert=int(get("expert_count", 0) or 0),
-        n_expert_used=int(get("expert_used_count", 0) or 0),
-        n_ff_exp=int(get("expert_feed_forward_length", 0) or 0),
-        n_ff_shexp=int(get("expert_shared_feed_forward_length", 0) or 0))
-
-
-def ffn_tensors(hp: Qwen35MoeHParams, name, il: int) -> dict[str, TensorSpec]:
+def ffn_tensors(hp: HParams, name, il: int) -> dict[str, TensorSpec]:
     """A layer's FFN in llama.cpp's load order: the router, the routed experts (down, gate,
     up), then the shared expert's gate row and its gate, up and down."""
     n, n_sh = hp.n_embd, hp.n_ff_shexp
@@ -64,7 +44,7 @@ def ffn_tensors(hp: Qwen35MoeHParams, name, il: int) -> dict[str, TensorSpec]:
     return out
 
 
-def tensors(hp: Qwen35MoeHParams) -> dict[str, TensorSpec]:
+def tensors(hp: HParams) -> dict[str, TensorSpec]:
     """load_arch_tensors: qwen35's, with each layer's FFN the experts, then the MTP blocks
     (optional: never loaded)."""
     name = lambda t, s="weight", bid=None: tn("qwen35moe", t, s, bid)   # noqa: E731

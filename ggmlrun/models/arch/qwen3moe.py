@@ -6,47 +6,22 @@ experts of expert_feed_forward_length (default feed_forward_length / expert_used
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import qwen3
 from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, decoder_tensors, moe_tensors
 from ggmlrun.models.hparams.record import HParams
+from ggmlrun.models.hparams.rules import check_experts
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
     from ggmlrun.models.graph.decoder import Decoder
 
 
-@dataclass(frozen=True)
-class MoEHParams(HParams):
-    n_expert: int = 0             # expert_count
-    n_expert_used: int = 0        # expert_used_count
-    n_ff_exp: int = 0             # expert_feed_forward_length; 0: n_ff / n_expert_used
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.n_expert <= 0:
-            raise InputError(f"expert_count must be > 0 for {self.arch_name()}")
-        if self.n_expert_used <= 0:
-            raise InputError(f"expert_used_count must be > 0 for {self.arch_name()}")
-        if self.n_expert_used > self.n_expert:
-            raise InputError(f"expert_used_count {self.n_expert_used} is more than "
-                             f"expert_count {self.n_expert}")
-        if not self.n_ff_exp:
-            object.__setattr__(self, "n_ff_exp", self.n_ff // self.n_expert_used)
-        if self.n_ff_exp <= 0:
-            raise InputError("the experts' feed-forward length must be positive")
-
-    @staticmethod
-    def arch_name() -> str:
-        return "qwen3moe"
-
-
-def read_hparams(get, common: dict) -> MoEHParams:
-    return MoEHParams(**common, n_expert=int(get("expert_count", 0) or 0),
-                      n_expert_used=int(get("expert_used_count", 0) or 0),
-                      n_ff_exp=int(get("expert_feed_forward_length", 0) or 0))
+def read_hparams(get, common: dict) -> HParams:
+    n_expert, n_used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
+    n_ff_exp = check_experts(common["arch"], n_expert, n_used, common["n_ff"],
+                             int(get("expert_feed_forward_length", 0) or 0))
+    return HParams(**common, n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp)
 
 
 def tensors(hp):

@@ -136,7 +136,7 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
                                                            # expert biases stay f32)
         else:
             dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, count, is_70b=is_70b,
-                                                       n_expert=getattr(hparams, "n_expert", 0))
+                                                       n_expert=hparams.n_expert)
         if tied and cls == "token_embd" and "token_embd" not in overrides:
             dtype = mixture_type(ftype, "output", 0, values["n_layer"], is_70b=is_70b)
         tensors[tname] = TensorInfo(name=tname, shape=tuple(shape), dtype=fit_row(dtype, shape[-1]),

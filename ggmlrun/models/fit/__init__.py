@@ -70,7 +70,7 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         ctx = opts.ctx if opts.ctx is not None else min(hp.n_ctx_train, 4096)
     experts = expert_costs(model) if not opts.cpu_moe else {}
     if experts:
-        dev_ngl = moe_device_fit(probe, ctx, n_max, costs, experts)
+        dev_ngl, probe = moe_device_fit(probe, ctx, n_max, costs, experts)
     else:
         dev_ngl = device_ngl(probe, ctx, n_max, costs)
     ngl = dev_ngl if dev_ngl is not None and all_fit(probe(dev_ngl, ctx)) else None

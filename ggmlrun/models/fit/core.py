@@ -4,6 +4,8 @@ per layer the searches' guesses move."""
 
 from __future__ import annotations
 
+import copy
+
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -64,8 +66,9 @@ class FitResult:
 
 class Prober:
     """measure_model per placement (ngl, ctx, --n-cpu-moe, tensor split), each measured once,
-    as FitBackend rows. `n_cpu_moe` and `split` are what a probe that names neither uses: the
-    searches set them to their answer, so the later ones measure with it.
+    as FitBackend rows. `n_cpu_moe` and `split` are what a probe that names neither uses; a
+    search that settles them hands on `fixed(...)`, a prober sharing the same measures, and
+    never changes the one its caller holds.
 
     A placement whose pp graph alone already leaves a device short is not reserved further
     (the tg graph can only grow the buffers): whether the devices, or all backends, fit has its
@@ -81,6 +84,14 @@ class Prober:
         self.seen: dict[tuple, tuple[list[FitBackend], ModelMeasure]] = {}
         self.n_cpu_moe = opts.n_cpu_moe          # what (ngl, ctx) probes are measured with
         self.split = opts.tensor_split
+
+    def fixed(self, n_cpu_moe: int | None = None, split=SAME) -> Prober:
+        """This prober's measures, with probes that name neither measured at `n_cpu_moe`
+        and `split` (None / SAME: as here)."""
+        other = copy.copy(self)          # shallow: `seen` is shared
+        other.n_cpu_moe = self.n_cpu_moe if n_cpu_moe is None else n_cpu_moe
+        other.split = self.split if split is SAME else split
+        return other
 
     def __call__(self, ngl: int, ctx: int, complete: bool = False) -> list[FitBackend]:
         return self.full(ngl, ctx, complete=complete)[0]

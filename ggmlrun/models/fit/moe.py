@@ -13,9 +13,9 @@ GUESSES = 4                       # model guesses before the bracket is bisected
 
 
 def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
-                    experts: dict[int, int]) -> int | None:
-    """Every layer on the devices and the fewest expert layers on the CPU (probe.n_cpu_moe
-    set to it): the smallest N in [given, n_layer] whose devices fit at -ngl all. The devices
+                    experts: dict[int, int]) -> tuple[int | None, Prober]:
+    """Every layer on the devices and the fewest expert layers on the CPU, with the prober
+    that measures with that N (and split) from then on: the smallest N in [given, n_layer] whose devices fit at -ngl all. The devices
     only lose bytes as N grows (from N = 1 on: the first expert layer on the CPU may bring the
     op-offload copies of its experts into a device's compute buffer, which then stays), so a
     guess from the expert bytes per layer is confirmed by measuring N and N - 1, and a miss
@@ -28,14 +28,13 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
     # expert layer moves more bytes than the buffer changes); the split search calibrates on it
     rows = probe.full(n_max, ctx, lo, weights_decide=not several)[0]
     if devices_fit(rows):
-        return n_max
+        return n_max, probe
     if several:
         found = moe_split_fit(probe, ctx, n_max, costs, experts, lo, rows)
         if found is not None:
-            probe.n_cpu_moe, probe.split = found
-            return n_max
-        probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
-        return device_ngl(probe, ctx, n_max, without_experts(costs, experts))
+            return n_max, probe.fixed(n_cpu_moe=found[0], split=found[1])
+        probe = probe.fixed(n_cpu_moe=n_layer)    # every expert on the CPU, and fewer layers
+        return device_ngl(probe, ctx, n_max, without_experts(costs, experts)), probe
     holder = layer_devices(probe, n_max, lo)
     last, guesses = (lo, rows), 0
     nothing = n_layer + 1                 # a bound: no N fits (every expert on the CPU misses)
@@ -56,10 +55,9 @@ def moe_device_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
 
     fit_hi = find_edge(fits, nothing, lo, guess)
     if fit_hi != nothing:
-        probe.n_cpu_moe = fit_hi
-        return n_max
-    probe.n_cpu_moe = n_layer            # every expert on the CPU, and fewer layers
-    return device_ngl(probe, ctx, n_max, without_experts(costs, experts))
+        return n_max, probe.fixed(n_cpu_moe=fit_hi)
+    probe = probe.fixed(n_cpu_moe=n_layer)        # every expert on the CPU, and fewer layers
+    return device_ngl(probe, ctx, n_max, without_experts(costs, experts)), probe
 
 
 def without_experts(costs: dict[int, int], experts: dict[int, int]) -> dict[int, int]:

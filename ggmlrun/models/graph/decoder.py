@@ -40,7 +40,7 @@ class Decoder:
         b = self.b = GraphBuilder()
         self.weights = {name: GraphBuilder.leaf(name, info.shape, info.dtype, role="weight")
                         for name, info in model.tensors.items()}
-        self.T, self.n_outputs = n_tokens, n_outputs
+        self.n_tokens, self.n_outputs = n_tokens, n_outputs
         self.ctx = LayerContext(b=b, n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv,
                                 kv_size=kv_size, flash_attn=flash_attn,
                                 norm_rms_eps=hp.norm_rms_eps)
@@ -63,19 +63,19 @@ class Decoder:
             raise InputError(f"rope scaling 'longrope' is not supported for {arch.name} yet "
                              f"(its rope_factors_long/short tensors)")
         self.rope_freqs_name = self._rope_factors_name(kv_size)
-        T_ = n_tokens
+        n_tokens = n_tokens
         # build_inp_embd: tokens and the (unused, still allocated) embeddings input
-        tokens = b.leaf("inp_tokens", (T_,), "i32")
-        inp_embd = b.leaf("inp_embd", (T_, hp.n_embd), "f32")
-        self.inpL = b.op("get_rows", [self.weight(T.TOKEN_EMBD), tokens], (T_, hp.n_embd))
+        tokens = b.leaf("inp_tokens", (n_tokens,), "i32")
+        inp_embd = b.leaf("inp_embd", (n_tokens, hp.n_embd), "f32")
+        self.inpL = b.op("get_rows", [self.weight(T.TOKEN_EMBD), tokens], (n_tokens, hp.n_embd))
         b.expand(self.inpL)
         b.expand(inp_embd)           # ggml_build_forward_select adds both candidates
         b.cb(self.inpL, "embd", -1)
         self.inputs = {
             "tokens": tokens, "embd": inp_embd,
-            "pos": b.leaf("inp_pos", (T_ * arch.n_pos_per_embd,), "i32"),
+            "pos": b.leaf("inp_pos", (n_tokens * arch.n_pos_per_embd,), "i32"),
             "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
-        self.inputs.update(attn_inputs(b, hp, T_, n_kv, n_stream, flash_attn, kv_type))
+        self.inputs.update(attn_inputs(b, hp, n_tokens, n_kv, n_stream, flash_attn, kv_type))
         self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, **rope_params(hp))
         if arch.n_pos_per_embd == 4:       # ggml_rope_multi: the sections pick each pair's position
             self.rope["sections"] = list(hp.rope_sections)
@@ -90,7 +90,7 @@ class Decoder:
         if self.memory.swa is not None:
             self.swa_n_kv = swa_n_kv or n_kv
             self.swa_cache = KVCache(self.memory.swa)
-            self.swa_inputs = attn_inputs(b, hp, T_, self.swa_n_kv, n_stream, flash_attn,
+            self.swa_inputs = attn_inputs(b, hp, n_tokens, self.swa_n_kv, n_stream, flash_attn,
                                           kv_type)
 
     # --- weights by gguf's names --------------------------------------------------------------
@@ -138,7 +138,7 @@ class Decoder:
     def qkv(self, il: int, cur: Tensor, n_embd_head: int, n_head: int, n_head_kv: int):
         """build_qkv: a fused attn_qkv as three strided views of one product, or separate Q, K,
         V products, each plus its optional bias; named Qcur/Kcur/Vcur as llama.cpp names them."""
-        b, cb, T_ = self.b, self.b.cb, self.T
+        b, cb, n_tokens = self.b, self.b.cb, self.n_tokens
         wqkv = self.optional(T.ATTN_QKV, il)
         if wqkv is not None:
             qkv = cb(self.ctx.mul_mat(wqkv, cur), "wqkv", il)
@@ -149,7 +149,7 @@ class Decoder:
             item = TYPES[qkv.dtype].type_size
             views = []
             for heads, offset in ((n_head, 0), (n_head_kv, n_q), (n_head_kv, n_q + n_k)):
-                views.append(b.view(qkv, (T_, heads, n_embd_head),
+                views.append(b.view(qkv, (n_tokens, heads, n_embd_head),
                                     (qkv.strides[-2], n_embd_head * item, item), offset * item))
             q, k, v = views
         else:
@@ -161,7 +161,7 @@ class Decoder:
                 if bias is not None:
                     x = cb(self.add_bias(x, bias), label, il)
                 out.append(x)
-            q, k, v = (b.reshape(x, (T_, heads, n_embd_head))
+            q, k, v = (b.reshape(x, (n_tokens, heads, n_embd_head))
                        for x, heads in zip(out, (n_head, n_head_kv, n_head_kv)))
         return cb(q, "Qcur", il), cb(k, "Kcur", il), cb(v, "Vcur", il)
 

@@ -47,7 +47,7 @@ def linear_attn(d, cur, il: int):
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
     ns, S = d.n_seqs, hp.ssm_d_state
-    Tn = d.T // ns
+    Tn = d.n_tokens // ns
     nkh, nvh = hp.ssm_n_group, hp.ssm_dt_rank
     conv_dim = 2 * S * nkh + hp.ssm_d_inner
     d.cache.add_recurrent(il)
@@ -117,7 +117,7 @@ def gated_attn(d, cur, il: int):
 
     hp, b, ctx = d.hp, d.b, d.ctx
     cb, w = b.cb, d.weight
-    hd, Tn = hp.n_embd_head_k, d.T
+    hd, Tn = hp.n_embd_head_k, d.n_tokens
     d.add_kv_layer(il)
     q_full = cb(ctx.mul_mat(w(T.ATTN_Q, il), cur), "Qcur_full", il)
     k = cb(ctx.mul_mat(w(T.ATTN_K, il), cur), "Kcur", il)

@@ -33,7 +33,7 @@ def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
     bias row added to its products by add_id), gating "softmax_weight" (the top experts
     by raw logit, their weights a soft_max over the chosen ones)."""
     b, cb = d.b, d.b.cb
-    T_, n_embd = d.n_tokens_of(cur), cur.shape[-1]
+    n_tokens, n_embd = d.n_tokens_of(cur), cur.shape[-1]
     if logits is None:
         logits = cb(d.ctx.mul_mat(d.weight(T.FFN_GATE_INP, il), cur), "ffn_moe_logits", il)
     if biases:
@@ -52,35 +52,35 @@ def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
     if exp_probs_b is not None:
         selection = cb(d.add(probs, exp_probs_b), "ffn_moe_probs_biased", il)
     order = b.op("argsort", [selection], selection.shape, "i32", order="desc")
-    selected = b.view(order, (T_, n_expert_used), (order.strides[-2], order.strides[-1]))
+    selected = b.view(order, (n_tokens, n_expert_used), (order.strides[-2], order.strides[-1]))
     cb(order, "ffn_moe_argsort", il)
     cb(selected, "ffn_moe_topk", il)
-    probs3 = b.reshape(probs, (T_, n_expert, 1))
-    weights = cb(b.op("get_rows", [probs3, selected], (T_, n_expert_used, 1)),
+    probs3 = b.reshape(probs, (n_tokens, n_expert, 1))
+    weights = cb(b.op("get_rows", [probs3, selected], (n_tokens, n_expert_used, 1)),
                  "ffn_moe_weights", il)
     if gating == "softmax_weight":
-        weights = b.reshape(weights, (T_, n_expert_used))
+        weights = b.reshape(weights, (n_tokens, n_expert_used))
         weights = b.op("soft_max", [weights], weights.shape)
-        weights = cb(b.reshape(weights, (T_, n_expert_used, 1)), "ffn_moe_weights_softmax",
+        weights = cb(b.reshape(weights, (n_tokens, n_expert_used, 1)), "ffn_moe_weights_softmax",
                      il)
     if norm_w:
-        weights = b.reshape(weights, (T_, n_expert_used))
-        total = cb(b.op("sum_rows", [weights], (T_, 1)), "ffn_moe_weights_sum", il)
+        weights = b.reshape(weights, (n_tokens, n_expert_used))
+        total = cb(b.op("sum_rows", [weights], (n_tokens, 1)), "ffn_moe_weights_sum", il)
         total = cb(b.op("clamp", [total], total.shape, min=6.103515625e-5, max=math.inf),
                    "ffn_moe_weights_sum_clamped", il)
         weights = cb(b.op("div", [weights, total], weights.shape), "ffn_moe_weights_norm", il)
-        weights = b.reshape(weights, (T_, n_expert_used, 1))
+        weights = b.reshape(weights, (n_tokens, n_expert_used, 1))
     if w_scale not in (0.0, 1.0):
         weights = cb(b.op("scale", [weights], weights.shape, s=w_scale),
                      "ffn_moe_weights_scaled", il)
     b.expand(weights)
-    cur = b.reshape(cur, (T_, 1, n_embd))
+    cur = b.reshape(cur, (n_tokens, 1, n_embd))
     experts = experts_ffn(d, il, cur, selected, glu, biases)
     experts = cb(b.op("mul", [experts, weights], experts.shape), "ffn_moe_weighted", il)
     b.expand(experts)
     views = []
     for i in range(n_expert_used):
-        v = b.view(experts, (T_, n_embd), (experts.strides[-3], experts.strides[-1]),
+        v = b.view(experts, (n_tokens, n_embd), (experts.strides[-3], experts.strides[-1]),
                    i * experts.strides[-2])
         b.expand(v)
         views.append(v)
@@ -103,11 +103,11 @@ def experts_ffn(d, il: int, cur: Tensor, selected: Tensor, glu: str | dict,
     gate_up = d.optional(T.FFN_GATE_UP_EXP, il)
     if gate_up is not None:
         gate_up = cb(mul_mat_id(b, gate_up, cur, selected), "ffn_moe_gate_up", il)
-        T_, used, n_ff2 = gate_up.shape
+        n_tokens, used, n_ff2 = gate_up.shape
         n_ff, item = n_ff2 // 2, TYPES[gate_up.dtype].type_size
         strides = (gate_up.strides[-3], gate_up.strides[-2], item)
-        gate = cb(b.view(gate_up, (T_, used, n_ff), strides), "ffn_moe_gate", il)
-        up = cb(b.view(gate_up, (T_, used, n_ff), strides, n_ff * item), "ffn_moe_up", il)
+        gate = cb(b.view(gate_up, (n_tokens, used, n_ff), strides), "ffn_moe_gate", il)
+        up = cb(b.view(gate_up, (n_tokens, used, n_ff), strides, n_ff * item), "ffn_moe_up", il)
     else:
         up = biased_id(d, scaled_id(d, T.FFN_UP_EXP, il, cur, selected, "ffn_moe_up"),
                        T.FFN_UP_EXP, il, selected, "ffn_moe_up", biases)
@@ -135,10 +135,10 @@ def scaled_id(d, t, il: int, cur: Tensor, ids: Tensor, name: str) -> Tensor:
     scale = d.optional(t, il, "scale")
     if scale is None:
         return b.cb(res, name, il)
-    (T_, used, _), n_expert = res.shape, scale.shape[-1]
+    (n_tokens, used, _), n_expert = res.shape, scale.shape[-1]
     s = b.reshape(scale, (1, n_expert, 1))
-    s = b.op("repeat", [s], (T_, n_expert, 1), shape=[T_, n_expert, 1])
-    s = b.op("get_rows", [s, ids], (T_, used, 1))
+    s = b.op("repeat", [s], (n_tokens, n_expert, 1), shape=[n_tokens, n_expert, 1])
+    s = b.op("get_rows", [s, ids], (n_tokens, used, 1))
     return b.cb(b.op("mul", [res, s], res.shape), f"{name}_scaled", il)
 
 

@@ -66,7 +66,7 @@ def output_head(d, inpL: Tensor, softcap: float | None = None,
     if bias is not None:
         cur = d.add_bias(cur, bias)
     if softcap is None:
-        softcap = getattr(d.hp, "f_final_logit_softcapping", 0.0)
+        softcap = d.hp.f_final_logit_softcapping
     if softcap:
         from ggmlrun.models.hparams.rules import as_f32     # 1.0f / softcap, in float
         cur = b.op("scale", [cur], cur.shape, s=as_f32(1.0 / as_f32(softcap)))
@@ -80,7 +80,7 @@ def output_head(d, inpL: Tensor, softcap: float | None = None,
                       cache=d.cache, inputs=d.inputs,
                       norm_pins=[(t, il) for t, _, il in b.pins],
                       kqv_outs=list(b.kqv_outs), rope_freqs=d.rope_freqs,
-                      n_tokens=d.T, n_outputs=d.n_outputs,
+                      n_tokens=d.n_tokens, n_outputs=d.n_outputs,
                       rope_freqs_name=d.rope_freqs_name or "rope_freqs.weight",
                       extra_inputs=d.extra_inputs, swa_cache=d.swa_cache,
                       swa_inputs=d.swa_inputs, swa_n_kv=d.swa_n_kv,

@@ -1,16 +1,19 @@
 """A model's hyperparameters, read from GGUF metadata as llama.cpp's loader reads them.
 
 Keys are `{arch}.{name}` (llama.cpp's LLM_KV names). Defaults are llama.cpp's where a key is
-optional; a missing required key is an input error naming it. `HParams` holds what
-llama_model_base::load_hparams reads for every architecture (plus the RMS epsilon every
-registered architecture requires); an architecture with keys of its own reads them in its
-module's `read_hparams` (its load_arch_hparams) into a subclass (models/arch/).
+optional; a missing required key is an input error naming it. `HParams` is one flat record, as
+llama-hparams.h is: what llama_model_base::load_hparams reads for every architecture, and every
+architecture's own fields beside them with the values that mean "this model has none" (no
+experts, no recurrent layers, no per-layer arrays). Each architecture's `read_hparams`
+(models/arch/<arch>.py, its load_arch_hparams) fills the fields it reads; the stages below ask
+the record the per-layer questions llama_hparams answers (is_swa, is_recurrent, has_kv, the
+per-layer head counts and widths), never which architecture it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from functools import cached_property
 
 from ggmlrun.core.util.errors import InputError
 
@@ -20,9 +23,6 @@ ROPE_SCALING = ("none", "linear", "yarn", "longrope")     # llama.cpp's LLAMA_RO
 
 @dataclass(frozen=True)
 class HParams:
-    N_FF_OPTIONAL: ClassVar[bool] = False     # feed_forward_length may be 0 (absent)
-    # llama_hparams::is_mla: one K-only cache row per token (V is a view of it)
-    is_mla: ClassVar[bool] = False
     n_layer: int
     n_embd: int
     n_head: int
@@ -31,6 +31,8 @@ class HParams:
     n_vocab: int
     n_ctx_train: int
     n_rot: int
+    arch: str = "llama"             # general.architecture: named in messages
+    ff_optional: bool = False       # feed_forward_length may be 0 (experts' widths have keys)
     rope_freq_base: float = 10000.0
     rope_freq_scale: float = 1.0
     norm_rms_eps: float = 1e-5
@@ -43,6 +45,8 @@ class HParams:
     yarn_beta_fast: float = 32.0    # read by the architectures that read it (mistral3)
     yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0
+    yarn_mscale_all_dims: bool = False   # deepseek2's YaRN mscale (hparams/rope.py)
+    rope_sections: tuple = ()       # M-RoPE / IMROPE sections (the qwen35 family)
     # NextN (multi-token prediction) layers at the end of block_count (glm4moe): counted by
     # -ngl and in the layer split, never loaded nor run; n_layer is the trunk (llama.cpp's
     # n_layer(), n_layer_all being block_count)
@@ -53,31 +57,47 @@ class HParams:
     swa_layers: tuple = ()          # per layer: True for a sliding-window layer
     rope_freq_base_swa: float = 10000.0    # rope_freq_base_train_swa (SWA layers' rope)
     rope_freq_scale_swa: float = 1.0
-
-    def is_swa(self, il: int) -> bool:
-        return bool(self.swa_layers) and self.swa_layers[il]
-
-    @property
-    def has_swa(self) -> bool:
-        return any(self.swa_layers)
-
-    # llama_hparams' per-layer questions, which models/memory/caches.py sizes the caches by;
-    # an architecture whose layers differ answers them in its own record (models/arch/)
-    def is_recurrent(self, il: int) -> bool:
-        return False
-
-    def has_kv(self, il: int) -> bool:
-        return True
-
-    def n_embd_k_gqa_l(self, il: int) -> int:
-        return self.n_embd_k_gqa
-
-    def n_embd_v_gqa_l(self, il: int) -> int:
-        return self.n_embd_v_gqa
+    n_embd_head_k_swa: int = 0      # the sliding layers' head size (0: n_embd_head_k)
+    n_rot_swa: int = 0              # their rotated dimensions (0: n_rot)
+    # per-layer arrays (n_head_arr, n_head_kv_arr, n_ff_arr: empty when every layer has the
+    # scalar's value)
+    n_head_arr: tuple = ()
+    n_head_kv_arr: tuple = ()
+    n_ff_arr: tuple = ()
+    n_layer_kv_from_start: int = 0  # layers from this one on read another's cache (0: none)
+    rope_freqs_layers: tuple | None = None   # the layers that read rope_freqs (None: all)
+    n_embd_per_layer: int = 0       # per-layer embeddings' width (gemma4)
+    f_final_logit_softcapping: float = 0.0
+    f_attention_scale: float = 0.0
+    attn_temp_scale: float = 0.0          # attention.temperature_scale (mistral3)
+    n_attn_temp_floor_scale: int = 0      # n_ctx_orig_yarn when the scale is set
+    # mixture of experts (0 experts: a dense model)
+    n_expert: int = 0               # expert_count
+    n_expert_used: int = 0          # expert_used_count
+    n_ff_exp: int = 0               # expert_feed_forward_length
+    n_ff_shexp: int = 0             # expert_shared_feed_forward_length
+    n_expert_shared: int = 0        # expert_shared_count
+    n_layer_dense_lead: int = 0     # leading_dense_block_count
+    expert_weights_scale: float = 0.0
+    expert_weights_norm: bool = False
+    gating: str = "softmax"         # expert_gating_func: softmax | sigmoid
+    # multi-head latent attention (deepseek2; kv_lora_rank 0: not MLA)
+    n_lora_q: int = 0               # attention.q_lora_rank; 0: attn_q (the lite variant)
+    n_lora_kv: int = 0              # attention.kv_lora_rank
+    n_embd_head_k_mla: int = 0      # attention.key_length_mla: nope + rope per head
+    n_embd_head_v_mla: int = 0      # attention.value_length_mla
+    # recurrent layers (the gated delta-net of the qwen35 family; ssm_d_inner 0: none)
+    ssm_d_conv: int = 4             # ssm.conv_kernel
+    ssm_d_inner: int = 0            # ssm.inner_size
+    ssm_d_state: int = 0            # ssm.state_size (the head size of K and V)
+    ssm_dt_rank: int = 0            # ssm.time_step_rank (value heads)
+    ssm_n_group: int = 0            # ssm.group_count (key heads)
+    full_attention_interval: int = 4
+    recurrent_layers: tuple = ()    # attention.recurrent_layers, when the file has it
 
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
-            if key == "n_ff" and self.n_ff == 0 and self.N_FF_OPTIONAL:
+            if key == "n_ff" and self.n_ff == 0 and self.ff_optional:
                 continue
             if getattr(self, key) <= 0:
                 raise InputError(f"hyperparameter {key} must be positive, got {getattr(self, key)}")
@@ -94,6 +114,80 @@ class HParams:
         if not self.n_ctx_orig_yarn:
             object.__setattr__(self, "n_ctx_orig_yarn", self.n_ctx_train)
 
+    # --- llama_hparams' per-layer questions (models/memory/caches.py sizes the caches by them)
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[il]
+
+    @property
+    def has_swa(self) -> bool:
+        return any(self.swa_layers)
+
+    def is_recurrent(self, il: int) -> bool:
+        """attention.recurrent_layers where given (newer converters write it from the model's
+        layer_types), else in a hybrid model every full_attention_interval-th layer is
+        attention; an MTP block never (llama.cpp flags them attention)."""
+        if self.recurrent_layers:
+            return self.recurrent_layers[il]
+        return (self.ssm_d_inner > 0 and il < self.n_layer
+                and (il + 1) % self.full_attention_interval != 0)
+
+    def has_kv(self, il: int) -> bool:
+        """Whether layer il stores K and V: every layer but those reading another's cache."""
+        return not self.n_layer_kv_from_start or il < self.n_layer_kv_from_start
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose cache layer il reads (itself, or for a KV-shared layer the last
+        sliding / full layer with a cache: llama.cpp's reuse callback)."""
+        if self.has_kv(il):
+            return il
+        return self.n_layer_kv_from_start - (2 if self.is_swa(il) else 1)
+
+    def head(self, il: int) -> int:
+        """n_embd_head_k of layer il (the sliding layers' own where the model has one)."""
+        return self.n_embd_head_k_swa if self.n_embd_head_k_swa and self.is_swa(il) \
+            else self.n_embd_head_k
+
+    def head_v(self, il: int) -> int:
+        return self.n_embd_head_k_swa if self.n_embd_head_k_swa and self.is_swa(il) \
+            else self.n_embd_head_v
+
+    def rot(self, il: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
+
+    def heads(self, il: int) -> int:
+        return self.n_head_arr[il] if self.n_head_arr else self.n_head
+
+    def heads_kv(self, il: int) -> int:
+        return self.n_head_kv_arr[il] if self.n_head_kv_arr else self.n_head_kv
+
+    def ff(self, il: int) -> int:
+        return self.n_ff_arr[il] if self.n_ff_arr else self.n_ff
+
+    def n_embd_k_gqa_l(self, il: int) -> int:
+        return self.head(il) * self.heads_kv(il)
+
+    def n_embd_v_gqa_l(self, il: int) -> int:
+        return self.head_v(il) * self.heads_kv(il)
+
+    @property
+    def is_mla(self) -> bool:
+        """llama_hparams::is_mla: one K-only cache row per token (V is a view of it)."""
+        return self.n_lora_kv > 0
+
+    @property
+    def n_embd_head_qk_nope(self) -> int:
+        return self.n_embd_head_k_mla - self.n_rot
+
+    @property
+    def n_embd_r(self) -> int:
+        """The conv state per sequence: (d_conv - 1) * (d_inner + 2 n_group d_state)."""
+        return (self.ssm_d_conv - 1) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
+
+    @property
+    def n_embd_s(self) -> int:
+        """The delta state per sequence: d_state * d_inner."""
+        return self.ssm_d_state * self.ssm_d_inner
+
     @property
     def n_layer_all(self) -> int:
         return self.n_layer + self.n_layer_nextn
@@ -102,9 +196,12 @@ class HParams:
     def n_embd_k_gqa(self) -> int:
         return self.n_embd_head_k * self.n_head_kv
 
-    @property
+    @cached_property
     def n_embd_v_gqa(self) -> int:
-        return self.n_embd_head_v * self.n_head_kv
+        """The V cache's rows: the widest layer's (n_embd_v_gqa_max; [TAG_V_CACHE_VARIABLE])."""
+        if not (self.n_head_kv_arr or self.n_embd_head_k_swa):
+            return self.n_embd_head_v * self.n_head_kv
+        return max(self.n_embd_v_gqa_l(il) for il in range(self.n_layer))
 
 
 
@@ -159,6 +256,7 @@ def read_hparams(fields: dict, spec, types: dict | None = None) -> HParams:
     # the scaling type; the context turns it back to 1 for type none (decoder.rope_params)
     factor = get("rope.scaling.factor", 0.0) or get("rope.scale_linear", 0.0)
     common = dict(
+        arch=arch, ff_optional=spec.n_ff_optional,
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
         # llama.cpp reads it optionally; an architecture whose FFN widths have keys of their own
         # (qwen35moe's experts) may lack it (0)

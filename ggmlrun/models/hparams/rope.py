@@ -28,7 +28,7 @@ def rope_params(hp) -> dict:
 
         if hp.rope_yarn_log_mul:
             # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: deepseek2's mscale is mscale_all_dims too
-            m = hp.rope_yarn_log_mul if getattr(hp, "yarn_mscale_all_dims", False) else 1.0
+            m = hp.rope_yarn_log_mul if hp.yarn_mscale_all_dims else 1.0
             attn_factor = f32(mscale(factor, m) / mscale(factor, hp.rope_yarn_log_mul))
         else:
             attn_factor = mscale(factor, 1.0)
@@ -43,5 +43,5 @@ def rope_params(hp) -> dict:
 def rope_freqs_layers(hp) -> tuple[int, ...]:
     """The layers that read rope_freqs: the first creates it, the others hold a duplicate
     (every layer, or gemma4's full-attention ones: hp.rope_freqs_layers)."""
-    layers = getattr(hp, "rope_freqs_layers", None)
+    layers = hp.rope_freqs_layers
     return tuple(layers) if layers is not None else tuple(range(hp.n_layer))

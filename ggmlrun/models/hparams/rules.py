@@ -253,3 +253,25 @@ def check_weight_type(dtype, name: str) -> None:
     if dtype not in WEIGHT_TYPES:
         raise InputError(f"type {dtype!r} for {name} is not a weight type ggmlrun can compute "
                          f"with; weight types: {', '.join(WEIGHT_TYPES)}")
+
+
+def check_experts(arch: str, n_expert: int, n_expert_used: int, n_ff: int, n_ff_exp: int,
+                  *, derive_width: bool = True) -> int:
+    """A mixture of experts' counts and width, as every MoE load_arch_hparams checks them:
+    both counts positive, no more used than there are, and experts of a positive width
+    (`n_ff_exp`, or with `derive_width` n_ff / n_expert_used where the file gives none).
+    Returns the width."""
+    if n_expert <= 0 or n_expert_used <= 0:
+        raise InputError(f"{arch}.expert_count and {arch}.expert_used_count must be > 0 "
+                         f"(got {n_expert} and {n_expert_used})")
+    if n_expert_used > n_expert:
+        raise InputError(f"{arch}.expert_used_count {n_expert_used} is more than "
+                         f"expert_count {n_expert}")
+    if not n_ff_exp and derive_width:
+        n_ff_exp = n_ff // n_expert_used
+    if n_ff_exp <= 0:
+        how = (f" (no expert_feed_forward_length, and feed_forward_length {n_ff} // "
+               f"expert_used_count {n_expert_used} is 0)" if derive_width else "")
+        raise InputError(f"{arch}.expert_feed_forward_length must be > 0: the experts' "
+                         f"feed-forward length must be positive{how}")
+    return n_ff_exp

@@ -10,15 +10,12 @@ from dataclasses import dataclass
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.ir.types import TYPES
+from ggmlrun.core.util.fmt import align_up
 from ggmlrun.models.memory.caches import Memory
 from ggmlrun.models.memory.placement import Placement
 from ggmlrun.models.options.params import ModelOptions
 
 GGUF_ALIGNMENT = 32
-
-
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
 
 
 @dataclass
@@ -63,23 +60,23 @@ def weights_bytes(tensors: dict, placement: Placement, backends: list[BackendSpe
         nbytes = TYPES[info.dtype].row_bytes(_elements(info.shape))
         spec = backends[b]
         if spec.kind != "cpu":
-            sizes[b] += _align(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
+            sizes[b] += align_up(spec.alloc_size(info.dtype, info.shape, nbytes), spec.alignment)
             continue
         if name != "token_embd.weight" and to_repack(spec, info.dtype, info.shape):
-            repack += _align(nbytes, spec.alignment)      # read by MUL_MAT: CPU_REPACK
+            repack += align_up(nbytes, spec.alignment)      # read by MUL_MAT: CPU_REPACK
         elif no_mmap:
-            mapped += _align(nbytes, spec.alignment)
+            mapped += align_up(nbytes, spec.alignment)
         elif info.offset is not None:
             cpu_range += [info.offset, info.offset + nbytes]
         else:
-            mapped += _align(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
+            mapped += align_up(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
     # a tied output on the CPU: the duplicate of token_embd that the output's MUL_MAT reads
     # (one tensor with token_embd on the CPU) is still offered to CPU_REPACK
     if "output.weight" not in tensors and backends[placement.output_weight].kind == "cpu":
         info = tensors["token_embd.weight"]
         spec = backends[placement.output_weight]
         if to_repack(spec, info.dtype, info.shape):
-            repack += _align(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
+            repack += align_up(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
     if cpu_range:
         mapped += max(cpu_range) - min(cpu_range)
     sizes[placement.cpu] += mapped + repack
@@ -100,7 +97,7 @@ def _cache_bytes(tensors, placement: Placement, backends: list[BackendSpec]) -> 
     for t in tensors:
         b = placement.kv[t.il]
         spec = backends[b]
-        sizes[b] += _align(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
+        sizes[b] += align_up(spec.alloc_size(t.dtype, t.shape, t.nbytes), spec.alignment)
     return sizes
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ggmlrun.models.hparams.keys import U32_MAX   # n_ctx, n_ubatch, n_batch: uint32_t
+
 KV_TYPES = ("f16", "f32", "q8_0")
 KV_PAD = 256          # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256)
 
@@ -95,7 +97,6 @@ def gpu_layers(opts: ModelOptions, n_layer: int) -> int:
 
 # --- option bounds, as llama.cpp's types bound them ---------------------------------------------
 LLAMA_MAX_SEQ = 256               # llama-cparams.h: n_seq_max's bound
-U32_MAX = 2**32 - 1               # n_ctx, n_ubatch, n_batch are uint32_t in llama_context_params
 I32_MAX = 2**31 - 1               # n_gpu_layers is an int32_t in llama_model_params
 MAX_REPEAT = 1000                 # RE2's (and ECMAScript engines') largest counted repetition
 
