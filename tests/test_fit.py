@@ -8,7 +8,6 @@ layer moves), including budgets where the guess is wrong, and on the real tiny G
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from ggmlrun.models.arch import ARCHITECTURES
 from ggmlrun.models.cards.reader import read_card
 from ggmlrun.models.options.params import ModelOptions
 from ggmlrun.models.reserve import BackendFigures
+from tests.hang import no_hang
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
@@ -330,9 +330,8 @@ def test_kv_bound_is_the_walks_edge():
 
 def test_kv_bound_up_to_a_uint32_context_takes_no_walk():
     rows = [fitmod.FitBackend("CPU", "cpu", 1000, 4096, 100, 2**60)]
-    t0 = time.perf_counter()
-    got = fitmod.kv_bound(rows, 4096, 2**32)
-    assert time.perf_counter() - t0 < 5      # a walk of 2**24 steps takes minutes: never a walk
+    with no_hang("kv_bound up to 2**32"):     # a walk of 2**24 steps takes minutes
+        got = fitmod.kv_bound(rows, 4096, 2**32)
     assert got == 2**32 - fitmod.CTX_STEP
 
 
@@ -346,9 +345,9 @@ def test_ctx_auto_to_a_uint32_training_context_is_exact_and_quick(tmp_path):
                     "n_ff: 128, n_vocab: 320, n_ctx_train: 4294967295}\nweights: f16\n")
     model = read_card(path)
     backends = backends_with(4096 * GiB, 4096 * GiB)
-    t0 = time.perf_counter()
-    got = fitmod.fit_model(model, backends, ModelOptions(), 0, 0, ctx_auto=True)
-    assert time.perf_counter() - t0 < 10 and len(got.probes) < 30
+    with no_hang("fit --ctx auto to 2**32"):
+        got = fitmod.fit_model(model, backends, ModelOptions(), 0, 0, ctx_auto=True)
+    assert len(got.probes) < 30
     assert got.fits and got.ngl == 3
     probe = fitmod.Prober(model, backends, ModelOptions(), [0, 0])
     assert fitmod.all_fit(probe(got.ngl, got.ctx))

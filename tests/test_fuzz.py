@@ -7,13 +7,13 @@ few dozen cases per test (~30 s in all); HYPOTHESIS_PROFILE=nightly digs much de
 
 import os
 import re
-import time
 import warnings
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from clikit import invoke
+from tests.hang import no_hang
 
 ROOT = Path(__file__).resolve().parent.parent
 BASES = [p.read_text() for p in sorted((ROOT / "graphs").glob("*.yaml"))
@@ -22,15 +22,13 @@ EXTREMES = ["0", "-1", "1", str(2**31), str(2**63), str(2**70), str(2**1100), "1
             "1e-320", "1e999", "-1e999", ".nan", ".inf", "-.inf", "'1e300TiB'", "x", "[]", "{}",
             "null", "true", "'[/]'", "\"\\x1b[31m\"", "*a", "&a 3", "2.5", "'a: b'", "~"]
 NUMBER = re.compile(r"(?<![A-Za-z_])-?\d+(?:\.\d+)?(?:e-?\d+)?")
-SECONDS = 20          # per case: a valid small graph takes well under one
 NIGHTLY = os.environ.get("HYPOTHESIS_PROFILE") == "nightly"
 LOG = os.environ.get("GGMLRUN_FUZZ_LOG")     # a file to count the exit codes of a long run
 
 
 def check(*args):
     """Run `ggmlrun ARGS` and assert the invariants; return the exit code."""
-    t0 = time.monotonic()
-    with warnings.catch_warnings(record=True) as caught:
+    with no_hang(f"ggmlrun {args[0]}"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         code, out, err = invoke(*args)
     assert code in (0, 1, 2), (args, code, err[-2000:])
@@ -38,7 +36,6 @@ def check(*args):
     assert "RuntimeWarning" not in err, err[-2000:]
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)], caught
     assert len(err) < 20_000, err[:500]
-    assert time.monotonic() - t0 < SECONDS, args
     if LOG:
         with open(LOG, "a") as handle:
             handle.write(f"{args[0]} {code}\n")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 import warnings
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from clikit import invoke
 from ggmlrun.models.arch import llama_tensor_shapes
 from ggmlrun.models.hparams.record import HParams
+from tests.hang import no_hang
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples/models/tiny-llama-q8_0.gguf"
@@ -250,9 +250,8 @@ def test_a_huge_layer_count_is_refused_at_once(tmp_path):
     import sys
 
     path = card(tmp_path, card_text(n_layer="16777216"))
-    t0 = time.perf_counter()
-    code, out, err = invoke("measure", path)
-    assert time.perf_counter() - t0 < 10     # was 30 s and 3.5 GB: refused before building
+    with no_hang("measure of 16,777,216 layers"):     # was 30 s and 3.5 GB
+        code, out, err = invoke("measure", path)
     one_line(code, err, 2, "n_layer", "512", f"{path}:2:")
     # the whole process's peak resident memory, interpreter and imports included: VmHWM
     # (ru_maxrss would count the test process's own size, inherited across fork and exec)
@@ -382,9 +381,8 @@ def test_override_patterns_take_linear_time():
     opts = ModelOptions(overrides=(("(a+)+$", "SIM0"),))
     for n in (26, 100_000):          # 26: ~10 s of backtracking in Python's re; 100k: forever
         names = ["a" * n + "!", "blk.0.ffn_up.weight"]
-        t0 = time.perf_counter()
-        placed = place(hp, names, default_backends(), opts)
-        assert time.perf_counter() - t0 < 5, n     # backtracking: ~10 s at 26, forever at 100k
+        with no_hang(f"-ot (a+)+$ on {n} a's"):   # backtracking: ~10 s at 26, forever at 100k
+            placed = place(hp, names, default_backends(), opts)
         assert placed.weights[names[0]] == len(default_backends()) - 1    # no match: the CPU
 
 
@@ -461,10 +459,9 @@ def test_fit_auto_context_of_a_uint32_trained_gguf_is_quick(tmp_path):
     a time (20 s); solved, the same edge in well under a second of search."""
     vt = _vt()
     path = write_gguf(tmp_path / "long.gguf", context_length=(2**32 - 1, vt.UINT32))
-    t0 = time.perf_counter()
-    code, out, err = invoke("fit", path, "--ctx", "auto", "--json", "--memory", "SIM0=4096GiB",
-                            "--memory", "CPU=4096GiB")
-    assert time.perf_counter() - t0 < 5, err
+    with no_hang("fit --ctx auto of a uint32-trained GGUF"):
+        code, out, err = invoke("fit", path, "--ctx", "auto", "--json", "--memory",
+                                "SIM0=4096GiB", "--memory", "CPU=4096GiB")
     assert code == 0, err
     data = json.loads(out)
     assert (data["ngl"], data["ctx"]) == (3, 418918656)      # the walk's answer, the same edge

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.memory.pack import Buffer, lower_bound, plan_offsets, verify
 from ggmlrun.core.memory.pack_csv import read_csv, write_csv
 from ggmlrun.core.memory.pack_greedy import plan_greedy
+from tests.hang import no_hang
 
 MINIMALLOC = Path("/work/shared/data/minimalloc")
 
@@ -183,9 +183,8 @@ def test_greedy_only_path_is_fast_on_a_long_chain():
     rng = random.Random(3)
     bufs = [Buffer(str(i), i, i + rng.randint(1, 20), 256 * rng.randint(1, 16))
             for i in range(20_000)]
-    start = time.perf_counter()
-    result = plan_offsets(bufs, search=False)
-    assert time.perf_counter() - start < 5.0
+    with no_hang("greedy packing of 20,000 buffers"):
+        result = plan_offsets(bufs, search=False)
     assert result.peak <= 1.25 * result.lower_bound
 
 
@@ -194,9 +193,8 @@ def test_greedy_only_path_handles_a_hundred_thousand_buffers():
     rng = random.Random(4)
     bufs = [Buffer(str(i), i, i + rng.randint(1, 20), 256 * rng.randint(1, 16))
             for i in range(100_000)]
-    start = time.perf_counter()
-    result = plan_offsets(bufs, time_limit=0)
-    assert time.perf_counter() - start < 10.0
+    with no_hang("greedy packing of 100,000 buffers"):
+        result = plan_offsets(bufs, time_limit=0)
     assert verify(bufs, result.offsets) == []
 
 

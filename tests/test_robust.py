@@ -17,6 +17,7 @@ import pytest
 
 from clikit import invoke
 from tests.randgraph import fan_out
+from tests.hang import no_hang
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "graphs" / "mlp.yaml"
@@ -121,12 +122,11 @@ def test_fifo_and_device_inputs_are_refused_at_once(tmp_path, graph):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path in (fifo, "/dev/zero"):
-        t0 = time.monotonic()
-        one_line(*invoke("validate", path)[::2], 2)
-        one_line(*invoke("pack", path)[::2], 2)
-        one_line(*invoke("validate", graph, "--backends", path)[::2], 2)
-        one_line(*invoke("run", graph, "--input", f"x={path}")[::2], 2)
-        assert time.monotonic() - t0 < 10
+        with no_hang(f"reading {path}"):
+            one_line(*invoke("validate", path)[::2], 2)
+            one_line(*invoke("pack", path)[::2], 2)
+            one_line(*invoke("validate", graph, "--backends", path)[::2], 2)
+            one_line(*invoke("run", graph, "--input", f"x={path}")[::2], 2)
 
 
 @pytest.mark.parametrize("text", [
@@ -154,9 +154,8 @@ def test_billion_laughs_and_merge_key_bombs_are_refused_fast(tmp_path):
     for name, lines in (("laughs", laughs), ("merge", merge)):
         path = tmp_path / f"{name}.yaml"
         path.write_text("\n".join(lines) + "\n")
-        t0 = time.monotonic()
-        one_line(*invoke("validate", path)[::2], 2, "aliases")
-        assert time.monotonic() - t0 < 10
+        with no_hang(f"the {name} bomb"):
+            one_line(*invoke("validate", path)[::2], 2, "aliases")
 
 
 def test_repeat_is_bounded(graph):
@@ -256,10 +255,9 @@ def test_measure_is_not_quadratic_in_live_tensors(tmp_path):
     """5k live tensors: 12.5M overlapping pairs, past the bound; before, 97 s and 2 GB."""
     path = tmp_path / "fan.yaml"
     path.write_text(fan_out(5000))
-    t0 = time.monotonic()
-    code, out, err = invoke("measure", path, "--json")
+    with no_hang("measure of 5k live tensors"):
+        code, out, err = invoke("measure", path, "--json")
     assert code == 0 and "online best-fit" in err
-    assert time.monotonic() - t0 < 30
 
 
 @pytest.mark.slow
@@ -276,11 +274,10 @@ def test_pack_with_50k_overlapping_buffers_is_fast(tmp_path):
     csv = tmp_path / "b.csv"
     csv.write_text("id,lower,upper,size\n" + "".join(f"b{i},0,10,{(i % 7 + 1) * 64}\n"
                                                        for i in range(50_000)))
-    t0 = time.monotonic()
-    code, out, err = invoke("pack", csv, "--json")
+    with no_hang("pack of 50k overlapping buffers"):
+        code, out, err = invoke("pack", csv, "--json")
     assert code == 0, err
     assert json.loads(out)["peak_bytes"] == json.loads(out)["lower_bound_bytes"]
-    assert time.monotonic() - t0 < 30
 
 
 # --- 5. bounded errors ------------------------------------------------------------------
@@ -288,10 +285,10 @@ def test_a_megabyte_op_name_gives_a_short_error_fast(tmp_path):
     path = tmp_path / "g.yaml"
     path.write_text("tensors:\n  x: {shape: [4]}\nnodes:\n  - {name: y, op: "
                     + "q" * 1_000_000 + ", src: [x]}\n")
-    t0 = time.monotonic()
-    code, _, err = invoke("validate", path)
+    with no_hang("validate of a megabyte op name"):
+        code, _, err = invoke("validate", path)
     one_line(code, err, 2)
-    assert len(err) < 2000 and time.monotonic() - t0 < 10
+    assert len(err) < 2000
 
 
 # --- 6. JSON, SIGINT, gen ---------------------------------------------------------------
@@ -347,10 +344,9 @@ def test_cost_policy_falls_back_to_ggml_past_its_bound(tmp_path):
              "  - {name: a0, op: neg, src: [x]}"]
     lines += [f"  - {{name: a{i}, op: neg, src: [a{i - 1}]}}" for i in range(1, 3000)]
     path.write_text("\n".join(lines) + "\n")
-    t0 = time.monotonic()
-    code, out, err = invoke("plan", path, "--policy", "cost", "--json")
+    with no_hang("plan --policy cost of a 3k-node chain"):
+        code, out, err = invoke("plan", path, "--policy", "cost", "--json")
     assert code == 0 and "--policy cost" in err and "note" in err
-    assert time.monotonic() - t0 < 15
 
 
 def test_memory_as_a_huge_yaml_integer(tmp_path, graph):
