@@ -162,7 +162,63 @@ def test_measure_equals_llamacpp(cfg):
     assert got["n_copies"] == (4 if cfg.get("pipeline_parallel") else 1)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
-def test_run_logits_equal_llamacpp(cfg, tmp_path):
-    error = compare_logits(cfg, run_logits(cfg, tmp_path / "out.npz"))
-    assert error <= logits_tolerance(cfg), f"logits differ by {error:.2e} of the largest"
+# where tensors live: never the numbers (tests/test_plan_properties.py, and per model below)
+PLACEMENT = ("ngl", "tensor_split", "overrides", "no_kv_offload", "cpu_moe", "n_cpu_moe",
+             "use_mmap")
+
+
+def prompt(cfg: dict) -> list[int]:
+    return cfg.get("tokens", FIGURES["tokens"])
+
+
+def outcome_key(cfg: dict) -> str:
+    """What a run's numbers can depend on: the model, the prompt and every option but placement;
+    --ubatch only when the prompt spans more than one ubatch (one that fits is one graph of the
+    prompt's own length, whatever the ubatch)."""
+    opts = {k: v for k, v in cfg["options"].items() if k not in PLACEMENT}
+    if len(prompt(cfg)) <= opts["ubatch"]:
+        del opts["ubatch"]
+    return json.dumps([cfg["model"], prompt(cfg), opts], sort_keys=True)
+
+
+def outcomes() -> list[list[dict]]:
+    """The recorded configurations by outcome_key, each group led by its most spread placement
+    (two devices, overrides, -nkvo first), so the runs below cover many placements."""
+    groups: dict[str, list[dict]] = {}
+    for cfg in CONFIGS:
+        groups.setdefault(outcome_key(cfg), []).append(cfg)
+    spread = lambda cfg: -sum(bool(cfg["options"].get(k)) for k in PLACEMENT[1:])  # noqa: E731
+    return [sorted(group, key=spread) for group in groups.values()]
+
+
+OUTCOMES = outcomes()
+
+
+@pytest.mark.parametrize("group", OUTCOMES, ids=[group[0]["id"] for group in OUTCOMES])
+def test_run_logits_equal_llamacpp(group, tmp_path):
+    """One run per distinct outcome, within tolerance of every configuration recorded with it."""
+    logits = run_logits(group[0], tmp_path / "out.npz")
+    for cfg in group:
+        error = compare_logits(cfg, logits)
+        assert error <= logits_tolerance(cfg), f"{cfg['id']}: logits differ by {error:.2e}"
+
+
+def placement_pairs() -> list[tuple[dict, dict]]:
+    """Per model, its largest group's leader and the member placed least like it."""
+    pairs = {}
+    for group in OUTCOMES:
+        model = group[0]["model"]
+        if len(group) > 1 and len(group) > len(pairs.get(model, ())):
+            pairs[model] = group
+
+    def distance(a, b):      # a different -ngl moves the most
+        return sum((2 if k == "ngl" else 1) * (a["options"].get(k) != b["options"].get(k))
+                   for k in PLACEMENT)
+    return [(g[0], max(g[1:], key=lambda c: distance(g[0], c))) for g in pairs.values()]
+
+
+@pytest.mark.parametrize("pair", placement_pairs(), ids=lambda p: f"{p[0]['id']}~{p[1]['id']}")
+def test_placement_never_changes_a_models_logits(pair, tmp_path):
+    """What lets one run stand for its group, on every bundled model: the same bits."""
+    a, b = (run_logits(cfg, tmp_path / f"{k}.npz") for k, cfg in enumerate(pair))
+    assert np.array_equal(a, b)

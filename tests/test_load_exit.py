@@ -123,7 +123,6 @@ def test_blas_starts_one_thread_for_commands_that_compute_nothing(tmp_path, argv
 def test_blas_pool_is_one_thread_under_validate(tmp_path):
     """The pool NumPy's BLAS actually started (threadpoolctl asks the library itself), where
     `validate` loads NumPy at all (a model does; a graph file does not: test_load_numpy.py)."""
-    pytest.importorskip("threadpoolctl")
     script = tmp_path / "ggmlrun"
     script.write_text("import ggmlrun.cli, numpy, threadpoolctl\n"
                       "print([i['num_threads'] for i in threadpoolctl.threadpool_info() "

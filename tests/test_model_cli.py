@@ -16,7 +16,6 @@ from ggmlrun.models.load import load_input
 ROOT = Path(__file__).resolve().parent.parent
 CARD_8B = ROOT / "ggmlrun/models/cards/llama-3-8b-q4_k_m.yaml"
 CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
-TINY = sorted((ROOT / "examples/models").glob("tiny-llama-*.gguf"))
 
 
 def weight_bytes(model) -> int:
@@ -267,7 +266,6 @@ def test_run_refuses_a_card_and_needs_tokens():
     assert code == 2 and "--tokens applies to models" in err
 
 
-@pytest.mark.skipif(not TINY, reason="examples/models/ holds the tiny GGUFs (oracle's branch)")
 def test_readme_first_command_fits_the_tiny_gguf():
     code, out, err = invoke("fit", ROOT / "examples/models/tiny-llama-q8_0.gguf")
     assert code == 0, err
@@ -308,7 +306,6 @@ def test_measure_and_plan_a_card_json(tmp_path):
     assert {s["backend"] for s in plan["splits"]} == {"SIM0", "CPU"}
 
 
-@pytest.mark.skipif(not TINY, reason="examples/models/ holds the tiny GGUFs (oracle's branch)")
 def test_run_a_gguf_outputs_the_last_token_logits(tmp_path):
     import numpy as np
 
@@ -331,7 +328,6 @@ def test_run_a_gguf_outputs_the_last_token_logits(tmp_path):
         assert np.allclose(saved["result_output"], logits, atol=2e-2 * np.abs(logits).max())
 
 
-@pytest.mark.skipif(not TINY, reason="examples/models/ holds the tiny GGUFs (oracle's branch)")
 def test_run_rejects_bad_tokens():
     gguf = ROOT / "examples/models/tiny-llama-q8_0.gguf"
     for tokens, words in (("1,x", "token ids"), ("1,320", "outside the vocabulary"),
