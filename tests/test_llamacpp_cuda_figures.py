@@ -22,6 +22,7 @@ from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.frontend.backends_file import load_backends
 from ggmlrun.core.util.errors import InputError
 from tests.clikit import invoke
+from tests.test_llamacpp_figures import counted_once
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "llamacpp"
@@ -61,9 +62,7 @@ def test_each_configuration_is_consistent(cfg):
     what it says; the graph is the graph the RPC recording saw (same nodes)."""
     backends = cfg["backends"]
     assert set(backends) == {"CUDA0", "CPU"}
-    total = sum(nbytes for _, _, nbytes in cfg["buffers"])
-    assert total == sum(b["weights_bytes"] + b["kv_bytes"] for b in backends.values()) \
-        + cfg["output_buffer_bytes"]
+    assert counted_once(cfg)
     align = PROBE["buffer_types"]["CUDA0"]["alignment"]
     assert all(nbytes % align == 0 for _, name, nbytes in cfg["buffers"] if name == "CUDA0")
     assert backends["CUDA0"]["arena_bytes"] % align == 0

@@ -27,7 +27,7 @@ import pytest
 from ggmlrun.core.frontend.backends_file import load_backends
 from ggmlrun.core.util.errors import InputError
 from tests.clikit import invoke
-from tests.test_llamacpp_figures import compare_measure, model_options
+from tests.test_llamacpp_figures import compare_measure, counted_once, model_options
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "llamacpp"
@@ -95,8 +95,7 @@ def test_each_configuration_is_consistent():
     for cfg in FUSED["configs"]:
         backends, opts = cfg["backends"], cfg["options"]
         assert set(backends) == {"CUDA0", "CPU"}, cfg["id"]
-        assert sum(n for _, _, n in cfg["buffers"]) == cfg["output_buffer_bytes"] + sum(
-            b["weights_bytes"] + b["kv_bytes"] + b.get("state_bytes", 0) for b in backends.values())
+        assert counted_once(cfg), cfg["id"]
         names = {name for _, name, _ in cfg["buffers"]}
         assert names <= {"CPU_Mapped", "CUDA_Host", "CPU", "CUDA0"}
         assert all(n % 128 == 0 for _, name, n in cfg["buffers"] if name == "CUDA0")

@@ -143,6 +143,18 @@ def test_the_recording_covers_the_whole_grid():
                                         else {"RPC0", "CPU"}) for cfg in CONFIGS)
 
 
+def counted_once(cfg: dict) -> bool:
+    """Every buffer llama.cpp allocated is one of the figures compared: weights, KV cache and
+    recurrent state per backend, and the output buffer (so the comparison leaves no byte out)."""
+    return sum(nbytes for _, _, nbytes in cfg["buffers"]) == cfg["output_buffer_bytes"] + sum(
+        b["weights_bytes"] + b["kv_bytes"] + b.get("state_bytes", 0)
+        for b in cfg["backends"].values())
+
+
+def test_every_allocated_buffer_is_counted_once():
+    assert [cfg["id"] for cfg in CONFIGS if not counted_once(cfg)] == []
+
+
 def test_bundled_models_are_what_the_script_makes(tmp_path):
     """The figures hold only for these exact bytes: the script must still produce them."""
     script = REPO / "scripts" / "llamacpp" / "make_tiny_gguf.py"
