@@ -12,8 +12,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # The suite runs on a simulated host (core/util/host.py), never on the machine it happens to
 # be on: the same answers everywhere, in this process and in every command it starts. A value
-# already in the environment wins, so that `.ci/run` can run the suite again as another host
-# and a test bound to these exact figures fails there.
+# already in the environment wins, so that `.ci/run` can run the tests marked `host` (those
+# whose answer depends on the host) again as another machine, and one bound to these exact
+# figures fails there.
 SIMULATED_HOST = {
     "GGMLRUN_HOST_RAM": "32GiB",
     "GGMLRUN_HOST_AVAILABLE": "16GiB",
@@ -29,6 +30,16 @@ for _name, _value in SIMULATED_HOST.items():
 def pytest_configure(config):
     config.addinivalue_line("markers", "real_host: the test reads the real machine on purpose "
                                        "(core/util/host.py's readers)")
+    config.addinivalue_line("markers", "host: the test's answer depends on the host "
+                                       "(core/util/host.py's answers); .ci/run runs these again "
+                                       "as another machine (-m host)")
+
+
+def pytest_collection_modifyitems(items):
+    """A test that reads the real machine depends on the host by definition."""
+    for item in items:
+        if item.get_closest_marker("real_host"):
+            item.add_marker(pytest.mark.host)
 
 
 @pytest.fixture(autouse=True)

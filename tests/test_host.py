@@ -15,6 +15,8 @@ from ggmlrun.core.backends.spec import BackendSpec, default_backends
 from ggmlrun.core.memory import fits
 from ggmlrun.core.util import host, ram
 
+pytestmark = pytest.mark.host      # every test here reads the injected host's answers
+
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "graphs" / "mlp.yaml"
 ODD_RAM = 17179869184 + 4096 * 123

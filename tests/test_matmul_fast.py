@@ -256,6 +256,7 @@ def executor_for(text: str, threads: int):
     return Executor(sched, plan, values, threads=threads), graph, values
 
 
+@pytest.mark.host
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_one_thread_or_two_the_executor_gives_the_same_bits(dtype):
     """Threads share whole panels, so the sums are the same; BLAS at one thread for both

@@ -69,6 +69,7 @@ def test_memory_option_overrides_and_the_table_says_no(tmp_path):
     assert "NO" in out and "fits" in out
 
 
+@pytest.mark.host
 def test_host_ram_is_checked_as_a_whole(tmp_path, monkeypatch):
     """Every backend passes its own check, but together they exceed the machine."""
     monkeypatch.setenv("GGMLRUN_HOST_RAM", "4MiB")         # a smaller machine (core/util/host.py)
@@ -141,6 +142,7 @@ def test_no_op_offload_and_offload_min_batch(tmp_path):
         assert "op offload" not in err_off and off["n_splits"] < on["n_splits"]
 
 
+@pytest.mark.host
 def test_threads_are_capped_at_the_cores():
     data, _ = as_json("run", MLP, "--threads", 999)
     assert data["timings"]["threads"] == host.cores()
