@@ -1,15 +1,16 @@
 """llama.cpp's buffers for a model and options, from the header alone.
 
-- Model, KV, state and output buffers: models/memory/buffers.py (from the placement alone).
+- Model, KV, state and output buffers: models/memory/ (the caches sized from hyperparameters
+  and options, create_memory; their bytes from the placement alone), before any graph.
 - Compute buffers: llama_context::sched_reserve reserves the worst-case graphs in the order
   pp (n_tokens = n_ubatch, n_outputs = n_tokens, the whole cache), tg (1 token), pp again; ggml's
   allocator only grows, so each backend's buffer is its largest of the three. Each graph is
   scheduled with ggml's rules and planned with ggml's allocator (planner "ggml").
 `n_nodes` / `n_splits` are the pp graph's, the numbers llama.cpp logs first.
 
-Graphs are built once per shape and re-placed for each call (placement only changes where
-weights live and which nodes are pinned), so a search over --ngl costs scheduling and
-allocation only.
+Graphs are built once per memory and shape and never written on: each call hands the
+scheduler its placement (placed_tensors: where weights and caches live, which nodes are
+pinned), so a search over --ngl costs scheduling and allocation only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.memory.alloc import GraphAllocator
 from ggmlrun.core.memory.sequence import allocation_sequence
 from ggmlrun.core.ir.types import TYPES
@@ -98,30 +100,35 @@ def model_graph(model: ModelFile, memory: Memory, n_tokens: int, n_outputs: int,
     return entry[1]
 
 
-def apply_placement(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> None:
-    """Weights and caches into their buffers, llama.cpp's pins onto their nodes."""
+def placed_tensors(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]
+                   ) -> dict[Tensor, str | None]:
+    """Where the placement puts the graph's weights and caches (their buffers) and llama.cpp's
+    pins on its nodes, as the scheduler's `placed` map: the graph itself is never written
+    on, so one graph serves every placement of a search."""
     names = [b.name for b in backends]
+    placed: dict[Tensor, str | None] = {}
     for name, leaf in mg.weights.items():
         b = placement.weights.get(name)
         if b is not None:             # None: a NextN layer's tensor, never loaded nor used
-            leaf.backend = names[b]
-    mg.output_weight.backend = names[placement.output_weight]
+            placed[leaf] = names[b]
+    placed[mg.output_weight] = names[placement.output_weight]
     copies = placement.layer_copies.get(mg.rope_freqs_name, placement.rope_freqs)
     for il, leaf in mg.rope_freqs.items():
-        leaf.backend = names[copies[il]]
+        placed[leaf] = names[copies[il]]
     for cache in mg.caches:              # each layer's K/V where its layer is (full or SWA)
         for il, leaf in cache.k.items():
             for t in (leaf, cache.v.get(il)):     # MLA: K only
                 if t is not None:
-                    t.backend = names[placement.kv[il]]
+                    placed[t] = names[placement.kv[il]]
     for il, leaf in mg.cache.r.items():       # the recurrent state: where the KV would be
-        leaf.backend = mg.cache.s[il].backend = names[placement.kv[il]]
+        placed[leaf] = placed[mg.cache.s[il]] = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
     for node, il in mg.norm_pins:
         b = placement.layer[il]
-        node.backend = names[b] if pin and backends[b].supports_op(node.op) else None
+        placed[node] = names[b] if pin and backends[b].supports_op(node.op) else None
     for node in mg.kqv_outs:
-        node.backend = names[placement.cpu] if placement.no_kv_offload else None
+        placed[node] = names[placement.cpu] if placement.no_kv_offload else None
+    return placed
 
 
 def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> None:
@@ -210,8 +217,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                                            for b in backends])
         for mg, stage in ((pp, "pp"), (None, "pp+tg")):
             mg = mg or graph(n_seqs, n_seqs)
-            apply_placement(mg, placement, backends)
-            graph_sched = scheduler.schedule(mg.graph)
+            graph_sched = scheduler.schedule(mg.graph,
+                                             placed=placed_tensors(mg, placement, backends))
             plan = allocator.plan(*allocation_sequence(graph_sched))
             arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
             sched, reserved = sched or graph_sched, stage

@@ -29,7 +29,7 @@ from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, kv_size, swa_kv_size,
                                      ubatch_size)
 from ggmlrun.models.memory.placement import place
-from ggmlrun.models.reserve import apply_placement, check_options
+from ggmlrun.models.reserve import check_options, placed_tensors
 
 
 
@@ -157,8 +157,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                          placement.shared_copies(), swa_size=swa,
                          swa_n_kv=min(swa, max(KV_PAD, used)), rs_zero=0 if i == 0 else -1)
         writes = cache_writes(mg) if i < len(chunks) - 1 else {}   # what the next one reads
-        apply_placement(mg, placement, backends)
-        sched = scheduler.schedule(mg.graph)
+        sched = scheduler.schedule(mg.graph, placed=placed_tensors(mg, placement, backends))
         plan, memory = plan_memory(sched, "ggml")
         check_capacity(sched, memory)
         check_run_memory(model, mg, memory)
