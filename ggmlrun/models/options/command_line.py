@@ -60,6 +60,7 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -
     values["batch"] = max(opts.ubatch, BY_NAME["batch"].default)
     if values["tensor_split"] is None and len(devices) > 1:
         values["tensor_split"] = memory_split(devices)
+    values["load_mode"] = None                 # --no-mmap is written instead
     values["rpc"] = tuple(e for e in (getattr(b, "endpoint", None) for b in devices
                                       if b.kind == "rpc") if e)
     args: list[str] = []
@@ -113,13 +114,13 @@ def parse_llama_args(line: str | list[str]) -> dict:
             raise ValueError(f"llama.cpp option {word!r} needs a value")
         else:
             try:
-                value = option.kind.read(words[i + 1])
+                value = option.kind.read_llama(words[i + 1])
             except ValueError as err:
                 raise ValueError(f"{word} {words[i + 1]}: {err}") from None
             i += 2
         seen = given.setdefault(option.name, {})
         if option.kind.repeatable:
-            seen[0] = (*seen.get(0, ()), value)
+            seen[0] = (*seen.get(0, ()), *value)
         else:
             seen[index or 0] = value
     out: dict = {}
@@ -131,6 +132,9 @@ def parse_llama_args(line: str | list[str]) -> dict:
                                 for s, v in zip(option.llama, values))
             raise ValueError(f"{said} differ; ggmlrun's {option.flag} sets both")
         out[name] = values[0]
+    if out.get("load_mode") is not None:
+        out["no_mmap"] = out.pop("load_mode")
+    out.pop("load_mode", None)
     out["kv_type"] = out.get("kv_type", BY_NAME["kv_type"].default)
     batch = out.pop("batch", BY_NAME["batch"].default)
     out["ubatch"] = min(batch, out.get("ubatch", BY_NAME["ubatch"].default))

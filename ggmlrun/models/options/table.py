@@ -39,6 +39,11 @@ class Kind:
         """A value given from Python (the API): text is read as the command line reads it."""
         return self.read(value) if isinstance(value, str) else value
 
+    def read_llama(self, text: str):
+        """A value as llama.cpp's common/arg.cpp reads the text (a repeatable kind: a tuple
+        of items)."""
+        return self.read(text)
+
     def write(self, value) -> str:
         return str(value)
 
@@ -87,8 +92,6 @@ class Switch(Kind):
             raise ValueError(f"{value!r} is not True or False")
         return value
 
-    def show(self, value) -> str:
-        return "on" if value else "off"
 
 
 _TRUE, _FALSE = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
@@ -232,6 +235,15 @@ class Overrides(Kind):
             rules.append(self.read(text))
         return tuple(rules)
 
+    def read_llama(self, text: str) -> tuple[tuple[str, str], ...]:
+        """llama.cpp's -ot takes a comma-separated list of rules, each split at its first
+        '=' (parse_tensor_buffer_overrides)."""
+        rules = []
+        for item in str(text).split(","):
+            pattern, eq, backend = item.partition("=")
+            rules.append(self.read(f"{pattern}={backend}") if eq else self.read(item))
+        return tuple(rules)
+
     def write(self, value) -> str:
         return f"{value[0]}={value[1]}"
 
@@ -240,6 +252,18 @@ class Overrides(Kind):
 
     def json(self, value):
         return [list(rule) for rule in value]
+
+
+@dataclass(frozen=True)
+class LoadMode(Kind):
+    """llama.cpp's -lm/--load-mode (which replaced --no-mmap/--mmap): none is --no-mmap, mmap
+    and auto map the file; mlock and dio are not modelled."""
+    metavar = "MODE"
+
+    def read(self, text: str) -> bool:
+        if text in ("none", "mmap", "auto"):
+            return text == "none"
+        raise ValueError(f"load mode {text!r} is not modelled: give none, mmap or auto")
 
 
 @dataclass(frozen=True)
@@ -286,11 +310,17 @@ class Option:
 
     @property
     def default_words(self) -> str:
+        """A switch's flag is never given by default (--no-op-offload: op offload on)."""
+        if not self.kind.takes_value:
+            return "off"
         return self.default_text or self.kind.show(self.default)
 
     def help_text(self) -> str:
+        """The click help: `[models]` for an option only models take (a shared one applies
+        to graph files too)."""
         where = f" (llama.cpp {self.spelled})" if self.llama else ""
-        return f"[models] {self.help}{where}; default {self.default_words}."
+        tag = "" if self.shared else "[models] "
+        return f"{tag}{self.help}{where}; default {self.default_words}."
 
 
 OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes them
@@ -340,6 +370,8 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
            llama_off=("-no-kvu", "--no-kv-unified")),
     Option("no_mmap", Switch(), "model", "CPU weights allocated, not memory-mapped",
            flag="--no-mmap", llama=(("--no-mmap",),), llama_off=("--mmap",)),
+    Option("load_mode", LoadMode(), "model", "-lm none is --no-mmap; read, never written",
+           llama=(("-lm", "--load-mode"),), own_default=None),
     Option("sched_copies", Count(1, 64), "ggml", "ggml's GGML_SCHED_MAX_COPIES, a build "
            "option: the copies of every input the scheduler keeps when llama.cpp turns on "
            "pipeline parallelism (every layer over 2+ devices); 1 turns it off",
@@ -390,3 +422,15 @@ def from_cli(kw: dict) -> dict:
 def options_json(opts: ModelOptions) -> dict:
     """The options as JSON, by name (the API's keywords)."""
     return {o.name: o.kind.json(getattr(opts, o.name)) for o in OPTIONS if o.field}
+
+
+def check_fields(opts: ModelOptions) -> None:
+    """Each field of a ModelOptions made in code (not read by the table) in its range, as the
+    command line would have checked it: ValueError naming the flag."""
+    for option in OPTIONS:
+        value = getattr(opts, option.name) if option.field else None
+        if value is not None and value != option.default:
+            try:
+                option.kind.check(value)
+            except ValueError as err:
+                raise ValueError(f"{option.flag or option.name} {value!r}: {err}") from None
