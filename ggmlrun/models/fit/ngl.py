@@ -48,7 +48,7 @@ def above_the_edge(probe: Prober, ctx: int, n_max: int, fit_lo: int) -> int:
                 return ngl
             continue
         opts = replace(probe.opts, ngl=ngl, ctx=ctx)
-        sizes = weights_bytes(model, place(model.hparams, model.tensors, backends, opts),
+        sizes = weights_bytes(model.tensors, place(model.hparams, model.tensors, backends, opts),
                               backends, no_mmap=opts.no_mmap).sizes
         if any(sizes[i] > backends[i].memory - probe.margins[i] for i in devices):
             continue
