@@ -25,7 +25,7 @@ def draw(rng, option, backends: tuple[str, ...], devices: int, big: bool):
         return rng.choice(kind.values)
     if isinstance(kind, Layers):
         lo, hi = (0, I32_MAX) if big else SMALL["ngl"]
-        return rng.choice([None, "all", rng.randint(lo, hi), str(rng.randint(lo, hi))])
+        return rng.choice([None, "all", lo, rng.randint(lo, hi), str(rng.randint(lo, hi))])
     if isinstance(kind, Count):
         lo, hi = (kind.lo, kind.hi) if big else SMALL.get(option.name, (kind.lo, 4))
         return rng.choice([lo, hi, rng.randint(lo, hi), rng.randint(lo, min(hi, lo + 600))])

@@ -83,13 +83,13 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
     which must then not carry model options. A model is placed as llama.cpp places it, so
     only ggml's policy applies."""
     from ggmlrun.models.load import load_model
+    from ggmlrun.models.options.table import given
 
     model = load_model(path)
     if model is None:
-        given = [flag for key, flag in MODEL_FLAGS.items()
-                 if model_kw.get(key) not in (None, (), False)]
-        if given:
-            raise InputError(f"{given[0]} applies to models (GGUF files and model cards), not "
+        flags = [flag for key, flag in MODEL_FLAGS.items() if given(model_kw.get(key))]
+        if flags:
+            raise InputError(f"{flags[0]} applies to models (GGUF files and model cards), not "
                              f"to graph files", file=str(path))
         return None
     if policy != "ggml":

@@ -405,15 +405,19 @@ def make_options(values: dict) -> ModelOptions:
                            if value is not None and BY_NAME[name].field})
 
 
+def given(value) -> bool:
+    """Whether click got the option: not None, an unset switch (False) or no repeat (());
+    0 is a value given (`--ngl 0`), though 0 == False."""
+    return value is not None and value is not False and value != ()
+
+
 def from_cli(kw: dict) -> dict:
     """The command line's values (by click parameter) by option name: a switch given is the
-    field away from its default, an option not given (None, (), False) is left out."""
+    field away from its default, an option not given is left out."""
     out = {}
     for option in OPTIONS:
-        if not option.flag:
-            continue
         value = kw.get(option.dest or option.name)
-        if value in (None, (), False):
+        if not option.flag or not given(value):
             continue
         out[option.name] = (not option.default) if not option.kind.takes_value else value
     return out
