@@ -153,5 +153,22 @@ def test_help_lists_every_option_with_its_default():
                 assert f"default {option.default_words}." in text, (name, option.flag)
 
 
+LOWEST = {"Count": lambda k: str(k.lo), "Layers": lambda k: "0", "OnOff": lambda k: "off",
+          "Choice": lambda k: k.values[0], "Split": lambda k: "1", "Overrides": lambda k: "a=CPU"}
+
+
+@pytest.mark.parametrize("option", [o for o in OPTIONS if o.flag and not o.shared],
+                         ids=lambda o: o.flag)
+def test_a_model_option_on_a_graph_file_is_refused(option):
+    """Every option of the table, at its lowest value too (`--ngl 0`, `--n-cpu-moe 0`), applies
+    to models only: on a graph file it exits 2 naming it."""
+    from clikit import invoke
+    from test_docs import ROOT
+
+    value = [LOWEST[type(option.kind).__name__](option.kind)] if option.kind.takes_value else []
+    code, _, err = invoke("measure", ROOT / "graphs" / "mlp.yaml", option.flag, *value)
+    assert code == 2 and f"{option.flag} applies to models" in err, err
+
+
 def vars_of(opts: ModelOptions) -> dict:
     return {o.name: getattr(opts, o.name) for o in OPTIONS if o.field}

@@ -12,6 +12,7 @@ from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout
 from ggmlrun.cli.model_backends import planned_backends
+from ggmlrun.models.options.table import OPTIONS
 
 
 # --- model options (GGUF files and model cards; SPEC section 5) --------------------------------
@@ -45,8 +46,6 @@ def _click_option(option):
 
 
 def _table_options() -> dict:
-    from ggmlrun.models.options.table import OPTIONS
-
     return {option.dest or option.name: (option.flag, _click_option(option))
             for option in OPTIONS if option.flag and not option.shared}
 
@@ -63,6 +62,7 @@ _DEVICES = {
              "backends file's, else this machine's RAM.")),
 }
 _ALL = {**_table_options(), **_DEVICES}
+_SWITCHES = {o.dest or o.name for o in OPTIONS if not o.kind.takes_value}
 MODEL_OPTIONS = {key: option for key, (_, option) in _ALL.items()}
 MODEL_FLAGS = {**{key: flag for key, (flag, _) in _ALL.items()}, "tokens": "--tokens"}
 
@@ -87,7 +87,8 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
 
     model = load_model(path)
     if model is None:
-        flags = [flag for key, flag in MODEL_FLAGS.items() if given(model_kw.get(key))]
+        flags = [flag for key, flag in MODEL_FLAGS.items()
+                 if given(model_kw.get(key), key not in _SWITCHES)]
         if flags:
             raise InputError(f"{flags[0]} applies to models (GGUF files and model cards), not "
                              f"to graph files", file=str(path))

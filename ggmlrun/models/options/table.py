@@ -405,10 +405,10 @@ def make_options(values: dict) -> ModelOptions:
                            if value is not None and BY_NAME[name].field})
 
 
-def given(value) -> bool:
-    """Whether click got the option: not None, an unset switch (False) or no repeat (());
-    0 is a value given (`--ngl 0`), though 0 == False."""
-    return value is not None and value is not False and value != ()
+def given(value, takes_value: bool = True) -> bool:
+    """Whether click got the option: not None, no repeat (()) or, for a switch, not False;
+    0 and off are values given (`--ngl 0`, `--flash-attn off`), though 0 == False."""
+    return value is not None and value != () and (takes_value or value is not False)
 
 
 def from_cli(kw: dict) -> dict:
@@ -417,7 +417,7 @@ def from_cli(kw: dict) -> dict:
     out = {}
     for option in OPTIONS:
         value = kw.get(option.dest or option.name)
-        if not option.flag or not given(value):
+        if not option.flag or not given(value, option.kind.takes_value):
             continue
         out[option.name] = (not option.default) if not option.kind.takes_value else value
     return out
