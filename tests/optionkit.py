@@ -4,8 +4,9 @@ many option sets (tests/test_option_table.py, tests/test_api.py)."""
 from __future__ import annotations
 
 from ggmlrun.models.options.params import I32_MAX
-from ggmlrun.models.options.table import (OPTIONS, Choice, Count, Layers, OnOff, Overrides,
-                                          Split, Switch)
+from ggmlrun.models.options.kinds import (Choice, Count, Layers, OnOff, Overrides, Split,
+                                          Switch)
+from ggmlrun.models.options.table import OPTIONS
 
 PATTERNS = (r"ffn_.*", r"blk\.1\..*", r"blk\.(0|2)\.ffn_(up|down)", r"attn_[qkv]\.weight$",
             r"output", r"token_embd")
