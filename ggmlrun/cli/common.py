@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ggmlrun import __version__, report
+from ggmlrun.models.options.table import BY_NAME
 
 
 @functools.cache
@@ -61,10 +62,8 @@ PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default
                             "(never larger).")
 
 
-GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), default="0.25",
-                    show_default=True,
-                    help="Whose scheduler and allocator rules: ggml 0.25.3 (llama.cpp's) or "
-                         "0.15.3.")
+GGML = click.option("--ggml", "ggml", type=click.Choice(BY_NAME["ggml"].kind.values),
+                    default=BY_NAME["ggml"].default, help=BY_NAME["ggml"].help_text())
 
 
 _JSON_EMITTED = []
@@ -146,9 +145,7 @@ def placement_options(func):
                      help="Move every tensor and pin of one backend to another, which drops the "
                           "first from the list (e.g. SIM0=CPU); repeatable. Graph files only "
                           "(a model's weights move with --ngl or --override-tensor)."),
-        click.option("--no-op-offload", is_flag=True,
-                     help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
-                          "--no-op-offload)."),
+        click.option("--no-op-offload", is_flag=True, help=BY_NAME["op_offload"].help_text()),
         click.option("--offload-min-batch", type=click.IntRange(min=1), metavar="N",
                      help="Batch from which op offload moves an op to a device (every device); "
                           "default each device's own (32). Graph files only."),

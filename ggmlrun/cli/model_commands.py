@@ -33,22 +33,32 @@ def _model_schedule(model, backends, opts):
     return measure_model(model, backends, opts).schedule
 
 
-def _measure_model(model_input, as_json):
+def measure_answer(model_input):
+    """measure MODEL's figures, memory plan, fit and the line to paste, with the record
+    `--json` prints (the Python API returns the same record)."""
+    from ggmlrun.core import engine
+    from ggmlrun.models.options.command_line import llama_cpp_line
+    from ggmlrun.models.options.table import options_json
     from ggmlrun.models.reserve import measure_model
 
     model, backends, opts = model_input
-
     figures = measure_model(model, backends, opts)
-    from ggmlrun.core import engine
-
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     fit = model_fit(figures)
-    from ggmlrun.models.options.command_line import llama_cpp_line
-
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
+    record = {**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
+              "command": command, "options": options_json(opts),
+              **planned_for_dict(model_input)}
+    return figures, memory, fit, command, record
+
+
+def _measure_model(model_input, as_json):
+    from ggmlrun.core import engine
+
+    model, backends, opts = model_input
+    figures, memory, fit, command, record = measure_answer(model_input)
     if as_json:
-        emit_json({**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
-                   "command": command, **planned_for_dict(model_input)})
+        emit_json(record)
     else:
         print_model_figures(model_input, report.model_measure_table(model, figures),
                             figures.backends, opts.no_mmap, f"llama.cpp: {command}")

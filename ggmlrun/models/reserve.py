@@ -30,8 +30,8 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.arch.build import build_graph
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options.params import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions,
-                                            context_size, gpu_layers, ubatch_size)
+from ggmlrun.models.options.params import ModelOptions, context_size, gpu_layers, ubatch_size
+from ggmlrun.models.options.table import check_fields
 from ggmlrun.models.memory.buffers import (WeightBytes, kv_bytes, output_bytes, state_bytes,
                                            weights_bytes)
 from ggmlrun.models.memory.caches import Memory, model_memory
@@ -132,8 +132,10 @@ def placed_tensors(mg: ModelGraph, placement: Placement, backends: list[BackendS
 
 
 def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> None:
-    if opts.kv_type not in KV_TYPES:
-        raise InputError(f"--kv-type {opts.kv_type}: choose one of {', '.join(KV_TYPES)}")
+    try:
+        check_fields(opts)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block and not opts.flash_attn:
         raise InputError(f"--kv-type {opts.kv_type} needs --flash-attn on (llama.cpp: a "
                          f"quantized V cache requires flash attention)")
@@ -145,16 +147,8 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
                                  f"the model's head size {head} (llama.cpp: {kind.upper()} cache "
                                  f"type {opts.kv_type} with block size {block} does not divide "
                                  f"n_embd_head_{kind}={head}); use --kv-type f16")
-    if opts.ctx is not None and not 1 <= opts.ctx <= U32_MAX:
-        raise InputError(f"--ctx must be 1..{U32_MAX} (llama.cpp's uint32), got {opts.ctx}")
-    if not 1 <= opts.ubatch <= U32_MAX:
-        raise InputError(f"--ubatch must be 1..{U32_MAX} (llama.cpp's uint32), got "
-                         f"{opts.ubatch}")
     if not backends or backends[-1].kind != "cpu":
         raise InputError("the last backend must be a CPU")
-    if not 1 <= opts.parallel <= LLAMA_MAX_SEQ:
-        raise InputError(f"--parallel must be 1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ), "
-                         f"got {opts.parallel}")
 
 
 def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> int:
