@@ -130,6 +130,9 @@ MODEL_OPTIONS = {
     "ram_size": click.option("--ram", "ram_size", metavar="SIZE", default=None,
                              help="[models] The host's memory (the CPU backend's), e.g. 32GiB; "
                                   "default the backends file's, else this machine's RAM."),
+    "refresh": click.option("--refresh", is_flag=True, default=False,
+                            help="[models] A remote model's headers (URL, hf://) fetched again, "
+                                 "not taken from the header cache."),
 }
 MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash-attn",
                "ngl": "--ngl", "no_kv_offload": "--no-kv-offload", "kv_type": "--kv-type",
@@ -138,7 +141,8 @@ MODEL_FLAGS = {"ctx_size": "--ctx", "ubatch": "--ubatch", "flash_attn": "--flash
                "cpu_moe": "--cpu-moe", "n_cpu_moe": "--n-cpu-moe",
                "sched_copies": "--sched-copies", "no_mmap": "--no-mmap",
                "parallel": "--parallel", "kv_unified": "--kv-unified",
-               "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens"}
+               "gpu_sizes": "--gpu", "ram_size": "--ram", "tokens": "--tokens",
+               "refresh": "--refresh", "download": "--download"}
 
 
 def model_options(skip=()):
@@ -156,9 +160,9 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
     """(model, backends, options) when GRAPH is a GGUF file or a card; None for a graph file,
     which must then not carry model options. A model is placed as llama.cpp places it, so
     only ggml's policy applies."""
-    from ggmlrun.models.load import load_model
+    from ggmlrun.cli.fetching import load_named_model
 
-    model = load_model(path)
+    model = load_named_model(path, model_kw)
     if model is None:
         given = [flag for key, flag in MODEL_FLAGS.items()
                  if model_kw.get(key) not in (None, (), False)]

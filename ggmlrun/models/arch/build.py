@@ -32,7 +32,7 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     from ggmlrun.models.graph.decoder import Decoder
     from ggmlrun.models.graph.output import output_head
 
-    where = str(model.path) if model.path else None
+    where = model.label if model.path or model.source else None
     arch = get_arch(model.arch, where)
     table = check_tensors(arch, model.hparams, model.tensors, where)
     d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,

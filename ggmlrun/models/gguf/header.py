@@ -86,12 +86,14 @@ class FileStamp:
 class GGUFHeader:
     path: str
     version: int
-    stamp: FileStamp
+    stamp: FileStamp | None                       # None: a remote file's, or a cached header
     alignment: int
     data_offset: int                              # where the data section starts
     data_end: int                                 # the last tensor byte + 1 (data_offset if none)
     kv: Metadata = field(default_factory=Metadata)   # key -> int/float/bool/str/list/UnreadArray
     tensors: list[HeaderTensor] = field(default_factory=list)
+    header_end: int = 0                           # the end of the tensor infos: all that is read
+    size: int = 0                                 # the whole file's bytes
 
     @property
     def kv_types(self) -> dict[str, str]:                # key -> "u32", "str", "arr[f32]", ...
@@ -155,11 +157,19 @@ def read_header(path) -> GGUFHeader:
         raise InputError(f"cannot open: {err.strerror or err}", file=path) from None
     with handle:
         st = os.fstat(handle.fileno())
-        r = BoundedReader(handle, st.st_size, path)
-        return _read(r, FileStamp.of(st))
+        return read_header_from(handle, st.st_size, path, FileStamp.of(st))
 
 
-def _read(r: BoundedReader, stamp: FileStamp) -> GGUFHeader:
+def read_header_from(handle, size: int, name: str, stamp: FileStamp | None = None,
+                     chunk: int | None = None) -> GGUFHeader:
+    """The header through any seek/read handle of a file `size` bytes long: a local file, a
+    remote one read by ranges, or a cached header (its bytes up to the tensor infos' end)."""
+    r = BoundedReader(handle, size, name) if chunk is None else BoundedReader(handle, size, name,
+                                                                               chunk)
+    return _read(r, stamp)
+
+
+def _read(r: BoundedReader, stamp: FileStamp | None) -> GGUFHeader:
     at = r.need(4, "the magic")
     if r.buf[at:at + 4] != MAGIC:
         raise r.fail(f"not a GGUF file: it starts with {bytes(r.buf[at:at + 4])!r}, not b'GGUF'")
@@ -179,7 +189,7 @@ def _read(r: BoundedReader, stamp: FileStamp) -> GGUFHeader:
     if least > r.size:
         raise r.truncated(least, f"{n_kv} keys and {n_tensors} tensors")
     header = GGUFHeader(path=r.path, version=version, stamp=stamp, alignment=DEFAULT_ALIGNMENT,
-                        data_offset=0, data_end=0)
+                        data_offset=0, data_end=0, size=r.size)
     kv, kv_types = header.kv, header.kv.types
     for i in range(n_kv):
         key = _text(r.raw_string(f"key {i}"), f"key {i}", r)
@@ -245,6 +255,7 @@ def _place_data(r: BoundedReader, header: GGUFHeader) -> GGUFHeader:
     exactly the aligned sum of the sizes before it (so in order, aligned, never overlapping);
     the loader: each tensor's data lies within the file."""
     align = header.alignment
+    header.header_end = r.pos
     start = r.pos if not header.tensors else -(-r.pos // align) * align
     if start > r.size:
         raise r.truncated(start, "the data section's start")

@@ -2,7 +2,9 @@
 checked against the file's size before anything is allocated or looped over, so a hostile
 count or length in a GGUF header is one clear error, never a huge allocation or a long loop.
 The GGUF format itself (keys, tensors, offsets) is gguf_header's; this is the byte source it
-reads through, in chunks (a header with a real vocabulary is megabytes of short strings).
+reads through, in chunks (a header with a real vocabulary is megabytes of short strings). The
+handle is a local file or a remote one (gguf/remote.py: its bytes come by HTTP range requests,
+so it asks for small chunks and lets the remote side decide how far to read ahead).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ class BoundedReader:
     """Sequential little-endian reads over a file, in chunks; every read checked against the
     file's size first (the size fstat gave when the file was opened)."""
 
-    def __init__(self, handle, size: int, path: str):
-        self.f, self.size, self.path = handle, size, path
+    def __init__(self, handle, size: int, path: str, chunk: int = _CHUNK):
+        self.f, self.size, self.path, self.chunk = handle, size, path, chunk
         self.buf, self.base, self.pos = b"", 0, 0
 
     def fail(self, message: str, culprit: str | None = None):
@@ -44,7 +46,7 @@ class BoundedReader:
 
     def _load(self, n: int, what: str, culprit: str | None) -> None:
         self.f.seek(self.pos)
-        data = self.f.read(min(max(n, _CHUNK), self.size - self.pos))
+        data = self.f.read(min(max(n, self.chunk), self.size - self.pos))
         if len(data) < n:           # the file shrank since it was opened
             raise self.fail(f"{what}: the file ended at byte {self.pos + len(data)} while it "
                             f"was read (truncated at byte {self.pos + len(data)} of "

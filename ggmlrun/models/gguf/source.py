@@ -1,0 +1,199 @@
+"""What a MODEL name holds: the headers of a GGUF file or of a split set, local or remote.
+
+A name is a local path, an `http(s)://` URL, or an `hf://` name (gguf/hub.py). A name whose
+file part is a shard's (`PREFIX-0000i-of-0000N.gguf`) is the whole set, read from its first
+shard whichever was named; a file whose header says it is one of a split set but whose name
+is not a shard's is refused (llama.cpp finds the other shards by name). Remote headers go
+through the header cache (gguf/cache.py) and are read in parallel, one thread per shard: each
+shard is a few round trips of its own, so a set costs about what its largest header costs.
+"""
+
+from __future__ import annotations
+
+import io
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.gguf import hub
+from ggmlrun.models.gguf.cache import HeaderCache
+from ggmlrun.models.gguf.header import GGUFHeader, read_header, read_header_from
+from ggmlrun.models.gguf.remote import CHUNK, HttpFile, Stats
+from ggmlrun.models.gguf.split import check_set, parse_shard, shard_name, split_count
+
+MAX_THREADS = 8
+
+
+@dataclass
+class Shard:
+    name: str                       # as messages show it: a path, a URL, an hf:// name
+    header: GGUFHeader
+    path: Path | None = None        # a local file's
+    address: object = None          # a remote file's: its URL, or its hub.HfName
+
+
+@dataclass
+class HeaderSet:
+    name: str                       # the name given
+    shards: list[Shard]
+    note: str | None = None         # said on stderr: which shard is first, when another was named
+
+    @property
+    def remote(self) -> bool:
+        return self.shards[0].path is None
+
+
+def is_remote(name) -> bool:
+    text = str(name) if not isinstance(name, Path) else ""
+    return text.startswith(("http://", "https://", "hf://"))
+
+
+def read_headers(name, *, refresh: bool = False, stats: Stats | None = None,
+                 cache: HeaderCache | None = None) -> HeaderSet:
+    """Every shard's header, in order, checked as llama.cpp's loader checks a set."""
+    stats = stats or Stats()
+    if not is_remote(name):
+        return _local(Path(name))
+    reader = _Remote(refresh, stats, cache or HeaderCache())
+    text = str(name)
+    if hub.is_hf(text):
+        ref = hub.parse_hf(text)
+        if ref.path is None:
+            ref = ref.file(reader.pick(ref))
+        names = _set_names(ref.path, lambda path: ref.file(path).shown)
+        fetch = [lambda path=path: reader.hub_file(ref.file(path)) for path, _ in names[0]]
+        addresses = [ref.file(path) for path, _ in names[0]]
+    else:
+        parts = urlsplit(text)
+        folder, _, leaf = parts.path.rpartition("/")
+        names = _set_names(leaf, lambda leaf: urlunsplit(parts._replace(path=f"{folder}/{leaf}")))
+        fetch = [lambda url=shown: reader.url(url) for _, shown in names[0]]
+        addresses = [shown for _, shown in names[0]]
+    return _assemble(text, [_Result(shown, None, address) for (_, shown), address
+                            in zip(names[0], addresses)], names[1], fetch, reader.parallel)
+
+
+def _set_names(leaf: str, show) -> tuple[list[tuple[str, str]], str | None]:
+    """[(file part, shown name)] of the set a file part names (one entry for a single file),
+    and the note for a shard named other than the first."""
+    shard = parse_shard(leaf)
+    if shard is None or shard[2] == 1:
+        return [(leaf, show(leaf))], None
+    prefix, no, count = shard
+    if no > count or no < 1:
+        raise InputError(f"shard {no} of {count}? a split set's shards are 1 to {count}",
+                         file=show(leaf))
+    parts = [shard_name(prefix, i, count) for i in range(1, count + 1)]
+    note = None
+    if no != 1:
+        note = (f"{show(leaf)} is shard {no} of {count}; the set is read from its first, "
+                f"{show(parts[0])}")
+    return [(p, show(p)) for p in parts], note
+
+
+@dataclass
+class _Result:
+    name: str
+    path: Path | None
+    address: object = None
+
+
+def _local(path: Path) -> HeaderSet:
+    folder = path.parent
+    names, note = _set_names(path.name, lambda leaf: str(folder / leaf) if leaf != path.name
+                             else str(path))
+    results = [_Result(shown, folder / leaf if leaf != path.name else path)
+               for leaf, shown in names]
+    fetch = [lambda p=r.path: read_header(p) for r in results]
+    return _assemble(str(path), results, note, fetch, lambda jobs: [job() for job in jobs])
+
+
+def _assemble(name: str, results: list[_Result], note, fetch, run) -> HeaderSet:
+    headers = run(fetch)
+    shards = [Shard(r.name, h, r.path, r.address) for r, h in zip(results, headers)]
+    if len(shards) == 1:
+        if split_count(shards[0].header) > 1:
+            raise InputError(f"one of {split_count(shards[0].header)} split GGUF files "
+                             f"(split.count), but not named as a shard (PREFIX-00001-of-"
+                             f"{split_count(shards[0].header):05d}.gguf): llama.cpp finds the "
+                             f"other shards by that name; rename the set or merge it "
+                             f"(llama-gguf-split --merge)", file=shards[0].name)
+        return HeaderSet(name, shards, note)
+    check_set([s.header for s in shards], [s.name for s in shards])
+    return HeaderSet(name, shards, note)
+
+
+class _Remote:
+    """Remote headers through the cache; a fetch's bytes stop at the tensor infos' end."""
+
+    def __init__(self, refresh: bool, stats: Stats, cache: HeaderCache):
+        self.refresh, self.stats, self.cache = refresh, stats, cache
+
+    def parallel(self, jobs):
+        self.stats.add(files=len(jobs))
+        if len(jobs) == 1:
+            return [jobs[0]()]
+        with ThreadPoolExecutor(min(len(jobs), MAX_THREADS)) as pool:
+            futures = [pool.submit(job) for job in jobs]
+            return [f.result() for f in futures]     # the first failure in shard order
+
+    def pick(self, ref: hub.HfName) -> str:
+        identity = f"tree:{hub.endpoint()}/{ref.repo}@{ref.revision or 'main'}"
+        if hub.offline():
+            files = self.cache.get_json("tree", identity)
+            if files is None:
+                raise InputError("offline (HF_HUB_OFFLINE is set) and the repository's listing "
+                                 "is not in the header cache", file=ref.shown)
+        else:
+            files = hub.list_gguf(ref)
+            self.stats.add(requests=1)
+            self.cache.put_json("tree", identity, files)
+        return hub.pick_quant(ref, files)
+
+    def hub_file(self, ref: hub.HfName) -> GGUFHeader:
+        identity = f"hf:{hub.endpoint()}/{ref.repo}/{ref.path}@{ref.revision or 'main'}"
+        if hub.offline():
+            return self._offline(identity, ref.shown)
+        location, validator, headers = hub.file_metadata(ref)
+        self.stats.add(requests=1)
+        return self._fetch(identity, validator, ref.shown, HttpFile(
+            location, name=ref.shown, headers=headers, stats=self.stats,
+            denied_hint=hub.DENIED))
+
+    def url(self, url: str) -> GGUFHeader:
+        if hub.offline():
+            return self._offline(url, url)
+        handle = HttpFile(url, stats=self.stats)
+        size, validator = handle.head()
+        return self._fetch(url, validator, url, handle, size)
+
+    def _offline(self, identity: str, shown: str) -> GGUFHeader:
+        cached = self.cache.get(identity, self.cache.latest(identity))
+        if cached is None:
+            raise InputError("offline (HF_HUB_OFFLINE is set) and this header is not in the "
+                             "header cache: ask once online first", file=shown)
+        return _from_cache(cached, shown)
+
+    def _fetch(self, identity: str, validator, shown: str, handle: HttpFile,
+               size: int | None = None) -> GGUFHeader:
+        if not self.refresh:
+            cached = self.cache.get(identity, validator)
+            if cached is not None and (size is None or cached[1] == size):
+                handle.close()
+                self.stats.add(done=1)
+                return _from_cache(cached, shown)
+        with handle:
+            handle.open()
+            header = read_header_from(handle, handle.size, shown, chunk=CHUNK)
+            validator = validator if validator is not None else handle.validator
+            self.cache.put(identity, validator, bytes(handle.prefix[:header.header_end]),
+                           handle.size)
+        self.stats.add(done=1)
+        return header
+
+
+def _from_cache(cached: tuple[bytes, int], shown: str) -> GGUFHeader:
+    blob, size = cached
+    return read_header_from(io.BytesIO(blob), size, shown)
