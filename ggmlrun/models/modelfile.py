@@ -61,6 +61,7 @@ class ModelFile:
     source: str = ""                        # the name given (a path, URL or hf:// name)
     files: tuple[ShardFile, ...] = ()       # every local shard (a remote model: none)
     note: str | None = None                 # said on stderr (which shard of a set is first)
+    kv: dict | None = None                  # the (first shard's) metadata; None for a card
 
     @property
     def label(self) -> str:
@@ -121,7 +122,7 @@ def model_from_headers(headers) -> ModelFile:
                   for s in headers.shards if s.path is not None)
     return ModelFile(path=first.path, arch=arch, name=name, hparams=hparams, tensors=tensors,
                      stamp=header.stamp, data_end=header.data_end, source=headers.name,
-                     files=files, note=headers.note)
+                     files=files, note=headers.note, kv=fields)
 
 
 def expected_tensors(hp: HParams, arch: str = "llama"
