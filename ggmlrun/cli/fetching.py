@@ -56,10 +56,8 @@ class FetchProgress:
 def load_named_model(path, model_kw: dict):
     """The model GRAPH names (None: a graph file), with --refresh; remote headers with a
     progress line; `run` (model_kw has "tokens") refuses a remote model without --download."""
-    from ggmlrun.models.gguf.remote import Stats
     from ggmlrun.models.gguf.source import is_remote
     from ggmlrun.models.load import load_model
-    from ggmlrun import visual
 
     refresh = bool(model_kw.get("refresh"))
     if not is_remote(path):
@@ -71,6 +69,9 @@ def load_named_model(path, model_kw: dict):
                              "fit and card read only the header)", file=str(path))
         ctx = click.get_current_context(silent=True)
         as_json = bool(ctx and ctx.params.get("as_json"))
+        from ggmlrun import visual
+        from ggmlrun.models.gguf.remote import Stats
+
         progress = FetchProgress(not as_json and visual.is_terminal(sys.stderr))
         stats = Stats(progress)
         if model_kw.get("download"):

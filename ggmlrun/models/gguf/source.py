@@ -1,5 +1,8 @@
 """What a MODEL name holds: the headers of a GGUF file or of a split set, local or remote.
 
+(The remote machinery, HTTP, TLS and threads, is imported only for a remote name: a local
+file's `validate` loads none of it.)
+
 A name is a local path, an `http(s)://` URL, or an `hf://` name (gguf/hub.py). A name whose
 file part is a shard's (`PREFIX-0000i-of-0000N.gguf`) is the whole set, read from its first
 shard whichever was named; a file whose header says it is one of a split set but whose name
@@ -10,17 +13,11 @@ shard is a few round trips of its own, so a set costs about what its largest hea
 
 from __future__ import annotations
 
-import io
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.gguf import hub
-from ggmlrun.models.gguf.cache import HeaderCache
-from ggmlrun.models.gguf.header import GGUFHeader, read_header, read_header_from
-from ggmlrun.models.gguf.remote import CHUNK, HttpFile, Stats
+from ggmlrun.models.gguf.header import GGUFHeader, read_header
 from ggmlrun.models.gguf.split import check_set, parse_shard, shard_name, split_count
 
 MAX_THREADS = 8
@@ -50,13 +47,18 @@ def is_remote(name) -> bool:
     return text.startswith(("http://", "https://", "hf://"))
 
 
-def read_headers(name, *, refresh: bool = False, stats: Stats | None = None,
-                 cache: HeaderCache | None = None) -> HeaderSet:
-    """Every shard's header, in order, checked as llama.cpp's loader checks a set."""
-    stats = stats or Stats()
+def read_headers(name, *, refresh: bool = False, stats=None, cache=None) -> HeaderSet:
+    """Every shard's header, in order, checked as llama.cpp's loader checks a set; `stats`
+    (gguf/remote.py's Stats) counts what a remote name fetched, `cache` is the HeaderCache."""
     if not is_remote(name):
         return _local(Path(name))
-    reader = _Remote(refresh, stats, cache or HeaderCache())
+    from urllib.parse import urlsplit, urlunsplit
+
+    from ggmlrun.models.gguf import hub
+    from ggmlrun.models.gguf.cache import HeaderCache
+    from ggmlrun.models.gguf.remote import Stats
+
+    reader = _Remote(refresh, stats or Stats(), cache or HeaderCache())
     text = str(name)
     if hub.is_hf(text):
         ref = hub.parse_hf(text)
@@ -128,10 +130,12 @@ def _assemble(name: str, results: list[_Result], note, fetch, run) -> HeaderSet:
 class _Remote:
     """Remote headers through the cache; a fetch's bytes stop at the tensor infos' end."""
 
-    def __init__(self, refresh: bool, stats: Stats, cache: HeaderCache):
+    def __init__(self, refresh: bool, stats, cache):
         self.refresh, self.stats, self.cache = refresh, stats, cache
 
     def parallel(self, jobs):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.stats.add(files=len(jobs))
         if len(jobs) == 1:
             return [jobs[0]()]
@@ -139,7 +143,9 @@ class _Remote:
             futures = [pool.submit(job) for job in jobs]
             return [f.result() for f in futures]     # the first failure in shard order
 
-    def pick(self, ref: hub.HfName) -> str:
+    def pick(self, ref) -> str:
+        from ggmlrun.models.gguf import hub
+
         identity = f"tree:{hub.endpoint()}/{ref.repo}@{ref.revision or 'main'}"
         if hub.offline():
             files = self.cache.get_json("tree", identity)
@@ -152,7 +158,10 @@ class _Remote:
             self.cache.put_json("tree", identity, files)
         return hub.pick_quant(ref, files)
 
-    def hub_file(self, ref: hub.HfName) -> GGUFHeader:
+    def hub_file(self, ref) -> GGUFHeader:
+        from ggmlrun.models.gguf import hub
+        from ggmlrun.models.gguf.remote import HttpFile
+
         identity = f"hf:{hub.endpoint()}/{ref.repo}/{ref.path}@{ref.revision or 'main'}"
         if hub.offline():
             return self._offline(identity, ref.shown)
@@ -163,6 +172,9 @@ class _Remote:
             denied_hint=hub.DENIED))
 
     def url(self, url: str) -> GGUFHeader:
+        from ggmlrun.models.gguf import hub
+        from ggmlrun.models.gguf.remote import HttpFile
+
         if hub.offline():
             return self._offline(url, url)
         handle = HttpFile(url, stats=self.stats)
@@ -176,8 +188,11 @@ class _Remote:
                              "header cache: ask once online first", file=shown)
         return _from_cache(cached, shown)
 
-    def _fetch(self, identity: str, validator, shown: str, handle: HttpFile,
+    def _fetch(self, identity: str, validator, shown: str, handle,
                size: int | None = None) -> GGUFHeader:
+        from ggmlrun.models.gguf.header import read_header_from
+        from ggmlrun.models.gguf.remote import CHUNK
+
         if not self.refresh:
             cached = self.cache.get(identity, validator)
             if cached is not None and (size is None or cached[1] == size):
@@ -195,5 +210,9 @@ class _Remote:
 
 
 def _from_cache(cached: tuple[bytes, int], shown: str) -> GGUFHeader:
+    import io
+
+    from ggmlrun.models.gguf.header import read_header_from
+
     blob, size = cached
     return read_header_from(io.BytesIO(blob), size, shown)
