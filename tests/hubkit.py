@@ -65,11 +65,16 @@ class Counts:
         self.paths: list[str] = []
         self.lock = threading.Lock()
 
-    def add(self, path: str, nbytes: int) -> None:
+    def ask(self, path: str) -> None:
+        """Counted as the request arrives, before it is answered: a client that has its
+        answer sees its request counted."""
         with self.lock:
             self.requests += 1
-            self.bytes += nbytes
             self.paths.append(path)
+
+    def sent(self, nbytes: int) -> None:
+        with self.lock:
+            self.bytes += nbytes
 
     def reset(self) -> None:
         with self.lock:
@@ -128,6 +133,7 @@ class Server:
 
     # --- answers ----------------------------------------------------------------------------
     def _answer(self, h, head: bool) -> None:
+        self.counts.ask(h.path)
         if self.delay:
             time.sleep(self.delay)
         path = h.path.split("?")[0]
@@ -192,7 +198,6 @@ class Server:
         self._send(h, status, dict(extra or {}), b"", head)
 
     def _send(self, h, status: int, headers: dict, body: bytes, head: bool) -> None:
-        sent = 0
         try:
             h.send_response(status)
             for key, value in headers.items():
@@ -202,11 +207,9 @@ class Server:
             if not head:
                 view = memoryview(body)
                 for at in range(0, len(body), 1 << 16):      # a client may stop reading
-                    h.wfile.write(view[at:at + (1 << 16)])
-                    sent += len(view[at:at + (1 << 16)])
+                    self.counts.sent(len(view[at:at + (1 << 16)]))
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True
-        self.counts.add(h.path, sent)
 
 
 def _etag(blob: bytes) -> str:

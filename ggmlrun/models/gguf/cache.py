@@ -7,6 +7,11 @@ Last-Modified): a file that changes upstream gets a new entry. Beside each entry
 pointer, named by the identity alone, holds the latest validator: offline (HF_HUB_OFFLINE) that
 is the entry used. Repository listings (`hf://OWNER/REPO:QUANT`) are kept the same way.
 
+A header checked against its server within the last MAX_AGE seconds (GGMLRUN_HEADER_MAX_AGE,
+default 600; 0: always ask) is used without asking again, as a browser uses a fresh response:
+a question asked twice in a row costs no round trip at all. Older, the server is asked for the
+file's validator (a HEAD: no body), and the entry is used if it still matches.
+
 Writes go to a temporary file beside the target, then a rename: two processes writing the same
 entry at once leave one whole entry, never a mix. The directory is bounded (MAX_BYTES, the
 least recently used entries go first); an entry that vanishes between a listing and a read is a
@@ -19,15 +24,25 @@ import hashlib
 import json
 import os
 import struct
+import time
 from pathlib import Path
 
 MAX_BYTES = 512 << 20
+MAX_AGE = 600.0
 _MAGIC = b"GGMLRUN-HEADER-1\n"
 
 
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ggmlrun" / "headers"
+
+
+def max_age() -> float:
+    text = os.environ.get("GGMLRUN_HEADER_MAX_AGE", "")
+    try:
+        return max(0.0, float(text)) if text else MAX_AGE
+    except ValueError:
+        return MAX_AGE
 
 
 def _name(*parts: str) -> str:
@@ -55,15 +70,36 @@ class HeaderCache:
             return
         self._write(self.root / (_name(identity, validator) + ".hdr"),
                     _MAGIC + struct.pack("<Q", size) + blob)
-        self.put_json("latest", identity, {"validator": validator})
+        self.checked(identity, validator)
         self._trim()
 
-    def latest(self, identity: str) -> str | None:
-        """The validator last cached for this file (what offline mode reads)."""
+    def checked(self, identity: str, validator: str) -> None:
+        """The server has just said this file's validator: the entry is fresh again."""
+        self.put_json("latest", identity, {"validator": validator, "checked": time.time()})
+
+    def latest(self, identity: str, fresh: bool = False) -> str | None:
+        """The validator last cached for this file (offline mode reads it whatever its age);
+        `fresh`: only if checked within max_age()."""
         entry = self.get_json("latest", identity)
-        return entry.get("validator") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict):
+            return None
+        if fresh and not time.time() - entry.get("checked", 0) < max_age():
+            return None
+        return entry.get("validator")
 
     # --- small JSON records (latest validators, repository listings) -----------------------
+    def get_fresh_json(self, kind: str, identity: str, fresh: bool = True):
+        """A record put by put_fresh_json, if checked within max_age() (or `fresh` False)."""
+        entry = self.get_json(kind, identity)
+        if not isinstance(entry, dict) or "value" not in entry:
+            return None
+        if fresh and not time.time() - entry.get("checked", 0) < max_age():
+            return None
+        return entry["value"]
+
+    def put_fresh_json(self, kind: str, identity: str, value) -> None:
+        self.put_json(kind, identity, {"value": value, "checked": time.time()})
+
     def get_json(self, kind: str, identity: str):
         raw = self._read(self.root / f"{_name(kind, identity)}.json")
         try:

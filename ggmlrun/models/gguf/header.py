@@ -134,6 +134,7 @@ def _value(r: BoundedReader, key: str, gtype: int):
     item = 8 if etype == STRING else _ONE[etype].size     # a string's least: its length
     if r.pos + count * item > r.size:
         raise r.truncated(r.pos + count * item, f"its array of {count} {name}", culprit)
+    r.expect(r.pos + count * item)          # at least this much: the items, or their lengths
     if count > DECODED_ARRAY_MAX or key.startswith("tokenizer."):
         if etype == STRING:
             r.skip_strings(count, culprit)
@@ -188,6 +189,7 @@ def _read(r: BoundedReader, stamp: FileStamp | None) -> GGUFHeader:
     least = r.pos + n_kv * 13 + n_tensors * 24     # the fewest bytes a key and a tensor take
     if least > r.size:
         raise r.truncated(least, f"{n_kv} keys and {n_tensors} tensors")
+    r.expect(least)
     header = GGUFHeader(path=r.path, version=version, stamp=stamp, alignment=DEFAULT_ALIGNMENT,
                         data_offset=0, data_end=0, size=r.size)
     kv, kv_types = header.kv, header.kv.types
@@ -207,8 +209,10 @@ def _read(r: BoundedReader, stamp: FileStamp | None) -> GGUFHeader:
         if header.alignment == 0 or header.alignment & (header.alignment - 1):
             raise r.fail(f"alignment {header.alignment} is not a power of 2",
                          "key 'general.alignment'")
-    names = set()
+    names, start = set(), r.pos
     for i in range(n_tensors):
+        if i and not i % 64:        # the infos left, as long as those read so far on average
+            r.expect(r.pos + (n_tensors - i) * ((r.pos - start) // i))
         header.tensors.append(_tensor_info(r, i, names))
     return _place_data(r, header)
 

@@ -25,6 +25,13 @@ class BoundedReader:
     def __init__(self, handle, size: int, path: str, chunk: int = _CHUNK):
         self.f, self.size, self.path, self.chunk = handle, size, path, chunk
         self.buf, self.base, self.pos = b"", 0, 0
+        self._expect = getattr(handle, "expect", None)
+
+    def expect(self, end: int) -> None:
+        """Bytes up to `end` will (most likely) be read: a remote handle fetches them in one
+        request rather than in growing ones (a round trip each); a local file ignores it."""
+        if self._expect is not None:
+            self._expect(min(end, self.size))
 
     def fail(self, message: str, culprit: str | None = None):
         return InputError(message, file=self.path, culprit=culprit)
@@ -88,11 +95,14 @@ class BoundedReader:
         pos, unpack = self.pos, _U64.unpack_from
         buf, base = self.buf, self.base
         top, n = base + len(buf), 0
+        start = pos
         for i in range(count):
             if pos + 8 > top:
                 self._string_checks(i - 1, n, pos, culprit)
                 if pos + 8 > self.size:
                     raise self.truncated(pos + 8, f"string {i}'s length", culprit)
+                if i:        # the strings left, as long as those walked so far on average
+                    self.expect(pos + (count - i) * ((pos - start) // i))
                 self.pos = pos
                 self._load(8, f"string {i}'s length", culprit)
                 buf, base = self.buf, self.base

@@ -2,8 +2,11 @@
 
 Only the header travels: the reader (gguf/reader.py, the same bounded reader as for a local
 file) asks for small chunks, and this handle fetches the next range when a read passes what it
-holds, reading ahead a third of what it already has (a 6 MiB header of a 128k-token vocabulary
-is about fifteen requests, and at most a third past its end). It never reads past
+holds: up to what the reader said it expects (an array's items or lengths, the fewest bytes the
+keys and tensor infos take, a string array's rest at its average length so far: bytes it will
+read, in one request), else a third more than it already has, at most AHEAD (so a fetch
+ends at most that far past the header). A 7 MiB header of a 128k-token vocabulary with its merges is about a dozen
+requests. It never reads past
 MAX_HEADER, so a hostile file costs at most that much memory and transfer. One kept-alive
 connection per file (the stdlib's http.client: redirects followed, Authorization dropped when
 the host changes, Accept-Encoding identity, a timeout on every read). A server that ignores
@@ -25,6 +28,7 @@ from ggmlrun.core.util.errors import InputError
 MAX_HEADER = 128 << 20          # bytes of header at most (a 256k vocabulary is ~20 MiB)
 FIRST = 32 << 10                # the first range: the fixed header and the first keys
 CHUNK = 16 << 10                # what the header reader asks for at a time
+AHEAD = 128 << 10               # at most this far past what the reader expects
 TIMEOUT = 20.0                  # seconds without an answer on any read
 _REDIRECTS = (301, 302, 303, 307, 308)
 _MAX_REDIRECTS = 10
@@ -74,6 +78,7 @@ class HttpFile:
         self.prefix = bytearray()
         self.pos = 0
         self.size: int | None = None
+        self.expected = 0           # bytes the header reader said it will read (expect)
         self.validator: str | None = None
         self._conn = None
         self._stream = None         # the 200 response of a server that ignores Range
@@ -91,6 +96,9 @@ class HttpFile:
         data = bytes(self.prefix[self.pos:end])
         self.pos = end
         return data
+
+    def expect(self, end: int) -> None:
+        self.expected = max(self.expected, end)
 
     def open(self) -> "HttpFile":
         """The first range: the file's size and validator, and its first bytes."""
@@ -128,7 +136,8 @@ class HttpFile:
         if end > self.limit:
             raise self._fail(f"the header runs past {human(self.limit)} (it needs byte {end}); "
                              f"ggmlrun reads remote headers of at most {human(self.limit)}")
-        want = min(max(end, have + have // 3), self.size, self.limit)
+        ahead = self.expected if self.expected >= end else have + min(have // 3, AHEAD)
+        want = min(max(end, ahead), self.size, self.limit)
         if self._stream is not None:
             self._read_stream(want - have)
         else:

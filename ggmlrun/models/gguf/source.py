@@ -147,15 +147,15 @@ class _Remote:
         from ggmlrun.models.gguf import hub
 
         identity = f"tree:{hub.endpoint()}/{ref.repo}@{ref.revision or 'main'}"
-        if hub.offline():
-            files = self.cache.get_json("tree", identity)
-            if files is None:
-                raise InputError("offline (HF_HUB_OFFLINE is set) and the repository's listing "
-                                 "is not in the header cache", file=ref.shown)
-        else:
+        files = None if self.refresh else self.cache.get_fresh_json(
+            "tree", identity, fresh=not hub.offline())
+        if files is None and hub.offline():
+            raise InputError("offline (HF_HUB_OFFLINE is set) and the repository's listing "
+                             "is not in the header cache", file=ref.shown)
+        if files is None:
             files = hub.list_gguf(ref)
             self.stats.add(requests=1)
-            self.cache.put_json("tree", identity, files)
+            self.cache.put_fresh_json("tree", identity, files)
         return hub.pick_quant(ref, files)
 
     def hub_file(self, ref) -> GGUFHeader:
@@ -163,8 +163,9 @@ class _Remote:
         from ggmlrun.models.gguf.remote import HttpFile
 
         identity = f"hf:{hub.endpoint()}/{ref.repo}/{ref.path}@{ref.revision or 'main'}"
-        if hub.offline():
-            return self._offline(identity, ref.shown)
+        header = self._cached(identity, ref.shown, hub.offline())
+        if header is not None:
+            return header
         location, validator, headers = hub.file_metadata(ref)
         self.stats.add(requests=1)
         return self._fetch(identity, validator, ref.shown, HttpFile(
@@ -175,18 +176,27 @@ class _Remote:
         from ggmlrun.models.gguf import hub
         from ggmlrun.models.gguf.remote import HttpFile
 
-        if hub.offline():
-            return self._offline(url, url)
+        header = self._cached(url, url, hub.offline())
+        if header is not None:
+            return header
         handle = HttpFile(url, stats=self.stats)
         size, validator = handle.head()
         return self._fetch(url, validator, url, handle, size)
 
-    def _offline(self, identity: str, shown: str) -> GGUFHeader:
-        cached = self.cache.get(identity, self.cache.latest(identity))
-        if cached is None:
+    def _cached(self, identity: str, shown: str, offline: bool) -> GGUFHeader | None:
+        """The cached header if it is fresh (or offline: whatever its age); offline without
+        one is an error, else None: ask the server."""
+        if self.refresh and not offline:
+            return None
+        validator = self.cache.latest(identity, fresh=not offline)
+        cached = self.cache.get(identity, validator) if validator else None
+        if cached is not None:
+            self.stats.add(done=1)
+            return _from_cache(cached, shown)
+        if offline:
             raise InputError("offline (HF_HUB_OFFLINE is set) and this header is not in the "
                              "header cache: ask once online first", file=shown)
-        return _from_cache(cached, shown)
+        return None
 
     def _fetch(self, identity: str, validator, shown: str, handle,
                size: int | None = None) -> GGUFHeader:
@@ -197,6 +207,7 @@ class _Remote:
             cached = self.cache.get(identity, validator)
             if cached is not None and (size is None or cached[1] == size):
                 handle.close()
+                self.cache.checked(identity, validator)
                 self.stats.add(done=1)
                 return _from_cache(cached, shown)
         with handle:
