@@ -207,6 +207,7 @@ class Server:
             if not head:
                 view = memoryview(body)
                 for at in range(0, len(body), 1 << 16):      # a client may stop reading
+                    h.wfile.write(view[at:at + (1 << 16)])
                     self.counts.sent(len(view[at:at + (1 << 16)]))
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True
