@@ -101,6 +101,7 @@ class Server:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True     # headers, then body: no 40 ms delayed-ACK stall
 
             def log_message(self, *args):
                 pass

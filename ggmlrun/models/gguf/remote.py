@@ -4,8 +4,8 @@ Only the header travels: the reader (gguf/reader.py, the same bounded reader as 
 file) asks for small chunks, and this handle fetches the next range when a read passes what it
 holds: up to what the reader said it expects (an array's items or lengths, the fewest bytes the
 keys and tensor infos take, a string array's rest at its average length so far: bytes it will
-read, in one request), else a third more than it already has, at most AHEAD (so a fetch
-ends at most that far past the header). A 7 MiB header of a 128k-token vocabulary with its merges is about a dozen
+read, in one request), and past that a third more than it already has, at most AHEAD (the
+next few keys come with an array; a fetch ends at most AHEAD past the header). A 7 MiB header of a 128k-token vocabulary with its merges is about a dozen
 requests. It never reads past
 MAX_HEADER, so a hostile file costs at most that much memory and transfer. One kept-alive
 connection per file (the stdlib's http.client: redirects followed, Authorization dropped when
@@ -136,8 +136,8 @@ class HttpFile:
         if end > self.limit:
             raise self._fail(f"the header runs past {human(self.limit)} (it needs byte {end}); "
                              f"ggmlrun reads remote headers of at most {human(self.limit)}")
-        ahead = self.expected if self.expected >= end else have + min(have // 3, AHEAD)
-        want = min(max(end, ahead), self.size, self.limit)
+        want = max(end, self.expected) + min(have // 3, AHEAD)
+        want = min(want, self.size, self.limit)
         if self._stream is not None:
             self._read_stream(want - have)
         else:
