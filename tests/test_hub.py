@@ -210,6 +210,10 @@ def test_a_url_measures_as_the_local_file(stem, tmp_path):
         whole = figures("measure", model)
         assert figures("measure", server.url("whole.gguf")) == whole
         assert figures("measure", server.url("s/m-00002-of-00003.gguf")) == whole
+        assert figures("plan", server.url("whole.gguf"), "--ngl", "2") == figures(
+            "plan", model, "--ngl", "2")
+        code, dot, _ = invoke("dot", server.url("s/m-00001-of-00003.gguf"), "--ngl", "1")
+        assert code == 0 and dot == invoke("dot", model, "--ngl", "1")[1]
         for fit in (("--gpu", "300KiB"), ("--gpu", "1GiB", "--ctx", "auto")):
             fit += ("--ram", "8GiB", "--margin", "0")
             assert figures("fit", server.url("whole.gguf"), *fit) == figures("fit", model, *fit)
