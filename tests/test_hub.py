@@ -537,3 +537,17 @@ def test_hf_names_parse(name, repo, path, quant, rev):
 @pytest.mark.parametrize("name", ["hf://a", "hf://a/b/readme.md", "hf://a/b@"])
 def test_bad_hf_names_are_refused(name):
     assert name in one_line_error(("validate", name))
+
+
+def test_a_server_that_never_answers_times_out():
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)                        # connections queue, nothing is ever answered
+    try:
+        handle = HttpFile(f"http://127.0.0.1:{silent.getsockname()[1]}/m.gguf", timeout=0.3)
+        with pytest.raises(InputError, match="timed out"):
+            handle.open()
+    finally:
+        silent.close()

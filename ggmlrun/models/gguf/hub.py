@@ -5,7 +5,7 @@ is llama.cpp's `-hf OWNER/REPO:QUANT`: the repository's GGUF file or split set w
 carries the quant tag (case-insensitive, as a whole word of the name; Q4_K_M when none is
 given, as llama.cpp defaults; projector files, `mmproj*`, never match). `huggingface_hub`
 speaks to the Hub: the endpoint (HF_ENDPOINT), the token (HF_TOKEN or the login cache), the
-repository listing, and each file's HEAD (its commit, ETag, size and the CDN address it
+repository listing (the tree API), and each file's HEAD (its commit, ETag, size and the CDN address it
 redirects to). The header's bytes then come through gguf/remote.py's range reader. Read at
 call time, so a test or a wrapper may set them after import: HF_ENDPOINT and HF_HUB_OFFLINE.
 """
@@ -21,6 +21,7 @@ from ggmlrun.models.gguf.split import parse_shard
 
 DEFAULT_QUANT = "Q4_K_M"
 TIMEOUT = 20.0
+MAX_PAGES = 100                   # of 1000 entries: a listing is bounded too
 _QUANT_WORD = r"(?:^|[-._/]){}(?:[-.]|$)"
 _QUANT_TAGS = re.compile(r"(?:^|[-._/])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|"
                          r"MXFP4(?:_MOE)?|TQ\d_\d))(?=[-.]|$)", re.IGNORECASE)
@@ -98,15 +99,28 @@ def file_metadata(ref: HfName):
 
 
 def list_gguf(ref: HfName) -> list[str]:
-    """The repository's .gguf files (every folder), as the tree API lists them."""
-    from huggingface_hub import HfApi
+    """The repository's .gguf files (every folder), by the tree API, page by page (its Link
+    headers). Through huggingface_hub's session, headers and errors, but not HfApi: importing
+    hf_api costs 0.3 s of CPU, and its pagination retries a refused connection for 23 s
+    where one clear line at once is wanted."""
+    from urllib.parse import quote
 
-    api = HfApi(endpoint=endpoint())
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    revision = quote(ref.revision or "main", safe="")
+    first = f"{endpoint()}/api/models/{ref.repo}/tree/{revision}?recursive=true&expand=false"
 
     def listing():
-        return [entry.path for entry in api.list_repo_tree(ref.repo, recursive=True,
-                                                           revision=ref.revision)
-                if hasattr(entry, "size")]
+        session, headers, files, url = get_session(), build_hf_headers(), [], first
+        for _ in range(MAX_PAGES):
+            response = session.get(url, headers=headers, timeout=TIMEOUT)
+            hf_raise_for_status(response)
+            files += [e["path"] for e in response.json() if e.get("type") == "file"]
+            url = response.links.get("next", {}).get("url")
+            if not url:
+                return files
+        raise InputError(f"the listing of {ref.repo} runs past {MAX_PAGES} pages",
+                         file=ref.shown)
     return sorted(path for path in call(ref, listing) if path.lower().endswith(".gguf"))
 
 
