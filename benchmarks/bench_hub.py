@@ -129,8 +129,10 @@ def run(work: Path, trials: int, rtt: float) -> None:
                                  wall[0] <= TARGET_S))
             for max_age, what in (("600", "cached ask (fresh)"),
                                   ("0", "cached ask (revalidated)")):
-                best = None
-                for _ in range(trials):
+                best, local = None, None
+                for _ in range(trials):      # interleaved with the local question: same load
+                    here = ask(work / names[0], work / "c-local", "http://127.0.0.1:9")[0]
+                    local = here if local is None else min(local, here)
                     server.counts.reset()
                     w, data = ask(NAME, cache, server.endpoint, max_age)
                     assert data == reference
@@ -138,12 +140,12 @@ def run(work: Path, trials: int, rtt: float) -> None:
                     best = got if best is None or got < best else best
                 w, requests, nbytes = best
                 rows.append([f"{what}, {label}", f"{nbytes:,}", requests, str(w),
-                             f"{w[0] / local_split[0]:.2f}x"])
+                             f"{w[0] / local[0]:.2f}x (local {local[0]:.2f})"])
                 if not delay and max_age == "600":
                     verdicts.append((f"cached ask within {TARGET_CACHED}x of the local set",
-                                     w[0] <= TARGET_CACHED * local_split[0]))
+                                     w[0] <= TARGET_CACHED * local[0]))
     print(table(["question: fit " + NAME, "bytes fetched", "requests", "wall s (cpu)",
-                 "vs local set"], rows))
+                 "vs local set, same moment"], rows))
     for what, ok in verdicts:
         print(f"{verdict(ok)}: {what}")
 

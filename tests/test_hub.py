@@ -551,3 +551,10 @@ def test_a_server_that_never_answers_times_out():
             handle.open()
     finally:
         silent.close()
+
+
+def test_a_file_named_like_a_first_shard_but_not_split_is_one_file(tmp_path):
+    model = BY_STEM["tiny-llama-f16"]
+    named = tmp_path / "m-00001-of-00003.gguf"           # no split keys, no other shards
+    shutil.copy(model, named)
+    assert figures("measure", named) == figures("measure", model)

@@ -37,10 +37,6 @@ class HeaderSet:
     shards: list[Shard]
     note: str | None = None         # said on stderr: which shard is first, when another was named
 
-    @property
-    def remote(self) -> bool:
-        return self.shards[0].path is None
-
 
 def is_remote(name) -> bool:
     text = str(name) if not isinstance(name, Path) else ""
@@ -113,8 +109,17 @@ def _local(path: Path) -> HeaderSet:
 
 
 def _assemble(name: str, results: list[_Result], note, fetch, run) -> HeaderSet:
-    headers = run(fetch)
-    shards = [Shard(r.name, h, r.path, r.address) for r, h in zip(results, headers)]
+    """The shards read (all at once where `run` is parallel), then checked as a set. A file
+    named like a first shard whose header is not one of a set is a single file, as llama.cpp
+    loads it: the other names' failures then do not count."""
+    outcomes = run([lambda job=job: _outcome(job) for job in fetch])
+    first_ok = not isinstance(outcomes[0], Exception)
+    if len(outcomes) > 1 and first_ok and split_count(outcomes[0]) == 1 and note is None:
+        results, outcomes = results[:1], outcomes[:1]
+    failed = next((o for o in outcomes if isinstance(o, Exception)), None)
+    if failed is not None:
+        raise failed
+    shards = [Shard(r.name, h, r.path, r.address) for r, h in zip(results, outcomes)]
     if len(shards) == 1:
         if split_count(shards[0].header) > 1:
             raise InputError(f"one of {split_count(shards[0].header)} split GGUF files "
@@ -125,6 +130,14 @@ def _assemble(name: str, results: list[_Result], note, fetch, run) -> HeaderSet:
         return HeaderSet(name, shards, note)
     check_set([s.header for s in shards], [s.name for s in shards])
     return HeaderSet(name, shards, note)
+
+
+def _outcome(job):
+    """A shard's header, or the InputError that reading it raised (judged with the others)."""
+    try:
+        return job()
+    except InputError as err:
+        return err
 
 
 class _Remote:
