@@ -19,7 +19,8 @@ from hubkit import Server, split_gguf, write_split
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.gguf.cache import HeaderCache
 from ggmlrun.models.gguf.header import read_header
-from ggmlrun.models.gguf.remote import AHEAD, FIRST, HttpFile, Stats
+from ggmlrun.models.gguf.remote import AHEAD, FIRST, HttpFile
+from ggmlrun.models.gguf.stats import Stats
 from ggmlrun.models.gguf.source import read_headers
 
 BY_STEM = {m.stem: m for m in MODELS}

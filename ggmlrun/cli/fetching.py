@@ -38,7 +38,7 @@ class FetchProgress:
 
     @staticmethod
     def line(stats) -> str:
-        from ggmlrun.models.gguf.remote import human
+        from ggmlrun.models.gguf.stats import human
 
         shards = f", shard {min(stats.done + 1, stats.files)} of {stats.files}" \
             if stats.files > 1 else ""
@@ -46,7 +46,7 @@ class FetchProgress:
 
     def finish(self, stats) -> None:
         if self.shown:
-            from ggmlrun.models.gguf.remote import human
+            from ggmlrun.models.gguf.stats import human
 
             self.stream.write(f"\r\033[Kggmlrun: fetched headers: {human(stats.bytes)} in "
                               f"{stats.requests} requests, {time.monotonic() - self.start:.1f} s\n")
@@ -69,10 +69,10 @@ def load_named_model(path, model_kw: dict):
                              "fit and card read only the header)", file=str(path))
         ctx = click.get_current_context(silent=True)
         as_json = bool(ctx and ctx.params.get("as_json"))
-        from ggmlrun import visual
-        from ggmlrun.models.gguf.remote import Stats
+        from ggmlrun.core.util.fmt import is_terminal
+        from ggmlrun.models.gguf.stats import Stats
 
-        progress = FetchProgress(not as_json and visual.is_terminal(sys.stderr))
+        progress = FetchProgress(not as_json and is_terminal(sys.stderr))
         stats = Stats(progress)
         if model_kw.get("download"):
             from ggmlrun.models.gguf.download import download

@@ -20,10 +20,10 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
-import threading
 from urllib.parse import urljoin, urlsplit
 
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.models.gguf.stats import Stats, human
 
 MAX_HEADER = 128 << 20          # bytes of header at most (a 256k vocabulary is ~20 MiB)
 FIRST = 32 << 10                # the first range: the fixed header and the first keys
@@ -32,33 +32,6 @@ AHEAD = 128 << 10               # at most this far past what the reader expects
 TIMEOUT = 20.0                  # seconds without an answer on any read
 _REDIRECTS = (301, 302, 303, 307, 308)
 _MAX_REDIRECTS = 10
-
-
-class Stats:
-    """Requests made and body bytes received over every file of a question (shards are read
-    in threads); `on_change(stats)` is the progress line's hook."""
-
-    def __init__(self, on_change=None):
-        self.requests = self.bytes = self.files = self.done = 0
-        self.on_change = on_change
-        self._lock = threading.Lock()
-
-    def add(self, requests: int = 0, nbytes: int = 0, files: int = 0, done: int = 0) -> None:
-        with self._lock:
-            self.requests += requests
-            self.bytes += nbytes
-            self.files += files
-            self.done += done
-        if self.on_change is not None:
-            self.on_change(self)
-
-
-def human(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 class HttpFile:

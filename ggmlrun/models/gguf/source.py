@@ -20,9 +20,6 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.gguf.header import GGUFHeader, read_header
 from ggmlrun.models.gguf.split import check_set, parse_shard, shard_name, split_count
 
-MAX_THREADS = 8
-
-
 @dataclass
 class Shard:
     name: str                       # as messages show it: a path, a URL, an hf:// name
@@ -52,7 +49,7 @@ def read_headers(name, *, refresh: bool = False, stats=None, cache=None) -> Head
 
     from ggmlrun.models.gguf import hub
     from ggmlrun.models.gguf.cache import HeaderCache
-    from ggmlrun.models.gguf.remote import Stats
+    from ggmlrun.models.gguf.stats import Stats
 
     reader = _Remote(refresh, stats or Stats(), cache or HeaderCache())
     text = str(name)
@@ -147,14 +144,23 @@ class _Remote:
         self.refresh, self.stats, self.cache = refresh, stats, cache
 
     def parallel(self, jobs):
-        from concurrent.futures import ThreadPoolExecutor
+        """Every job in a thread of its own (a shard: a few round trips each), results in
+        order. Plain threads: concurrent.futures would import logging on every question."""
+        import threading
 
         self.stats.add(files=len(jobs))
-        if len(jobs) == 1:
-            return [jobs[0]()]
-        with ThreadPoolExecutor(min(len(jobs), MAX_THREADS)) as pool:
-            futures = [pool.submit(job) for job in jobs]
-            return [f.result() for f in futures]     # the first failure in shard order
+        results = [None] * len(jobs)
+
+        def work(i):
+            results[i] = jobs[i]()
+        threads = [threading.Thread(target=work, args=(i,), daemon=True)
+                   for i in range(1, len(jobs))]
+        for thread in threads:
+            thread.start()
+        work(0)
+        for thread in threads:
+            thread.join()
+        return results
 
     def pick(self, ref) -> str:
         from ggmlrun.models.gguf import hub
