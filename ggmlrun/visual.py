@@ -10,7 +10,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from ggmlrun.core.util.fmt import human_bytes, is_terminal  # noqa: F401  (is_terminal: its callers ask visual)
+from ggmlrun.core.util.fmt import human_bytes, is_terminal  # noqa: F401  (callers ask visual)
 from ggmlrun.report.table import Bytes, Table, plain, seconds_text
 
 if TYPE_CHECKING:     # rich loads when something is drawn, not on every command

@@ -61,8 +61,9 @@ def card_data(model: ModelFile) -> dict:
             found = {info.dtype for t, info in model.tensors.items()
                      if _CLASS_RE.match(t).group(2) == cls}
             if len(found) > 1 or cls in types:
+                kinds = ", ".join(sorted(found))
                 raise InputError(f"tensor '{name}' is {model.tensors[name].dtype}, but the "
-                                 f"{cls} tensors are of {len(found)} types ({', '.join(sorted(found))})"
+                                 f"{cls} tensors are of {len(found)} types ({kinds})"
                                  f" that the {data['weights']} mixture does not reproduce; a "
                                  f"card gives one type per tensor class", file=model.label)
             types[cls] = found.pop()

@@ -1,13 +1,14 @@
 """`hf://` names: a GGUF file, or a quant of a repository, on the Hugging Face Hub.
 
-`hf://OWNER/REPO/PATH/IN/REPO.gguf[@REVISION]` names one file; `hf://OWNER/REPO[:QUANT][@REVISION]`
-is llama.cpp's `-hf OWNER/REPO:QUANT`: the repository's GGUF file or split set whose name
-carries the quant tag (case-insensitive, as a whole word of the name; Q4_K_M when none is
-given, as llama.cpp defaults; projector files, `mmproj*`, never match). `huggingface_hub`
-speaks to the Hub: the endpoint (HF_ENDPOINT), the token (HF_TOKEN or the login cache), the
-repository listing (the tree API), and each file's HEAD (its commit, ETag, size and the CDN address it
-redirects to). The header's bytes then come through gguf/remote.py's range reader. Read at
-call time, so a test or a wrapper may set them after import: HF_ENDPOINT and HF_HUB_OFFLINE.
+`hf://OWNER/REPO/PATH/IN/REPO.gguf[@REVISION]` names one file;
+`hf://OWNER/REPO[:QUANT][@REVISION]` is llama.cpp's `-hf OWNER/REPO:QUANT`: the repository's
+GGUF file or split set whose name carries the quant tag (case-insensitive, as a whole word of
+the name; Q4_K_M when none is given, as llama.cpp defaults; projector files, `mmproj*`, never
+match). `huggingface_hub` speaks to the Hub: the endpoint (HF_ENDPOINT), the token (HF_TOKEN or
+the login cache), the repository listing (the tree API), and each file's HEAD (its commit, ETag,
+size and the CDN address it redirects to). The header's bytes then come through gguf/remote.py's
+range reader. Read at call time, so a test or a wrapper may set them after import: HF_ENDPOINT
+and HF_HUB_OFFLINE.
 """
 
 from __future__ import annotations
@@ -180,11 +181,12 @@ def call(ref: HfName, action):
                              + (f", file {ref.path}" if ref.path else ""), file=ref.shown) from None
         raise InputError(f"the Hub answered HTTP {status}", file=ref.shown) from None
     except Exception as err:  # noqa: BLE001 - the HTTP client's own errors: no network
-        if not type(err).__module__.split(".")[0].startswith(("httpx", "httpcore", "ssl", "socket")) \
-                and not isinstance(err, OSError):
+        client = type(err).__module__.split(".")[0].startswith(("httpx", "httpcore", "ssl"))
+        if not client and not isinstance(err, OSError):
             raise
         raise InputError(f"cannot reach {endpoint()}: {type(err).__name__}: {err} (no network? "
-                         f"HF_HUB_OFFLINE=1 answers from the header cache)", file=ref.shown) from None
+                         f"HF_HUB_OFFLINE=1 answers from the header cache)",
+                         file=ref.shown) from None
 
 
 def _status(err) -> int | None:

@@ -179,12 +179,13 @@ class _Remote:
 
     def hub_file(self, ref) -> GGUFHeader:
         from ggmlrun.models.gguf import hub
-        from ggmlrun.models.gguf.remote import HttpFile
 
         identity = f"hf:{hub.endpoint()}/{ref.repo}/{ref.path}@{ref.revision or 'main'}"
         header = self._cached(identity, ref.shown, hub.offline())
         if header is not None:
             return header
+        from ggmlrun.models.gguf.remote import HttpFile
+
         location, validator, headers = hub.file_metadata(ref)
         self.stats.add(requests=1)
         return self._fetch(identity, validator, ref.shown, HttpFile(
@@ -193,11 +194,12 @@ class _Remote:
 
     def url(self, url: str) -> GGUFHeader:
         from ggmlrun.models.gguf import hub
-        from ggmlrun.models.gguf.remote import HttpFile
 
         header = self._cached(url, url, hub.offline())
         if header is not None:
             return header
+        from ggmlrun.models.gguf.remote import HttpFile
+
         handle = HttpFile(url, stats=self.stats)
         size, validator = handle.head()
         return self._fetch(url, validator, url, handle, size)
