@@ -4,16 +4,16 @@ Only the header travels: the reader (gguf/reader.py, the same bounded reader as 
 file) asks for small chunks, and this handle fetches the next range when a read passes what it
 holds: up to what the reader said it expects (an array's items or lengths, the fewest bytes the
 keys and tensor infos take, a string array's rest at its average length so far: bytes it will
-read, in one request), and past that a third more than it already has, at most AHEAD, 1 MiB
-(the next keys and arrays come with it: each round trip saved is 50 ms to a faraway Hub; a
-fetch ends at most 1 MiB past the header, against a data section of gigabytes). A 9 MB header
-of a 128k-token vocabulary with its merges is 5 requests and 1.07x its bytes. It never reads past MAX_HEADER,
-so a hostile file costs at most that much memory and transfer. One kept-alive connection per
-file (the stdlib's http.client: redirects followed, Authorization dropped when the host changes,
-Accept-Encoding identity, a timeout on every read). A server that ignores Range answers 200 with
-the whole file: its body is then read as a stream only as far as the header needs, and the
-connection closed, so the file is never downloaded. Every failure is one InputError (exit 2)
-naming the URL.
+read, in one request), and past that a third more than it already has, at most AHEAD, 1 MiB (the
+next keys and arrays come with it: each round trip saved is 50 ms to a faraway Hub; a fetch ends
+at most 1 MiB past the header, against a data section of gigabytes). A 9 MB header of a
+128k-token vocabulary with its merges is 5 requests and 1.07x its bytes. It never reads past
+MAX_HEADER, so a hostile file costs at most that much memory and transfer. One kept-alive
+connection per file (the stdlib's http.client: redirects followed, Authorization dropped when
+the host changes, Accept-Encoding identity, a timeout on every read). A server that ignores
+Range answers 200 with the whole file: its body is then read as a stream only as far as the
+header needs, and the connection closed, so the file is never downloaded. Every failure is one
+InputError (exit 2) naming the URL.
 """
 
 from __future__ import annotations
