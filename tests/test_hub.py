@@ -286,6 +286,7 @@ def test_a_second_ask_costs_no_download_and_refresh_fetches_again(tmp_path, monk
     with Server({"m.gguf": model.read_bytes()}) as server:
         first = figures("measure", server.url("m.gguf"))
         assert server.counts.bytes > 0
+        assert list((tmp_path / "cache" / "ggmlrun" / "headers").glob("*.hdr"))  # XDG_CACHE_HOME
         server.counts.reset()
         assert figures("measure", server.url("m.gguf")) == first
         assert server.counts.requests == 0                 # fresh: not even asked
