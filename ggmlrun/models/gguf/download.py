@@ -11,6 +11,7 @@ temporary file and renamed: an interrupted one leaves nothing that looks whole.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -35,7 +36,8 @@ def _one(address, size: int) -> Path:
         from huggingface_hub import hf_hub_download
 
         return Path(hub.call(address, lambda: hf_hub_download(
-            address.repo, address.path, revision=address.revision, endpoint=hub.endpoint())))
+            address.repo, address.path, revision=address.revision, endpoint=hub.endpoint(),
+            cache_dir=os.environ.get("HF_HUB_CACHE") or None)))    # read now, not at import
     folder = hashlib.sha256(address.rsplit("/", 1)[0].encode()).hexdigest()[:24]
     target = cache_dir().parent / "downloads" / folder / urlsplit(address).path.rsplit("/", 1)[-1]
     if target.is_file() and target.stat().st_size == size:
