@@ -328,7 +328,12 @@ def test_two_processes_writing_one_entry_leave_it_whole(tmp_path):
               f"c = HeaderCache({str(root)!r})\n"
               f"blob = bytes([int(sys.argv[1])]) * 200000\n"
               f"for _ in range(40): c.put('u', 'v', blob, 7)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(k)]) for k in (1, 2)]
+    import os
+    from pathlib import Path
+
+    root_dir = str(Path(__file__).resolve().parent.parent)       # this checkout's ggmlrun
+    env = {**os.environ, "PYTHONPATH": root_dir + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(k)], env=env) for k in (1, 2)]
     cache = HeaderCache(root)
     seen = set()
     while any(p.poll() is None for p in procs):
