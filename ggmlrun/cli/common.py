@@ -45,7 +45,18 @@ def phase_timer(show_progress: bool):
     console = stderr() if show_progress or visual.is_terminal(sys.stderr) else None
     return visual.Phases(console, show_progress)
 
-GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
+class _GraphArg(click.Path):
+    """A local path, or a remote model's name kept as written (a URL, an hf:// name: a Path
+    would collapse its `//`)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith(("http://", "https://", "hf://")):
+            return value
+        return super().convert(value, param, ctx)
+
+
+MODEL_ARG = _GraphArg(dir_okay=False, path_type=Path)
+GRAPH = click.argument("graph", type=MODEL_ARG)
 BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),
                         help="YAML file with a `backends:` list; overrides the graph's own. "
                              "Default: the graph's, else [SIM0 (sim, 16GiB), CPU].")

@@ -8,7 +8,7 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.cli.common import BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
+from ggmlrun.cli.common import MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
 from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
                                        print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
@@ -44,7 +44,7 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
 
 
 @cli.command(help=FIT_HELP)
-@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_path", metavar="MODEL", type=MODEL_ARG)
 @BACKENDS
 @JSON
 @click.option("--ctx", "fit_ctx", type=_CtxType(), default=None,
@@ -69,7 +69,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.core.util.inputs import open_regular
 
-    open_regular(model_path, "model", limit=None).close()   # "no such file", a directory, ...
+    if isinstance(model_path, Path):
+        open_regular(model_path, "model", limit=None).close()   # "no such file", a directory
     model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides)
     if model is None:
         raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "

@@ -11,19 +11,20 @@ from ggmlrun import report
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
 from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_commands import _measure_model, _model_schedule, _run_model, _validate_model
-from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
-                                       print_planned_for)
+from ggmlrun.cli.model_options import (MODEL_OPTIONS, model_options, _model_input,
+                                       planned_for_dict, print_planned_for)
 
 
 @cli.command()
 @GRAPH
 @BACKENDS
 @JSON
+@MODEL_OPTIONS["refresh"]
 @placement_options
 @DEBUG
-def validate(graph, backends_file, as_json, overrides, show_progress):
+def validate(graph, backends_file, as_json, refresh, overrides, show_progress):
     """Load and check a graph file only (backend names and pins included)."""
-    model = _model_input(graph, backends_file, {}, overrides=overrides)
+    model = _model_input(graph, backends_file, {"refresh": refresh}, overrides=overrides)
     if model:
         return _validate_model(*model, as_json)
 
@@ -198,12 +199,15 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
 @click.option("--tokens", metavar="1,2,3", help="[models] Token ids evaluated as one batch; the "
               "output is the last token's logits, `result_output`. No default: run MODEL "
               "needs it.")
+@click.option("--download", is_flag=True, default=False,
+              help="[models] A remote model's weights downloaded whole (hf://: into the Hugging "
+                   "Face cache; a URL: into ggmlrun's), then run; without it run refuses one.")
 @model_options()
 @placement_options
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
         trace_file, show_profile, profile_by, profile_sort, profile_top, warmup, ggml, tokens,
-        overrides, show_progress, **model_kw):
+        download, overrides, show_progress, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
     from ggmlrun.core import engine
 
@@ -211,8 +215,8 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
 
     from ggmlrun import visual
 
-    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy,
-                         overrides)
+    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens,
+                                                 "download": download}, ggml, policy, overrides)
     if model:
         source = click.get_current_context().get_parameter_source
         return _run_model(model, tokens, as_json, out_file, dict(

@@ -23,7 +23,7 @@ def _validate_model(model, backends, opts, as_json):
         items = [f"({summary['architecture']},", f"{summary['n_layer']} layers,",
                  f"{summary['tensors']} tensors,", f"{summary['weights_bytes']:,} bytes of weights)"]
         width = shutil.get_terminal_size((160, 24)).columns
-        for line in report.pack_line(f"{report.plain(model.path)}: ok", items, width):
+        for line in report.pack_line(f"{report.plain(model.label)}: ok", items, width):
             click.echo(line)
 
 

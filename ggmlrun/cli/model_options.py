@@ -50,7 +50,8 @@ def _table_options() -> dict:
             for option in OPTIONS if option.flag and not option.shared}
 
 
-# what the table cannot say: the devices, which are not llama.cpp options but the machine
+# what the table cannot say: the devices (not llama.cpp options but the machine) and how a
+# remote model is fetched
 _DEVICES = {
     "gpu_sizes": ("--gpu", click.option(
         "--gpu", "gpu_sizes", metavar="SIZE[,SIZE...]", default=None,
@@ -60,11 +61,18 @@ _DEVICES = {
         "--ram", "ram_size", metavar="SIZE", default=None,
         help="[models] The host's memory (the CPU backend's), e.g. 32GiB; default the "
              "backends file's, else this machine's RAM.")),
+    # a remote model's headers (models/gguf/cache.py): not a llama.cpp option either
+    "refresh": ("--refresh", click.option(
+        "--refresh", is_flag=True, default=False,
+        help="[models] A remote model's headers (URL, hf://) fetched again, not taken from "
+             "the header cache.")),
 }
 _ALL = {**_table_options(), **_DEVICES}
-_SWITCHES = {o.dest or o.name for o in OPTIONS if not o.kind.takes_value}
+_SWITCHES = {o.dest or o.name for o in OPTIONS if not o.kind.takes_value} | {"refresh",
+                                                                             "download"}
 MODEL_OPTIONS = {key: option for key, (_, option) in _ALL.items()}
-MODEL_FLAGS = {**{key: flag for key, (flag, _) in _ALL.items()}, "tokens": "--tokens"}
+MODEL_FLAGS = {**{key: flag for key, (flag, _) in _ALL.items()}, "tokens": "--tokens",
+               "download": "--download"}
 
 
 def model_options(skip=()):
@@ -82,10 +90,10 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
     """(model, backends, options) when GRAPH is a GGUF file or a card; None for a graph file,
     which must then not carry model options. A model is placed as llama.cpp places it, so
     only ggml's policy applies."""
-    from ggmlrun.models.load import load_model
+    from ggmlrun.cli.fetching import load_named_model
     from ggmlrun.models.options.table import given
 
-    model = load_model(path)
+    model = load_named_model(path, model_kw)
     if model is None:
         flags = [flag for key, flag in MODEL_FLAGS.items()
                  if given(model_kw.get(key), key not in _SWITCHES)]

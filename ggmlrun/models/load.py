@@ -1,5 +1,8 @@
 """What a GRAPH argument names: a GGUF model, a model card, or a YAML graph.
 
+A remote name (an http(s):// URL, an hf:// name: a str, never a Path, whose `//` a Path
+would collapse) is always a GGUF model, read by its header alone (gguf/source.py).
+
 A GGUF file is known by its magic, never by its name; a YAML file is a model card when its
 top level has `architecture:` and a graph file otherwise. A card is parsed once, here, so its
 errors keep their lines.
@@ -25,8 +28,14 @@ def load_input(path: Path) -> Graph | ModelFile:
     return load_graph(path)
 
 
-def load_model(path: Path) -> ModelFile | None:
-    """The model a GGUF file or a card holds; None for anything else (a graph file)."""
+def load_model(path, *, refresh: bool = False, stats=None) -> ModelFile | None:
+    """The model a GGUF file (or split set, or remote name) or a card holds; None for anything
+    else (a graph file). `refresh`: remote headers are fetched again, not taken from the
+    cache; `stats` counts what was fetched (gguf/remote.py's Stats)."""
+    from ggmlrun.models.gguf.source import is_remote
+
+    if is_remote(path):
+        return read_gguf(str(path), refresh=refresh, stats=stats)
     path = Path(path)
     if path.is_file() and is_gguf(path):
         return read_gguf(path)

@@ -87,3 +87,11 @@ def exact_key(mapping) -> tuple | None:
             return None
         key += name, kind, value
     return tuple(key)
+
+
+def is_terminal(stream) -> bool:
+    """Whether the stream is a terminal (a closed or fake stream is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -33,7 +33,7 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     from ggmlrun.models.graph.output import output_head
     from ggmlrun.models.memory.caches import create_memory
 
-    where = str(model.path) if model.path else None
+    where = model.label if model.path or model.source else None
     arch = get_arch(model.arch, where)
     table = check_tensors(arch, model.hparams, model.tensors, where)
     memory = memory or create_memory(model.hparams, kv_type=kv_type, cells=kv_size,
