@@ -196,10 +196,15 @@ def _raise_unless_fits(sched, memory, fit) -> None:
     engine.check_capacity(sched, memory, fit=fit)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             invoke_without_command=True)
 # the version from the package itself: asking the installed metadata (importlib.metadata,
 # email, ...) is ~10 ms of a `--version` that should cost nothing
 @click.version_option(version=__version__, package_name="ggmlrun")
 @DEBUG
-def cli():
+@click.pass_context
+def cli(ctx):
     """See and run how a ggml compute graph is placed, sized and executed across devices."""
+    if ctx.invoked_subcommand is None:       # bare `ggmlrun`: the help, and a clean exit
+        click.echo(ctx.get_help())
+        ctx.exit(0)

@@ -87,6 +87,8 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
     fit, summary = _fit_and_summary(sched, memory, phases, payload)
     if not as_json and fmt != "ggml":    # the ggml text stands alone, as ggml prints it
         report.print_tables(stdout(), report.summary_table(summary, fit))
+        for line in report.cause_legend(sched):
+            click.echo(line)
     if as_json:
         emit_json(payload)
     else:
@@ -144,9 +146,16 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
         phases.report()
     if not layer_fits:
         _raise_unless_fits(sched, memory, fit)
-    elif not all(f.base_fits for f in layer_fits):
-        worst = next(f for f in layer_fits if not f.base_fits)
+        return
+    from ggmlrun.core.memory.fits import host_failure_message
+
+    # --fit answers for the devices, whose plan may be over them; the host is not moved by it
+    worst = next((f for f in layer_fits if not f.base_fits), None)
+    if worst is not None:
         raise CapacityError(f"{worst.device} is over its memory even with no layer on it")
+    host = host_failure_message(sched, fit)
+    if host:
+        raise CapacityError(host, file=str(sched.graph.path) if sched.graph.path else None)
 
 
 def _layers_that_fit(graph, sched, policy: str, planner: str):
@@ -308,7 +317,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
             click.echo(f"wrote {out_file}", err=True)
             return
         dot_file = out_file.with_suffix(".dot")
-        if dot_file.exists():
+        if dot_file.exists() and not _our_fallback(dot_file):
             from ggmlrun.core.util.errors import RunError
 
             raise RunError(f"Graphviz `dot` is not on PATH, so no {fmt.upper()}; the DOT text "
@@ -319,5 +328,20 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
                    f"writing DOT to {dot_file} (render it with: dot -T{fmt} {dot_file} "
                    f"-o {out_file})", err=True)
         out_file = check_output(dot_file, "--out", inputs=engine.files_read(graph, backends_file))
+        text = FALLBACK_MARK + text     # so that the next run may write over it, and only it
     write_text(out_file, text)
     click.echo(f"wrote {out_file}", err=True)
+
+
+# the first line of the DOT text `dot -o X.svg` writes to X.dot when Graphviz is missing
+FALLBACK_MARK = "// ggmlrun dot: Graphviz was not on PATH; this is the DOT text to render\n"
+
+
+def _our_fallback(path: Path) -> bool:
+    """Whether `path` is a DOT file an earlier `dot -o` wrote in place of a picture (its first
+    line says so): that one is ours to replace; any other file is the user's and is kept."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(FALLBACK_MARK)) == FALLBACK_MARK.encode()
+    except OSError:
+        return False

@@ -153,7 +153,20 @@ def _model_setup(model, backends, values: dict):
         raise InputError(f"--tensor-split has {len(split)} proportions, one per device, but "
                          f"there are {len(devices)} devices ({', '.join(d.name for d in devices) or 'none'})")
     warn_past_training(model, values.get("ctx"))
+    warn_without_experts(model, values)
     return backends, make_options(values)
+
+
+def warn_without_experts(model, values: dict) -> None:
+    """--cpu-moe / --n-cpu-moe on a model without experts: llama.cpp takes them (their -ot
+    rules match no tensor) and so does ggmlrun, but they move nothing, which a user who
+    typed them would want to know."""
+    if model.hparams.n_expert:
+        return
+    for name, flag in (("cpu_moe", "--cpu-moe"), ("n_cpu_moe", "--n-cpu-moe")):
+        if values.get(name):
+            click.echo(f"ggmlrun: warning: {flag} moves nothing: {model.name} is a dense model "
+                       f"(no expert tensors); llama.cpp accepts it the same", err=True)
 
 
 def warn_past_training(model, ctx: int | None) -> None:

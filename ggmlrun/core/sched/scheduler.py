@@ -10,7 +10,7 @@ view of one, a write into one); `1.vsrc` its view source's buffer; `1.inp` graph
 device; `2.sup` spread from a neighbour that supports it; `3.best` the backend holding most of
 its sources; `3.upg` upgraded to a higher priority backend of the same buffer type; `4.vsrc`
 its view source's backend; `4.cur` a source placed with its consumer; `4.fb` first backend that
-supports it.
+supports it (schedule.CAUSES holds the same legend, which `plan` prints).
 """
 
 from __future__ import annotations
