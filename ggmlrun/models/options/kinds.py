@@ -114,7 +114,7 @@ class Choice(Kind):
 
     def read(self, text: str) -> str:
         if text not in self.values:
-            raise ValueError(f"{text!r} is not one of {', '.join(self.values)}")
+            raise ValueError(f"choose one of {', '.join(self.values)}")
         return text
 
 

@@ -184,4 +184,5 @@ def check_fields(opts: ModelOptions) -> None:
             try:
                 option.kind.check(value)
             except ValueError as err:
-                raise ValueError(f"{option.flag or option.name} {value!r}: {err}") from None
+                shown = value if isinstance(value, (str, int, float)) else repr(value)
+                raise ValueError(f"{option.flag or option.name} {shown}: {err}") from None
