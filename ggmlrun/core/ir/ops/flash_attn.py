@@ -12,7 +12,7 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
-    F32, fmt, need_dtype, need_float, need_ndim, quiet, store, want_number, who)
+    F32, fmt, need_dtype, need_ndim, need_rows, quiet, store, want_number, who)
 from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits, need_sinks
 from ggmlrun.core.ir.ops.quant import round_like_vec_dot, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
@@ -26,7 +26,7 @@ _FA_PARAMS = {"scale": REQUIRED, "max_bias": 0.0, "logit_softcap": 0.0, "prec": 
 def _fa_infer(srcs, *, scale, max_bias, logit_softcap, prec):
     q, k, v = srcs[:3]
     op = "flash_attn_ext"
-    need_float(op, q, "q")
+    need_dtype(op, q, ("f32",), "q")       # ggml-cpu reads q as f32 (an f16 q computes wrongly)
     for role, t in (("k", k), ("v", v)):
         gtype = TYPES[t.dtype]
         if not (gtype.is_block or t.dtype in ("f32", "f16", "bf16")):
@@ -36,6 +36,7 @@ def _fa_infer(srcs, *, scale, max_bias, logit_softcap, prec):
                              f"{gtype.block_size}-value blocks, but its head size is {t.shape[-1]}")
     for role, t in (("q", q), ("k", k), ("v", v)):
         need_ndim(op, t, 4, 4, role)
+        need_rows(op, t, role)
     s, h, t_len, d = q.shape
     sk, hkv, kv, dk = k.shape
     sv, hv, kv_v, dv = v.shape
