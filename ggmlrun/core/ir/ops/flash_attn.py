@@ -159,7 +159,10 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
     q32 = to_f32(q) if tiled else round_like_vec_dot(to_f32(q), type_of(k))
     accumulate = _softmax_f32 if tiled or type_of(v) != "f16" else _online_f16
     slopes = alibi_slopes(h_n, max_bias)
-    mask32 = None if mask is None else to_f32(mask)[..., :t_len, :]
+    mask32 = None
+    if mask is not None:            # 2-D, 3-D or 4-D: [(M3), (M2), Tpad, KV], as ggml pads it
+        mask32 = to_f32(mask)[..., :t_len, :]
+        mask32 = mask32.reshape((1,) * (4 - mask32.ndim) + mask32.shape)
     kq_scale = F32(scale / logit_softcap) if logit_softcap else F32(scale)
     for si in range(s_n):
         for g in range(hkv):
@@ -171,6 +174,7 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
                 scores = F32(logit_softcap) * np.tanh(scores)
             if mask32 is not None:
                 m = mask32[si % mask32.shape[0]]                        # [M2, T, KV]
+                # sequence s reads mask batch s mod M3, head h mask head h mod M2 (ggml-cpu)
                 idx = np.arange(g * group, (g + 1) * group) % m.shape[0]
                 scores = scores + slopes[heads, None, None] * m[idx]
             sink = None if sink32 is None else sink32[heads].reshape(-1, 1, 1)
