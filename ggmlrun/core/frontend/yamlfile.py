@@ -161,6 +161,10 @@ def _flow_reader() -> FlowReader:
 _FLOW_READER = None
 
 
+MAX_KEY = 1024            # PyYAML's limit on a simple key (its scanner stops looking past it)
+_LONG_KEY = re.compile(r"[^\s{}\[\],:#'\"][^\s{}\[\],:]{%d,}\s*:" % MAX_KEY)
+
+
 def read_yaml(path) -> tuple[object, Doc]:
     file = str(path)
     text = read_text(path, "YAML file")
@@ -190,6 +194,9 @@ def read_yaml(path) -> tuple[object, Doc]:
             what = f"{' '.join(err.context.split())}{at}, {what}"
         if mark and "\t" in "".join(text.splitlines()[mark.line:mark.line + 1]):
             what += " (a tab on that line: YAML indents with spaces only)"
+        if syntax and mark and _LONG_KEY.search("".join(text.splitlines()[mark.line:mark.line + 1])):
+            what = (f"a key longer than {MAX_KEY} characters on this line: YAML takes a "
+                    f"plain key of at most {MAX_KEY} characters; shorten it")
         raise InputError(f"YAML {'syntax ' if syntax else ''}error: {what}", file=file,
                          line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as err:
