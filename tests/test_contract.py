@@ -133,3 +133,26 @@ def test_validate_of_a_graph_ggml_would_abort_on_exits_2_with_one_line(tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "kq" in lines[0] and "insert a cont" in lines[0]
+
+
+@pytest.mark.parametrize("op,srcs,bad", [
+    ("get_rows", "t: {shape: [5, 8]}\n  i: {shape: [3], dtype: i32, values: [3, 0, 9]}", "9"),
+    ("get_rows", "t: {shape: [5, 8]}\n  i: {shape: [3], dtype: i32, init: arange, start: -1}",
+     "-1"),
+    ("set_rows", "t: {shape: [5, 8]}\n  r: {shape: [2, 8]}\n  i: {shape: [2], dtype: i32, "
+                 "init: randint, high: 6}", "5"),
+    ("add_id", "a: {shape: [2, 3, 8]}\n  b: {shape: [4, 8]}\n  i: {shape: [2, 3], dtype: i32, "
+               "init: full, value: 4}", "4"),
+    ("mul_mat_id", "a: {shape: [4, 6, 8]}\n  b: {shape: [2, 1, 8]}\n  i: {shape: [2, 3], "
+                   "dtype: i32, values: [[0, 1, 2], [3, 4, 0]]}", "4"),
+])
+def test_indices_the_file_gives_out_of_range_are_refused_at_load(tmp_path, op, srcs, bad):
+    names = [line.split(":")[0].strip() for line in srcs.split("\n")]
+    path = tmp_path / "i.yaml"
+    path.write_text(f"tensors:\n  {srcs}\nnodes:\n  - {{name: y, op: {op}, src: {names}}}\n"
+                    .replace("'", ""))
+    proc = subprocess.run([sys.executable, "-m", "ggmlrun", "validate", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1
+    assert "node 'y'" in lines[0] and f"index {bad}," in lines[0]
