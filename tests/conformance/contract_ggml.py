@@ -10,6 +10,7 @@ indices are valid and nothing depends on values.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import math
 import os
 import sys
@@ -137,6 +138,7 @@ def ggml_accepts(case) -> bool:
     pid = os.fork()
     if pid == 0:
         code = 0
+        faulthandler.disable()        # pytest's would report ggml's abort as a Python fatal error
         try:
             fd = os.open(os.devnull, os.O_WRONLY)
             os.dup2(fd, 2)
@@ -153,3 +155,88 @@ def ggml_accepts(case) -> bool:
     if code:
         raise RuntimeError(f"the ggml harness failed on {case!r} (exit {code})")
     return True
+
+
+# --- values: what ggml computes for a case, from given source values ------------------------
+
+NP = {"f32": "float32", "f16": "float16", "i32": "int32"}
+
+
+def _fill(t, arr, layout):
+    """Write the logical values `arr` into the bytes `t` (a source of `layout`) reads."""
+    import numpy as np
+
+    base = t.contents.view_src if layout != "c" else t
+    ne = [int(base.contents.ne[i]) for i in range(4)]
+    shape = [d for d in reversed(ne)]
+    n = int(np.prod(ne))
+    buf = np.ctypeslib.as_array(ctypes.cast(ggml.ggml_get_data(base),
+                                            ctypes.POINTER(ctypes.c_uint8)),
+                                shape=(n * arr.itemsize,)).view(arr.dtype).reshape(shape)
+    lead = (1,) * (4 - arr.ndim)
+    full = arr.reshape(lead + arr.shape)
+    if layout == "c":
+        buf[...] = full
+    elif layout == "t":
+        buf[...] = np.swapaxes(full, -1, -2)
+    elif layout == "pad":
+        buf[..., :arr.shape[-1]] = full
+    else:
+        buf[..., ::2] = full
+
+
+def _child_values(case, arrays, fd) -> None:
+    import numpy as np
+
+    op, srcs, params = case
+    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=64 << 20, mem_buffer=None,
+                                               no_alloc=False))
+    s = []
+    for src, arr in zip(srcs, arrays):
+        t = _source(ctx, *src)
+        _fill(t, arr, src[2])
+        s.append(t)
+    out = _op(ctx, op, s, params, [src[1] for src in srcs])
+    gf = ggml.ggml_new_graph(ctx)
+    ggml.ggml_build_forward_expand(gf, out)
+    ggml.ggml_graph_compute_with_ctx(ctx, gf, 1)
+    ne = [int(out.contents.ne[i]) for i in range(4)]
+    dtype = {ggml.GGML_TYPE_F32: np.float32, ggml.GGML_TYPE_I32: np.int32}[out.contents.type]
+    n = int(np.prod(ne))
+    data = np.ctypeslib.as_array(ctypes.cast(ggml.ggml_get_data(out),
+                                             ctypes.POINTER(dtype == np.float32 and
+                                                            ctypes.c_float or ctypes.c_int32)),
+                                 shape=(n,))
+    payload = np.asarray(data, dtype).reshape(list(reversed(ne))).tobytes()
+    os.write(fd, dtype.__name__.encode().ljust(8) + payload)
+
+
+def ggml_values(case, arrays):
+    """ggml's result for the case with these source values (NumPy order, 4-D padded)."""
+    import numpy as np
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        faulthandler.disable()
+        code = 0
+        try:
+            _child_values(case, arrays, write)
+        except BaseException:  # noqa: BLE001
+            code = 4
+        os.close(write)
+        os._exit(code)
+    os.close(write)
+    chunks = []
+    while True:
+        chunk = os.read(read, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status):
+        raise RuntimeError(f"ggml did not compute {case!r}")
+    raw = b"".join(chunks)
+    return np.frombuffer(raw[8:], dtype=raw[:8].decode().strip())

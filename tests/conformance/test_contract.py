@@ -65,3 +65,54 @@ def test_counts(table):
     assert counts["accepted, ggml aborts"] == 0
     assert counts["both refuse"] > 100 and counts["both accept"] > 100
     assert counts["refused, ggml computes (wrong)"] > 0
+
+
+def _truth(case, arrays):
+    """The op's answer, by ggmlrun's kernel on contiguous copies (the layout changes nothing
+    of the meaning), or the reference formula for flash attention."""
+    import numpy as np
+
+    from ggmlrun.core.ir.graph import Tensor
+    from ggmlrun.core.ir.ops import get_op, make_node
+    from ggmlrun.core.run import reference_ops
+
+    op, srcs, params = case
+    if op == "flash_attn_ext":
+        q, k, v, mask = arrays
+        out = np.empty((q.shape[0], q.shape[2], q.shape[1], v.shape[-1]))
+        reference_ops.flash_attn_ext(out, q.astype(np.float32), k, v, mask, scale=1.0,
+                                     max_bias=0.0, logit_softcap=0.0, prec="f32")
+        return out
+    leafs = [Tensor(name=f"s{i}", shape=a.shape, dtype=d, role="weight")
+             for i, ((d, _, _), a) in enumerate(zip(srcs, arrays))]
+    node = make_node("y", op, leafs, dict(params))
+    out = np.empty(node.shape, node.np_dtype)
+    get_op(op).kernel(out, *arrays, **node.params)
+    return out
+
+
+def test_what_release_ggml_computes_wrongly_is_wrong():
+    """Each case the rules call "wrong" (ggml computes it without complaint), computed in real
+    ggml from random values: its answer differs from the op's."""
+    import numpy as np
+
+    from .contract_ggml import ggml_values
+
+    rng = np.random.default_rng(34)
+    wrong = [c for c in CASES if verdict(c)[1] == "wrong"]
+    assert wrong
+    for case in wrong:
+        op, srcs, _ = case
+        arrays = []
+        for i, (dtype, shape, _) in enumerate(srcs):
+            if dtype == "i32":
+                rows = srcs[0][1][-2]
+                arrays.append(rng.integers(0, rows, size=shape).astype(np.int32))
+            else:
+                arrays.append(rng.standard_normal(shape).astype({"f32": np.float32,
+                                                                 "f16": np.float16}[dtype]))
+        got = ggml_values(case, arrays)
+        want = _truth((op, [(d, s, "c") for d, s, _ in srcs], case[2]), arrays)
+        assert got.size == want.size, case_name(case)
+        assert not np.allclose(got.astype(np.float64), want.astype(np.float64).ravel(),
+                               rtol=1e-3, atol=1e-3), case_name(case)
