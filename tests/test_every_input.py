@@ -1,15 +1,11 @@
 """Every file read is an input: `--out`, `--trace` and `-o` never replace a file the run has
 read (the model or card, the backends file, the graph and its data), nor a read-only file (as
-root too); every signal that ends a process by default leaves no temporary file behind."""
+root too). That every signal that ends a process by default leaves no temporary file behind
+is tests/test_trust.py's, over ggmlrun.cli.main.CLEANUP_SIGNALS."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -77,29 +73,3 @@ def test_reads_are_forgotten_between_commands_of_one_process(tmp_path):
     assert invoke("validate", graph)[0] == 0
     graph.unlink()                                   # its inode may be reused by the output
     assert invoke("run", MLP, "--out", tmp_path / "o.npz")[0] == 0
-
-
-ENDING = [name for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
-                            "SIGXCPU", "SIGPROF", "SIGVTALRM", "SIGIO", "SIGPWR")
-          if hasattr(signal, name)]
-
-
-@pytest.mark.parametrize("signame", ENDING + ["SIGINT"])
-def test_every_ending_signal_leaves_no_temporary_file(tmp_path, signame):
-    signum = getattr(signal, signame)
-    script = tmp_path / "slow.py"
-    script.write_text(
-        "import sys, time\nsys.path.insert(0, %r)\n" % str(ROOT) +
-        "from ggmlrun.cli.main import _install_signal_handlers\n"
-        "from ggmlrun.core.util.atomic import write_atomic\n"
-        "_install_signal_handlers()\n"
-        "def slow(handle):\n    handle.write(b'x'); print('ready', flush=True); time.sleep(60)\n"
-        f"write_atomic({str(tmp_path / 'out.txt')!r}, slow)\n")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
-    assert proc.stdout.readline().strip() == b"ready"
-    proc.send_signal(signum)
-    code = proc.wait(timeout=20)
-    if signame != "SIGINT":
-        assert code == 128 + signum
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["slow.py"]
