@@ -371,7 +371,10 @@ def test_geglu_follows_ggml_cpus_f16_table():
 @pytest.mark.parametrize("op", sorted(GATES))
 @pytest.mark.parametrize("swapped", [False, True])
 def test_glu_split_and_fused_forms(op, swapped):
-    a, b = randn(3, 8), randn(3, 8)
+    # its own values: geglu's f16 table is a rounding away from the f64 formula on a few
+    # inputs, so the values must not depend on what earlier tests drew from the shared RNG
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((3, 8)).astype(F32) for _ in range(2))
     if swapped:             # ggml_glu_split has no swapped: refused rather than ignored
         with pytest.raises(InputError, match="swapped"):
             node_for("glu", [a, b], {"op": op, "swapped": True})
