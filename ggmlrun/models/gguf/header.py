@@ -281,4 +281,12 @@ def _place_data(r: BoundedReader, header: GGUFHeader) -> GGUFHeader:
         header.tensors[i] = HeaderTensor(t.name, t.ne, t.type_id, start + expected, t.nbytes)
         header.data_end = end
         expected += padded
+    padded_end = start + expected if header.tensors else start
+    if r.size > max(padded_end, header.data_end):
+        extra = r.size - max(padded_end, header.data_end)
+        raise r.fail(f"{extra} bytes follow the data section, which ends at byte "
+                     f"{header.data_end} (padded: {padded_end}) of {r.size}: the file's data "
+                     f"must end where the file ends (a tensor count one short reads every "
+                     f"tensor early; gguf writes nothing after the last tensor's padding)",
+                     f"its {len(header.tensors)} tensors")
     return header
