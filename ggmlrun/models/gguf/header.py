@@ -281,7 +281,7 @@ def _place_data(r: BoundedReader, header: GGUFHeader) -> GGUFHeader:
         header.tensors[i] = HeaderTensor(t.name, t.ne, t.type_id, start + expected, t.nbytes)
         header.data_end = end
         expected += padded
-    padded_end = start + expected if header.tensors else start
+    padded_end = -(-start // align) * align + expected    # gguf pads even after no tensors
     if r.size > max(padded_end, header.data_end):
         extra = r.size - max(padded_end, header.data_end)
         raise r.fail(f"{extra} bytes follow the data section, which ends at byte "
