@@ -51,3 +51,28 @@ def test_a_graph_file_is_read_once(monkeypatch):
 @pytest.mark.parametrize("command", [("plan",), ("measure",), ("run",)])
 def test_graph_commands_still_load_graph_files(command):
     assert invoke(*command, ROOT / "graphs" / "mlp.yaml")[0] == 0
+
+
+@pytest.mark.parametrize("override, words", [
+    ("attn_norm: q8_0", "1-D"),                  # norms are never quantized by llama.cpp
+    ("ffn_gate_exps: q8_0", "no such tensor"),   # a dense llama has no experts
+])
+def test_a_types_override_never_applied_is_refused_at_its_line(tmp_path, override, words):
+    text = CARD.read_text().replace("\nweights:", f"\ntypes: {{{override}}}\nweights:", 1)
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    code, _, err = invoke("validate", path)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err
+    assert f"c.yaml:{text.splitlines().index('types: {' + override + '}') + 1}:" in err
+
+
+def test_an_output_override_applies_to_a_tied_embedding(tmp_path):
+    from ggmlrun.models.load import load_model
+
+    text = CARD.read_text().replace("\nweights:", "\ntied_embeddings: true\ntypes: {output: q8_0}"
+                                    "\nweights:", 1)
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    model = load_model(path)
+    assert "output.weight" not in model.tensors
+    assert model.tensors["token_embd.weight"].dtype == "q8_0"
