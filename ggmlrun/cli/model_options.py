@@ -94,6 +94,12 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
     from ggmlrun.models.options.table import given
 
     model = load_named_model(path, model_kw)
+    if model is not None and model.path:
+        from ggmlrun.core.util.inputs import note_read
+
+        note_read(model.path)  # the GGUF (every shard) or card: an input no output may replace
+        for shard in model.files:
+            note_read(shard.path)
     if model is None:
         flags = [flag for key, flag in MODEL_FLAGS.items()
                  if given(model_kw.get(key), key not in _SWITCHES)]

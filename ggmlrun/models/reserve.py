@@ -141,7 +141,11 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
                          f"quantized V cache requires flash attention)")
     if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block:
         block = TYPES[opts.kv_type].block_size      # llama_init_from_model refuses the same
-        for kind, head in (("k", model.hparams.n_embd_head_k), ("v", model.hparams.n_embd_head_v)):
+        hp = model.hparams
+        heads = {("k", hp.n_embd_head_k), ("v", hp.n_embd_head_v)}
+        for il in range(hp.n_layer):                 # the sliding layers' own head sizes too
+            heads |= {("k", hp.head(il)), ("v", hp.head_v(il))}
+        for kind, head in sorted(heads):
             if head % block:
                 raise InputError(f"--kv-type {opts.kv_type}: its {block}-value blocks do not divide "
                                  f"the model's head size {head} (llama.cpp: {kind.upper()} cache "

@@ -63,8 +63,11 @@ def all_plain_ints(items) -> bool:
 
 def clip(text, limit: int = 80) -> str:
     """A value or name as an error shows it: at most `limit` characters, an ellipsis if cut,
-    so a megabyte name never becomes a megabyte error line."""
+    so a megabyte name never becomes a megabyte error line; a control character (a newline)
+    shown escaped, so the error stays one line."""
     text = str(text) if not isinstance(text, str) else text
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

@@ -281,4 +281,37 @@ def _place_data(r: BoundedReader, header: GGUFHeader) -> GGUFHeader:
         header.tensors[i] = HeaderTensor(t.name, t.ne, t.type_id, start + expected, t.nbytes)
         header.data_end = end
         expected += padded
+    _check_padding(r, header, header.header_end, start, "before the data section")
+    if header.stamp is not None:     # a local file: what follows the data is read too
+        padded_end = -(-start // align) * align + expected    # gguf pads even after none
+        _check_padding(r, header, max(padded_end, header.data_end), r.size, "after the data")
     return header
+
+
+TRAILING_LIMIT = 64 << 20       # zero bytes after the data that are read to be sure of them
+
+
+def _check_padding(r: BoundedReader, header: GGUFHeader, begin: int, end: int,
+                   where: str) -> None:
+    """The bytes from `begin` to `end` are padding: zeros, as gguf writes them. A tensor count
+    one short leaves the last tensor's description where the padding should be and its data
+    after the data section (every weight then read early, the last tensor taken for a tied
+    output): both are other bytes. Zeros past the data (a tool padding the file) are
+    accepted, up to TRAILING_LIMIT bytes read; more is refused as well."""
+    if end <= begin:
+        return
+    bad = end - begin > TRAILING_LIMIT
+    at = begin
+    if not bad:
+        r.f.seek(begin)
+        while at < end and not bad:
+            chunk = r.f.read(min(1 << 20, end - at))
+            if not chunk:
+                break
+            bad = chunk.count(0) != len(chunk)
+            at += len(chunk)
+    if bad:
+        raise r.fail(f"{end - begin} bytes {where} (bytes {begin} to {end} of {r.size}) are not "
+                     f"gguf's zero padding: the header does not describe this file (a tensor "
+                     f"count one short reads every tensor early)",
+                     f"its {len(header.tensors)} tensors")
