@@ -6,6 +6,11 @@ import sys as _sys
 
 __version__ = "0.1.0"
 
+# the Python API (docs/models.md, "ggmlrun as a library"): both import their machinery when
+# called, so `import ggmlrun` loads two small modules more
+from ggmlrun.api import fit, measure  # noqa: E402
+from ggmlrun.core.util.errors import InputError, RunError  # noqa: E402
+
 
 def _interrupted_at_startup(signum, frame):
     """Ctrl-C while the command line is still importing: one line, never a traceback.

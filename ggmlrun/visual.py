@@ -10,7 +10,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from ggmlrun.core.util.fmt import human_bytes
+from ggmlrun.core.util.fmt import human_bytes, is_terminal  # noqa: F401  (callers ask visual)
 from ggmlrun.report.table import Bytes, Table, plain, seconds_text
 
 if TYPE_CHECKING:     # rich loads when something is drawn, not on every command
@@ -212,13 +212,6 @@ def print_memory_bars(console: Console, bars: list[dict]) -> None:
 
 
 # --- progress ----------------------------------------------------------------------------------
-def is_terminal(stream) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
 @contextlib.contextmanager
 def run_progress(console: Console, total: int, what: str = "computing"
                  ) -> Iterator[Callable[[int], None] | None]:

@@ -12,19 +12,22 @@ from ggmlrun.core.ir.ops import get_op, make_node
 RNG = np.random.default_rng(1234)
 
 
-def leaf_for(name: str, arr: np.ndarray) -> Tensor:
+def leaf_for(name: str, arr: np.ndarray, layout: bool = True) -> Tensor:
+    """A leaf of arr's shape and dtype; with `layout`, its strides too (else contiguous)."""
     return Tensor(name=name, shape=arr.shape, dtype=type_name(arr.dtype),
-                  strides=arr.strides, role="input")
+                  strides=arr.strides if layout else (), role="input")
 
 
-def node_for(op: str, arrays, params=None, name="n") -> Tensor:
-    leafs = [leaf_for(f"s{i}", a) for i, a in enumerate(arrays)]
+def node_for(op: str, arrays, params=None, name="n", layout: bool = True) -> Tensor:
+    leafs = [leaf_for(f"s{i}", a, layout) for i, a in enumerate(arrays)]
     return make_node(name, op, leafs, params)
 
 
 def run(op: str, arrays, params=None, out=None) -> np.ndarray:
-    """Infer, allocate a fresh contiguous out (unless given), run the kernel, return out."""
-    node = node_for(op, arrays, params)
+    """Infer (from contiguous leafs of the arrays' shapes and types: ggml's layout rules are
+    the shape rule's business, tests/test_contract.py), allocate a fresh contiguous out
+    (unless given), run the kernel on the arrays as they are laid out, return out."""
+    node = node_for(op, arrays, params, layout=False)
     spec = get_op(op)
     if out is None:
         out = np.empty(node.shape, node.np_dtype)

@@ -89,9 +89,10 @@ def test_running_failures_exit_1(tmp_path):
     result = invoke("run", ROOT / "graphs/mlp.yaml", "--backends", small, "--out", tmp_path / "o.npz")
     assert_one_line_failure(*result, 1, tmp_path, ("SIM0", "65536", "largest tensors", "mlp.yaml"))
     rows = tmp_path / "rows.yaml"
-    rows.write_text("tensors:\n  t: {shape: [4, 3]}\n  i: {shape: [2], dtype: i32, values: [1, 9]}\n"
+    rows.write_text("tensors:\n  t: {shape: [4, 3]}\n  i: {shape: [2], dtype: i32, role: input}\n"
                     "nodes:\n  - {name: g, op: get_rows, src: [t, i]}\n")
-    result = invoke("run", rows, "--out", tmp_path / "o.npz")
+    np.save(tmp_path / "i.npy", np.array([1, 9], np.int32))   # indices the file does not give
+    result = invoke("run", rows, "--input", f"i={tmp_path / 'i.npy'}", "--out", tmp_path / "o.npz")
     assert_one_line_failure(*result, 1, tmp_path, ("while executing node 'g'",))
 
 

@@ -186,7 +186,9 @@ def test_every_cli_model_option_reaches_the_line():
                "--kv-unified": "-kvu", "--swa-full": "--swa-full",
                "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
-                 "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N"}
+                 "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N",
+                 "--refresh": "where the header comes from (the header cache), not an option "
+                              "of the model"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS
 
     flags = {o.split()[0] for o in spelled}

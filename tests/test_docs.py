@@ -61,6 +61,8 @@ SKIPPED = {   # why an example does not run here
     ".svg": "needs Graphviz",
     ".png": "needs Graphviz",
     "oracle": "needs llama-cpp-python (the oracle)",
+    "hf://": "reaches the Hugging Face Hub (tests/test_hub.py runs these against a stand-in)",
+    "https://": "reaches the network (tests/test_hub.py serves files on loopback)",
 }
 
 

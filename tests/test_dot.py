@@ -121,6 +121,12 @@ def test_out_dot_file_and_svg_fallback_without_graphviz(tmp_path, monkeypatch):
     code, out, err = invoke("dot", ROOT / "graphs/mlp.yaml", "-o", tmp_path / "h.svg")
     assert code == 0 and out == "" and "not on PATH" in err
     assert (tmp_path / "h.dot").exists() and not (tmp_path / "h.svg").exists()
+    # the fallback it wrote is its own to replace; a DOT file of the user's is kept
+    code, _, err = invoke("dot", ROOT / "graphs/mlp.yaml", "-o", tmp_path / "h.svg")
+    assert code == 0 and "not on PATH" in err
+    code, _, err = invoke("dot", ROOT / "graphs/mlp.yaml", "-o", tmp_path / "g.svg")
+    assert code == 1 and "left as it is" in err
+    assert (tmp_path / "g.dot").read_text().startswith('digraph "mlp" {')
 
 
 def _fake_dot(bin_dir: Path, body: str) -> None:

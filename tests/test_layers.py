@@ -21,8 +21,8 @@ STAGES = ["core.util", "core.ir", "core.backends", "core.frontend", "core.sched"
           "core.run", "core.observe", "core.engine",
           "models.gguf", "models.hparams", "models.options", "models.memory", "models.graph",
           "models.arch", "models.modelfile", "models.cards", "models.load", "models.reserve",
-          "models.fit", "models.run", "models.api",
-          "report", "visual", "cli"]
+          "models.fit", "models.run",
+          "report", "visual", "cli", "api"]
 NEVER_IN_CORE = {"click", "rich", "gguf", "yaml"}
 GGUF_ONLY_IN = {"core.ir.types"}      # ggml's type table, as the gguf package publishes it
 YAML_ONLY_IN = {"core.frontend.yamlfile"}

@@ -230,7 +230,7 @@ def test_anchors_and_merge_keys(tmp_path):
         tensors:
           a: &w {shape: [4, 4], scale: 0.1}
           b: {<<: *w, dtype: f16}
-        nodes: [{name: y, op: add, src: [a, b]}]
+        nodes: [{name: y, op: add, src: [b, a]}]
         """)
     graph = load_graph(path)
     assert graph.tensor("b").dtype == "f16" and graph.tensor("b").shape == (4, 4)

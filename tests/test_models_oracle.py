@@ -13,9 +13,10 @@ import pytest
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.models.modelfile import read_gguf
-from ggmlrun.models.options.params import ModelOptions, kv_size, swa_kv_size, ubatch_size
+from ggmlrun.models.options.params import ModelOptions, kv_size, ubatch_size
 from ggmlrun.models.memory.placement import place
-from ggmlrun.models.reserve import apply_placement, model_graph
+from ggmlrun.models.memory.caches import model_memory
+from ggmlrun.models.reserve import model_graph, placed_tensors
 
 ROOT = Path(__file__).parents[1]
 DUMPS = sorted((ROOT / "tests" / "data" / "llamacpp" / "graphs").glob("*.json*"))
@@ -74,10 +75,9 @@ def test_graph_equals_llama_cpps(path):
     assert [g["label"] for g in reserves] == ["pp", "tg", "pp_again"]
     for g in reserves:
         tokens = 1 if g["label"] == "tg" else n_tokens
-        mg = model_graph(model, tokens, tokens, kv, kv, opts.flash_attn, opts.kv_type,
-                         swa=swa_kv_size(opts, hp))
-        apply_placement(mg, placement, backends)
-        sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(mg.graph)
+        mg = model_graph(model, model_memory(hp, opts), tokens, tokens)
+        sched = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml).schedule(
+            mg.graph, placed=placed_tensors(mg, placement, backends))
         assert (len(mg.graph.nodes), len(sched.splits)) == (g["n_nodes"], g["n_splits"])
         for ours, theirs in zip(mg.graph.nodes, g["nodes"]):
             mine = (ours.name, ours.op, _shape(ours.shape), ours.dtype, _sources(ours),

@@ -48,6 +48,8 @@ class Builder:
 
 def step(b: Builder, pool: list[Tensor], w: dict) -> Tensor:
     a = b.pick(pool)
+    if a.strides[-1] != a.itemsize:      # ggml's ops read packed rows: a transpose is cont'ed
+        a = b.node("cont", [a])
     kind = b.draw(st.sampled_from([
         "unary", "binary", "tile", "div", "sqrt_log", "scale_clamp", "reduce", "argmax_rows",
         "norm", "softmax", "mask", "matmul", "batched", "transpose", "reshape", "permute",

@@ -225,3 +225,24 @@ def test_a_pin_refused_for_a_source_type_says_so():
     bk[0].unsupported_types = {"mul_mat": frozenset({"f16"})}
     with pytest.raises(InputError, match="does not support op 'mul_mat' on sources of type f16, f32"):
         engine.schedule(Graph("pin", [x, w16], [b], [b]), bk)
+
+
+def test_every_cause_the_scheduler_gives_has_a_legend():
+    """plan's legend explains every cause code: over random graphs and backend sets, under
+    ggml's rules and the cost policy, no node gets a code the legend lacks."""
+    import numpy as np
+
+    from ggmlrun.core.sched.policy import CostPolicy
+    from ggmlrun.core.sched.schedule import cause_meaning
+    from ggmlrun.core.sched.scheduler import Scheduler
+    from tests.randgraph import random_backends, random_graph
+
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        graph = random_graph(rng, n_nodes=int(rng.integers(4, 20)))
+        backends = random_backends(rng, graph)
+        schedules = [Scheduler(backends).schedule(graph)]
+        schedules.append(CostPolicy(backends).place(graph).schedule)
+        for sched in schedules:
+            missing = {c for c in sched.cause.values() if c and cause_meaning(c) is None}
+            assert not missing, missing

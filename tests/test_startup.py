@@ -161,3 +161,15 @@ for command in (['validate', {model!r}], ['measure', {model!r}, '--json']):
         assert not done.code, done.code
 """)["found"]
     assert found == {"validate": False, "measure": False}
+
+
+def test_import_ggmlrun_for_its_api_loads_no_machinery():
+    """A tool that embeds ggmlrun (docs/models.md, "ggmlrun as a library") pays for `import
+    ggmlrun` only the API's own small module: the command line, the models and the engine
+    load when `measure` or `fit` is called."""
+    result = _loaded("import ggmlrun\n"
+                     "found['api'] = [callable(ggmlrun.measure), callable(ggmlrun.fit)]")
+    assert result["found"] == {"api": [True, True]}
+    banned = {**NOT_FOR_VERSION, "click": "click", "ggmlrun.cli": "the command line",
+              "ggmlrun.models": "model code"}
+    assert _offending(result["added"], banned) == []

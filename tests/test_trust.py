@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from clikit import invoke
+from ggmlrun.cli.main import CLEANUP_SIGNALS
 from tests.hang import no_hang
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +147,7 @@ def test_a_closed_stdout_is_no_internal_error():
     assert "Traceback" not in err and "internal error" not in err and "Exception" not in err, err
 
 
-@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP", "SIGQUIT"])
+@pytest.mark.parametrize("signame", [n for n in CLEANUP_SIGNALS if hasattr(signal, n)])
 def test_ending_signals_leave_no_temporary_file(tmp_path, signame):
     """A write that never finishes, ended by a signal: the temp file beside it goes."""
     signum = getattr(signal, signame)

@@ -329,3 +329,33 @@ def test_markup_and_escape_codes_in_names_and_paths_print_as_text(tmp_path, comm
     assert "\x1b" not in out + err and "internal error" not in err
     if command != "validate":
         assert "[/]" in out
+
+
+def test_bare_ggmlrun_prints_the_help_and_exits_0():
+    code, out, err = invoke()
+    assert code == 0 and err == ""
+    assert "Usage:" in out and "measure" in out and "fit" in out
+
+
+def test_measure_fit_exits_1_when_the_host_does_not_fit(tmp_path, monkeypatch):
+    """--fit answers for the devices; a plan over the host's RAM is still a failure (exit 1,
+    one line), whatever the layers say."""
+    path = llama(tmp_path, "--offload", 6)
+    code, out, _ = invoke("measure", path, "--fit", "--memory", "SIM0=64GiB")
+    assert code == 0 and "fits" in out
+    monkeypatch.setenv("GGMLRUN_HOST_RAM", "1MiB")
+    code, out, err = invoke("measure", path, "--fit", "--memory", "SIM0=64GiB")
+    assert code == 1 and "does NOT fit" in out
+    assert len(err.strip().splitlines()) == 1 and "host RAM" in err
+
+
+def test_expert_options_on_a_dense_model_warn_and_change_nothing():
+    dense = ROOT / "examples/models/tiny-llama-f16.gguf"
+    code, plain, _ = invoke("measure", dense, "--json")
+    for flag in (("--n-cpu-moe", 2), ("--cpu-moe",)):
+        code, out, err = invoke("measure", dense, *flag, "--json")
+        assert code == 0 and "moves nothing" in err
+        assert json.loads(out)["backends"] == json.loads(plain)["backends"]
+    code, _, err = invoke("measure", ROOT / "examples/models/tiny-qwen3moe-f16.gguf",
+                          "--n-cpu-moe", 1)
+    assert code == 0 and "moves nothing" not in err

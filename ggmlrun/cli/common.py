@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ggmlrun import __version__, report
+from ggmlrun.models.options.table import BY_NAME
 
 
 @functools.cache
@@ -44,7 +45,18 @@ def phase_timer(show_progress: bool):
     console = stderr() if show_progress or visual.is_terminal(sys.stderr) else None
     return visual.Phases(console, show_progress)
 
-GRAPH = click.argument("graph", type=click.Path(dir_okay=False, path_type=Path))
+class _GraphArg(click.Path):
+    """A local path, or a remote model's name kept as written (a URL, an hf:// name: a Path
+    would collapse its `//`)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith(("http://", "https://", "hf://")):
+            return value
+        return super().convert(value, param, ctx)
+
+
+MODEL_ARG = _GraphArg(dir_okay=False, path_type=Path)
+GRAPH = click.argument("graph", type=MODEL_ARG)
 BACKENDS = click.option("--backends", "backends_file", type=click.Path(dir_okay=False, path_type=Path),
                         help="YAML file with a `backends:` list; overrides the graph's own. "
                              "Default: the graph's, else [SIM0 (sim, 16GiB), CPU].")
@@ -61,10 +73,8 @@ PLANNER = click.option("--planner", type=click.Choice(["ggml", "best"]), default
                             "(never larger).")
 
 
-GGML = click.option("--ggml", "ggml", type=click.Choice(["0.25", "0.15"]), default="0.25",
-                    show_default=True,
-                    help="Whose scheduler and allocator rules: ggml 0.25.3 (llama.cpp's) or "
-                         "0.15.3.")
+GGML = click.option("--ggml", "ggml", type=click.Choice(BY_NAME["ggml"].kind.values),
+                    default=BY_NAME["ggml"].default, help=BY_NAME["ggml"].help_text())
 
 
 _JSON_EMITTED = []
@@ -146,9 +156,7 @@ def placement_options(func):
                      help="Move every tensor and pin of one backend to another, which drops the "
                           "first from the list (e.g. SIM0=CPU); repeatable. Graph files only "
                           "(a model's weights move with --ngl or --override-tensor)."),
-        click.option("--no-op-offload", is_flag=True,
-                     help="Never move a CPU-weight op to a device for its batch (llama.cpp's "
-                          "--no-op-offload)."),
+        click.option("--no-op-offload", is_flag=True, help=BY_NAME["op_offload"].help_text()),
         click.option("--offload-min-batch", type=click.IntRange(min=1), metavar="N",
                      help="Batch from which op offload moves an op to a device (every device); "
                           "default each device's own (32). Graph files only."),
@@ -188,10 +196,15 @@ def _raise_unless_fits(sched, memory, fit) -> None:
     engine.check_capacity(sched, memory, fit=fit)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             invoke_without_command=True)
 # the version from the package itself: asking the installed metadata (importlib.metadata,
 # email, ...) is ~10 ms of a `--version` that should cost nothing
 @click.version_option(version=__version__, package_name="ggmlrun")
 @DEBUG
-def cli():
+@click.pass_context
+def cli(ctx):
     """See and run how a ggml compute graph is placed, sized and executed across devices."""
+    if ctx.invoked_subcommand is None:       # bare `ggmlrun`: the help, and a clean exit
+        click.echo(ctx.get_help())
+        ctx.exit(0)

@@ -8,27 +8,34 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.cli.common import BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
+from ggmlrun.cli.common import MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
 from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
                                        print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 from ggmlrun.models.options.params import U32_MAX
 
 
+def fit_context(value) -> int | str | None:
+    """fit's --ctx: 'auto', or a context length as the option table reads one; ValueError."""
+    from ggmlrun.models.options.table import BY_NAME
+
+    if value is None or value == "auto":
+        return value
+    try:
+        return BY_NAME["ctx"].kind.check(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is neither a context length (1 to {U32_MAX}, llama.cpp's "
+                         f"uint32) nor 'auto'") from None
+
+
 class _CtxType(click.ParamType):
     name = "N|auto"
 
     def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int) or value == "auto":
-            return value
         try:
-            n = int(value)
-        except ValueError:
-            n = 0
-        if not 1 <= n <= U32_MAX:
-            self.fail(f"{value!r} is neither a context length (1 to {U32_MAX}, llama.cpp's "
-                      f"uint32) nor 'auto'", param, ctx)
-        return n
+            return fit_context(value)
+        except ValueError as err:
+            self.fail(str(err), param, ctx)
 
 
 FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."
@@ -37,7 +44,7 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
 
 
 @cli.command(help=FIT_HELP)
-@click.argument("model_path", metavar="MODEL", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("model_path", metavar="MODEL", type=MODEL_ARG)
 @BACKENDS
 @JSON
 @click.option("--ctx", "fit_ctx", type=_CtxType(), default=None,
@@ -60,39 +67,48 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
         show_progress, **model_kw):
     """The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."""
     from ggmlrun.core.util.errors import RunError
-    from ggmlrun.models.fit import fit_model
-
     from ggmlrun.core.util.inputs import open_regular
 
-    open_regular(model_path, "model", limit=None).close()   # "no such file", a directory, ...
+    if isinstance(model_path, Path):
+        open_regular(model_path, "model", limit=None).close()   # "no such file", a directory
     model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides)
     if model is None:
         raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
                          "YAML file with `architecture:`); this is neither", file=str(model_path))
+    result, opts, record = fit_answer(model, fit_ctx, min_ctx, margin)
+    if as_json:
+        emit_json(record)
+    else:
+        print_model_figures(model, report.fit_table(model[0], result), result.backends,
+                            opts.no_mmap, report.fit_line(result))
+    if not result.fits:
+        raise RunError(result.advice)
+
+
+def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
+    """fit's answer for a model input: the result, the options it fitted with (--ctx N
+    replaces the model's), and the record `--json` prints (the Python API returns it too)."""
+    from dataclasses import replace
+
+    from ggmlrun.cli.model_options import warn_past_training
+    from ggmlrun.models.fit import fit_model
+    from ggmlrun.models.options.table import options_json
+
     margin_device, margin_cpu, by_name = parse_margins(margin)
-    model_file, backends, opts = model
+    model_file, backends, opts = model_input
     names = [b.name for b in backends]
     for name in by_name:
         if name not in names:
             raise InputError(f"--margin {name}=...: no backend '{name}'; backends: "
                              f"{', '.join(names)}")
-    planned = model
     if isinstance(fit_ctx, int):
-        from dataclasses import replace
-
-        from ggmlrun.cli.model_options import warn_past_training
-
         warn_past_training(model_file, fit_ctx)
         opts = replace(opts, ctx=fit_ctx)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx, margins=by_name)
-    if as_json:
-        emit_json({**report.model_fit_dict(model_file, result), **planned_for_dict(planned)})
-    else:
-        print_model_figures(planned, report.fit_table(model_file, result), result.backends,
-                            opts.no_mmap, report.fit_line(result))
-    if not result.fits:
-        raise RunError(result.advice)
+    record = {**report.model_fit_dict(model_file, result), "options": options_json(opts),
+              **planned_for_dict(model_input)}
+    return result, opts, record
 
 
 def _ngl_refused(value) -> None:

@@ -11,19 +11,20 @@ from ggmlrun import report
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
 from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_commands import _measure_model, _model_schedule, _run_model, _validate_model
-from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
-                                       print_planned_for)
+from ggmlrun.cli.model_options import (MODEL_OPTIONS, model_options, _model_input,
+                                       planned_for_dict, print_planned_for)
 
 
 @cli.command()
 @GRAPH
 @BACKENDS
 @JSON
+@MODEL_OPTIONS["refresh"]
 @placement_options
 @DEBUG
-def validate(graph, backends_file, as_json, overrides, show_progress):
+def validate(graph, backends_file, as_json, refresh, overrides, show_progress):
     """Load and check a graph file only (backend names and pins included)."""
-    model = _model_input(graph, backends_file, {}, overrides=overrides)
+    model = _model_input(graph, backends_file, {"refresh": refresh}, overrides=overrides)
     if model:
         return _validate_model(*model, as_json)
 
@@ -86,6 +87,8 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
     fit, summary = _fit_and_summary(sched, memory, phases, payload)
     if not as_json and fmt != "ggml":    # the ggml text stands alone, as ggml prints it
         report.print_tables(stdout(), report.summary_table(summary, fit))
+        for line in report.cause_legend(sched):
+            click.echo(line)
     if as_json:
         emit_json(payload)
     else:
@@ -143,9 +146,16 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
         phases.report()
     if not layer_fits:
         _raise_unless_fits(sched, memory, fit)
-    elif not all(f.base_fits for f in layer_fits):
-        worst = next(f for f in layer_fits if not f.base_fits)
+        return
+    from ggmlrun.core.memory.fits import host_failure_message
+
+    # --fit answers for the devices, whose plan may be over them; the host is not moved by it
+    worst = next((f for f in layer_fits if not f.base_fits), None)
+    if worst is not None:
         raise CapacityError(f"{worst.device} is over its memory even with no layer on it")
+    host = host_failure_message(sched, fit)
+    if host:
+        raise CapacityError(host, file=str(sched.graph.path) if sched.graph.path else None)
 
 
 def _layers_that_fit(graph, sched, policy: str, planner: str):
@@ -198,12 +208,15 @@ def _layers_that_fit(graph, sched, policy: str, planner: str):
 @click.option("--tokens", metavar="1,2,3", help="[models] Token ids evaluated as one batch; the "
               "output is the last token's logits, `result_output`. No default: run MODEL "
               "needs it.")
+@click.option("--download", is_flag=True, default=False,
+              help="[models] A remote model's weights downloaded whole (hf://: into the Hugging "
+                   "Face cache; a URL: into ggmlrun's), then run; without it run refuses one.")
 @model_options()
 @placement_options
 @DEBUG
 def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, policy, planner,
         trace_file, show_profile, profile_by, profile_sort, profile_top, warmup, ggml, tokens,
-        overrides, show_progress, **model_kw):
+        download, overrides, show_progress, **model_kw):
     """Schedule, measure, allocate and compute; print splits, timings and outputs."""
     from ggmlrun.core import engine
 
@@ -211,8 +224,8 @@ def run(graph, backends_file, as_json, input_specs, out_file, repeat, check, pol
 
     from ggmlrun import visual
 
-    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens}, ggml, policy,
-                         overrides)
+    model = _model_input(graph, backends_file, {**model_kw, "tokens": tokens,
+                                                 "download": download}, ggml, policy, overrides)
     if model:
         source = click.get_current_context().get_parameter_source
         return _run_model(model, tokens, as_json, out_file, dict(
@@ -304,7 +317,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
             click.echo(f"wrote {out_file}", err=True)
             return
         dot_file = out_file.with_suffix(".dot")
-        if dot_file.exists():
+        if dot_file.exists() and not _our_fallback(dot_file):
             from ggmlrun.core.util.errors import RunError
 
             raise RunError(f"Graphviz `dot` is not on PATH, so no {fmt.upper()}; the DOT text "
@@ -315,5 +328,20 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
                    f"writing DOT to {dot_file} (render it with: dot -T{fmt} {dot_file} "
                    f"-o {out_file})", err=True)
         out_file = check_output(dot_file, "--out", inputs=engine.files_read(graph, backends_file))
+        text = FALLBACK_MARK + text     # so that the next run may write over it, and only it
     write_text(out_file, text)
     click.echo(f"wrote {out_file}", err=True)
+
+
+# the first line of the DOT text `dot -o X.svg` writes to X.dot when Graphviz is missing
+FALLBACK_MARK = "// ggmlrun dot: Graphviz was not on PATH; this is the DOT text to render\n"
+
+
+def _our_fallback(path: Path) -> bool:
+    """Whether `path` is a DOT file an earlier `dot -o` wrote in place of a picture (its first
+    line says so): that one is ours to replace; any other file is the user's and is kept."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(FALLBACK_MARK)) == FALLBACK_MARK.encode()
+    except OSError:
+        return False

@@ -13,14 +13,18 @@ from ggmlrun.core.util.errors import GgmlrunError, InputError
 from ggmlrun.cli.common import forget_json, json_emitted, stderr, MAX_MESSAGE, cli
 
 
-# signals that end a process by default: each leaves no temporary file behind (a closed
-# terminal sends SIGHUP, Ctrl-\\ SIGQUIT); SIGINT is KeyboardInterrupt, handled in `main`
-CLEANUP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT")
+# every catchable signal whose default action ends the process (signal(7)): each leaves no
+# temporary file behind (a closed terminal sends SIGHUP, Ctrl-\\ SIGQUIT, a CPU limit SIGXCPU,
+# timers SIGALRM/SIGVTALRM/SIGPROF, other programs SIGUSR1/SIGUSR2); SIGINT is
+# KeyboardInterrupt, handled in `main`. Python itself ignores SIGPIPE and SIGXFSZ; SIGSEGV,
+# SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGSYS and SIGTRAP are faults or debuggers, not requests.
+CLEANUP_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU",
+                   "SIGPROF", "SIGVTALRM", "SIGIO", "SIGPWR", "SIGSTKFLT")
 
 
 def _on_sigterm(signum, frame):
-    """SIGTERM, SIGHUP, SIGQUIT: leave no temporary file behind, then exit as a process ended
-    by that signal does (128 + its number)."""
+    """A signal that ends the process by default: leave no temporary file behind, then exit
+    as a process ended by that signal does (128 + its number)."""
     from ggmlrun.core.util.atomic import remove_temp_files
 
     remove_temp_files()
@@ -46,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         try:
             _install_signal_handlers()
+            from ggmlrun.core.util.inputs import forget_reads
+
+            forget_reads()
             _main(argv)
         except KeyboardInterrupt:
             _interrupted()

@@ -23,7 +23,7 @@ def _validate_model(model, backends, opts, as_json):
         items = [f"({summary['architecture']},", f"{summary['n_layer']} layers,",
                  f"{summary['tensors']} tensors,", f"{summary['weights_bytes']:,} bytes of weights)"]
         width = shutil.get_terminal_size((160, 24)).columns
-        for line in report.pack_line(f"{report.plain(model.path)}: ok", items, width):
+        for line in report.pack_line(f"{report.plain(model.label)}: ok", items, width):
             click.echo(line)
 
 
@@ -33,22 +33,32 @@ def _model_schedule(model, backends, opts):
     return measure_model(model, backends, opts).schedule
 
 
-def _measure_model(model_input, as_json):
+def measure_answer(model_input):
+    """measure MODEL's figures, memory plan, fit and the line to paste, with the record
+    `--json` prints (the Python API returns the same record)."""
+    from ggmlrun.core import engine
+    from ggmlrun.models.options.command_line import llama_cpp_line
+    from ggmlrun.models.options.table import options_json
     from ggmlrun.models.reserve import measure_model
 
     model, backends, opts = model_input
-
     figures = measure_model(model, backends, opts)
-    from ggmlrun.core import engine
-
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     fit = model_fit(figures)
-    from ggmlrun.models.options.command_line import llama_cpp_line
-
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
+    record = {**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
+              "command": command, "options": options_json(opts),
+              **planned_for_dict(model_input)}
+    return figures, memory, fit, command, record
+
+
+def _measure_model(model_input, as_json):
+    from ggmlrun.core import engine
+
+    model, backends, opts = model_input
+    figures, memory, fit, command, record = measure_answer(model_input)
     if as_json:
-        emit_json({**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
-                   "command": command, **planned_for_dict(model_input)})
+        emit_json(record)
     else:
         print_model_figures(model_input, report.model_measure_table(model, figures),
                             figures.backends, opts.no_mmap, f"llama.cpp: {command}")
@@ -130,6 +140,7 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
         logits, result = run_model(model, backends, opts, ids, repeat=repeat, warmup=warmup,
                                    record_events=bool(trace_file or profile_on),
                                    progress=progress)
+    _refuse_non_finite(model, logits)
     sched = result.schedule
     outputs = {"result_output": logits}
     summaries = {name: results.summarize(arr) for name, arr in outputs.items()}
@@ -175,6 +186,62 @@ def _run_model(model_input, tokens, as_json, out_file, run_kw: dict):
         if prof is not None:
             report.print_tables(console, *visual.profile_tables(prof, run_kw.get("profile_by",
                                                                                  "op")))
+
+
+def _refuse_non_finite(model, logits) -> None:
+    """Never a NaN or an infinity printed or written as an answer: exit 1, naming the likely
+    cause (a float weight that holds one, else an overflow in the computation)."""
+    import numpy as np
+
+    from ggmlrun.core.util.errors import RunError
+
+    bad = ~np.isfinite(logits)
+    if not bad.any():
+        return
+    what = f"{int(np.isnan(logits).sum())} NaN and {int(np.isinf(logits).sum())} infinite"
+    weight = _first_non_finite_weight(model)
+    cause = (f"the weight '{weight}' holds non-finite values" if weight else
+             "no float weight holds one, so the computation overflowed: look for a "
+             "hyperparameter or weight scale of extreme magnitude")
+    raise RunError(f"the logits have {what} values of {logits.size}; {cause}",
+                   file=str(model.path))
+
+
+def _first_non_finite_weight(model) -> str | None:
+    """The first tensor of the file with a NaN or an infinity among its f32/f16/bf16 values or
+    its blocks' f16 scales (the types whose blocks start with one: q4_0, q4_1, q5_0, q5_1,
+    q8_0; the k-quants' scales are not decoded here)."""
+    import numpy as np
+
+    from ggmlrun.core.ir.types import TYPES
+
+    kinds = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+    scaled = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")
+    try:
+        data = np.memmap(model.path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError):
+        return None
+    for info in model.tensors.values():
+        kind = kinds.get(info.dtype)
+        if info.dtype in scaled and info.offset is not None:
+            gtype = TYPES[info.dtype]
+            n_blocks = int(np.prod(info.shape)) // gtype.block_size
+            blocks = data[info.offset:info.offset + n_blocks * gtype.type_size]
+            scales = blocks.reshape(n_blocks, gtype.type_size)[:, :2].copy().view(np.float16)
+            if not np.isfinite(scales).all():
+                return info.name
+            continue
+        if kind is None or info.offset is None:
+            continue
+        count = int(np.prod(info.shape))
+        raw = data[info.offset:info.offset + count * np.dtype(kind).itemsize]
+        values = raw.view(kind)
+        if kind is np.uint16:                     # bf16: exponent all ones
+            if ((values & 0x7F80) == 0x7F80).any():
+                return info.name
+        elif not np.isfinite(values).all():
+            return info.name
+    return None
 
 
 def top_tokens(model, logits, count: int = 5) -> list[dict]:

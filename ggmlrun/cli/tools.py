@@ -8,7 +8,8 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.cli.common import stdout, stderr, BACKENDS, JSON, DEBUG, emit_json, cli
+from ggmlrun.cli.common import MODEL_ARG, stdout, stderr, BACKENDS, JSON, DEBUG, emit_json, cli
+from ggmlrun.cli.model_options import MODEL_OPTIONS
 
 
 @cli.command()
@@ -160,3 +161,26 @@ def gen_mlp(layers, dim, hidden, batch, dtype, offload, device, name, out):
 
     _check_out(out)
     _write_text(mlp(layers, dim, hidden, batch, dtype, offload, device, name), out)
+
+
+@cli.command("card")
+@click.argument("model_path", metavar="MODEL", type=MODEL_ARG)
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the card here (FILE.yaml, atomically); default: stdout.")
+@MODEL_OPTIONS["refresh"]
+@DEBUG
+def card(model_path, out, refresh):
+    """A model card (YAML, as ggmlrun/models/cards/) from a GGUF header, local or remote:
+    `fit` on the card gives what `fit` on the file gives, without the weights."""
+    from ggmlrun.cli.fetching import load_named_model
+    from ggmlrun.core.util.outputs import check_output
+    from ggmlrun.models.cards.writer import card_text
+
+    if out is not None:
+        check_output(out, "-o", inputs=[model_path] if isinstance(model_path, Path) else [],
+                     suffixes=(".yaml",))
+    model = load_named_model(model_path, {"refresh": refresh})
+    if model is None:
+        raise InputError("card takes a GGUF model (a file, a split set, a URL or an hf:// "
+                         "name); this is not one", file=str(model_path))
+    _write_text(card_text(model), out)

@@ -1,8 +1,12 @@
 """What a GRAPH argument names: a GGUF model, a model card, or a YAML graph.
 
+A remote name (an http(s):// URL, an hf:// name: a str, never a Path, whose `//` a Path
+would collapse) is always a GGUF model, read by its header alone (gguf/source.py).
+
 A GGUF file is known by its magic, never by its name; a YAML file is a model card when its
-top level has `architecture:` and a graph file otherwise. A card is parsed once, here, so its
-errors keep their lines.
+top level, once parsed, has `architecture` (flow style, after any comment, anywhere in the
+mapping), and a graph file otherwise. The file is parsed once: a card here, so its errors keep
+their lines; a graph file's parse is handed to the graph loader (yamlfile.keep_parsed).
 """
 
 from __future__ import annotations
@@ -25,20 +29,29 @@ def load_input(path: Path) -> Graph | ModelFile:
     return load_graph(path)
 
 
-def load_model(path: Path) -> ModelFile | None:
-    """The model a GGUF file or a card holds; None for anything else (a graph file)."""
+def load_model(path, *, refresh: bool = False, stats=None) -> ModelFile | None:
+    """The model a GGUF file (or split set, or remote name) or a card holds; None for anything
+    else (a graph file). `refresh`: remote headers are fetched again, not taken from the
+    cache; `stats` counts what was fetched (gguf/remote.py's Stats)."""
+    from ggmlrun.models.gguf.source import is_remote
+
+    if is_remote(path):
+        return read_gguf(str(path), refresh=refresh, stats=stats)
     path = Path(path)
     if path.is_file() and is_gguf(path):
         return read_gguf(path)
-    if path.is_file() and _looks_like_card(path):
-        # a card's reader (and the YAML parser) only for a card: a GGUF file needs neither
-        from ggmlrun.core.frontend.yamlfile import read_yaml
-        from ggmlrun.models.cards.reader import card_model, is_card
+    _refuse_gguf_without_magic(path)
+    if path.is_file():
+        # the YAML parser only for a YAML file, the card reader only for a card: a GGUF file
+        # needs neither
+        from ggmlrun.core.frontend.yamlfile import keep_parsed, read_yaml
 
         data, doc = read_yaml(path)
-        if is_card(data):
+        if isinstance(data, dict) and "architecture" in data:      # cards.reader.is_card
+            from ggmlrun.models.cards.reader import card_model
+
             return card_model(data, doc, path)
-    _refuse_gguf_without_magic(path)
+        keep_parsed(path, data, doc)
     return None
 
 
@@ -57,16 +70,3 @@ def _refuse_gguf_without_magic(path: Path) -> None:
         return
     raise InputError(f"no GGUF magic: the file starts with {head!r}, not b'GGUF' (a model file "
                      f"cut short or not a GGUF; a graph file would be YAML)", file=str(path))
-
-
-def _looks_like_card(path: Path) -> bool:
-    """A cheap look for a top-level `architecture:` key before parsing the whole file (graph
-    files can be large; cards are a few lines)."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(1 << 16)
-    except OSError:
-        return False
-    if head.startswith(b"\xef\xbb\xbf"):        # a UTF-8 byte order mark (Windows editors)
-        head = head[3:]
-    return any(line.startswith(b"architecture:") for line in head.splitlines())

@@ -1,4 +1,8 @@
-"""A GGUF model file's header: architecture, hyperparameters and the tensor table.
+"""A GGUF model's header: architecture, hyperparameters and the tensor table.
+
+The model is one file or a split set (gguf/source.py: local, a URL or an hf:// name; only the
+headers are read). A set's shards form one model: the metadata is the first shard's (as
+llama.cpp reads it), the tensors all the shards', each remembering its shard.
 
 Read by `gguf_header` (gguf.cpp's and the model loader's checks, sizes against the file before
 anything is allocated; no weight byte is read here). Only the architectures of the registry
@@ -16,7 +20,7 @@ from ggmlrun.core.ir.types import BY_ID, TYPES
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import ARCHITECTURES, from_metadata, get_arch
 from ggmlrun.models.arch.base import check_tensors as check
-from ggmlrun.models.gguf.header import FileStamp, read_header, shown
+from ggmlrun.models.gguf.header import FileStamp, shown
 from ggmlrun.models.hparams.record import HParams, gguf_types
 
 GGUF_MAGIC = b"GGUF"
@@ -33,7 +37,16 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]      # NumPy order (GGUF/ggml ne reversed)
     dtype: str                  # ggml type name ("q4_K", "f16")
-    offset: int | None          # absolute byte offset of the data in the file; None for cards
+    offset: int | None          # absolute byte offset of the data in its file; None for cards
+    shard: int = 0              # the file of a split set that holds it (0: the first, or only)
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """A local shard's file as its header was read: what `run` maps and checks."""
+    path: Path
+    stamp: FileStamp
+    data_end: int
 
 
 @dataclass
@@ -45,6 +58,14 @@ class ModelFile:
     tensors: dict[str, TensorInfo]          # in file order
     stamp: FileStamp | None = None          # the file as its header was read (None: a card)
     data_end: int = 0                       # the file's bytes its tensors need
+    source: str = ""                        # the name given (a path, URL or hf:// name)
+    files: tuple[ShardFile, ...] = ()       # every local shard (a remote model: none)
+    note: str | None = None                 # said on stderr (which shard of a set is first)
+    kv: dict | None = None                  # the (first shard's) metadata; None for a card
+
+    @property
+    def label(self) -> str:
+        return self.source or str(self.path)
 
 
 def is_gguf(path: Path) -> bool:
@@ -56,10 +77,18 @@ def is_gguf(path: Path) -> bool:
         return False
 
 
-def read_gguf(path: Path) -> ModelFile:
-    path = Path(path)
-    where = str(path)
-    header = read_header(path)
+def read_gguf(name, *, refresh: bool = False, stats=None) -> ModelFile:
+    """The model a GGUF file or split set holds: `name` a Path (local), or a str that may be
+    a URL or an hf:// name (gguf/source.py)."""
+    from ggmlrun.models.gguf.source import read_headers
+
+    return model_from_headers(read_headers(name, refresh=refresh, stats=stats))
+
+
+def model_from_headers(headers) -> ModelFile:
+    first = headers.shards[0]
+    header = first.header
+    where = first.name
     fields = header.kv
     if "general.architecture" not in fields:
         raise InputError("GGUF metadata lacks 'general.architecture'", file=where)
@@ -70,10 +99,6 @@ def read_gguf(path: Path) -> ModelFile:
     if arch not in ARCHITECTURES:      # the registry's (models/arch/)
         raise InputError(f"architecture '{shown(arch)}' is not supported; ggmlrun builds "
                          f"llama.cpp's graph for: {', '.join(ARCHITECTURES)}", file=where)
-    splits = fields.get("split.count", 1)
-    if type(splits) is int and splits > 1:
-        raise InputError(f"the first of {splits} split GGUF files (split.count); ggmlrun reads "
-                         f"one file: merge them first (llama-gguf-split --merge)", file=where)
     try:
         hparams = from_metadata(fields, arch, gguf_types(header.kv_types, f"{arch}."))
     except InputError as err:
@@ -81,18 +106,23 @@ def read_gguf(path: Path) -> ModelFile:
     except (ValueError, TypeError, OverflowError) as err:
         raise InputError(f"unreadable {arch} hyperparameters: {err}", file=where) from None
     tensors = {}
-    for t in header.tensors:
-        gtype = BY_ID[t.type_id]        # the header reader refused ids outside the table
-        if gtype.name not in WEIGHT_TYPES:
-            raise InputError(f"type {gtype.name}, which ggmlrun has no kernel for as a weight "
-                             f"(weights: {', '.join(WEIGHT_TYPES)})", file=where,
-                             culprit=f"tensor '{shown(t.name)}'")
-        tensors[t.name] = TensorInfo(t.name, tuple(reversed(t.ne)), gtype.name, t.offset)
+    for i, shard in enumerate(headers.shards):
+        for t in shard.header.tensors:
+            gtype = BY_ID[t.type_id]        # the header reader refused ids outside the table
+            if gtype.name not in WEIGHT_TYPES:
+                raise InputError(f"type {gtype.name}, which ggmlrun has no kernel for as a "
+                                 f"weight (weights: {', '.join(WEIGHT_TYPES)})", file=shard.name,
+                                 culprit=f"tensor '{shown(t.name)}'")
+            tensors[t.name] = TensorInfo(t.name, tuple(reversed(t.ne)), gtype.name, t.offset, i)
     check_tensors(hparams, tensors, where, arch)
     name = fields.get("general.name")
-    name = shown(name) if isinstance(name, str) and name.strip() else path.stem
-    return ModelFile(path=path, arch=arch, name=name, hparams=hparams, tensors=tensors,
-                     stamp=header.stamp, data_end=header.data_end)
+    stem = first.path.stem if first.path else where.rsplit("/", 1)[-1].removesuffix(".gguf")
+    name = shown(name) if isinstance(name, str) and name.strip() else stem
+    files = tuple(ShardFile(s.path, s.header.stamp, s.header.data_end)
+                  for s in headers.shards if s.path is not None)
+    return ModelFile(path=first.path, arch=arch, name=name, hparams=hparams, tensors=tensors,
+                     stamp=header.stamp, data_end=header.data_end, source=headers.name,
+                     files=files, note=headers.note, kv=fields)
 
 
 def expected_tensors(hp: HParams, arch: str = "llama"

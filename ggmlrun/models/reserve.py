@@ -1,15 +1,16 @@
 """llama.cpp's buffers for a model and options, from the header alone.
 
-- Model, KV, state and output buffers: models/memory/buffers.py (from the placement alone).
+- Model, KV, state and output buffers: models/memory/ (the caches sized from hyperparameters
+  and options, create_memory; their bytes from the placement alone), before any graph.
 - Compute buffers: llama_context::sched_reserve reserves the worst-case graphs in the order
   pp (n_tokens = n_ubatch, n_outputs = n_tokens, the whole cache), tg (1 token), pp again; ggml's
   allocator only grows, so each backend's buffer is its largest of the three. Each graph is
   scheduled with ggml's rules and planned with ggml's allocator (planner "ggml").
 `n_nodes` / `n_splits` are the pp graph's, the numbers llama.cpp logs first.
 
-Graphs are built once per shape and re-placed for each call (placement only changes where
-weights live and which nodes are pinned), so a search over --ngl costs scheduling and
-allocation only.
+Graphs are built once per memory and shape and never written on: each call hands the
+scheduler its placement (placed_tensors: where weights and caches live, which nodes are
+pinned), so a search over --ngl costs scheduling and allocation only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ggmlrun.core.backends.spec import BackendSpec
+from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.memory.alloc import GraphAllocator
 from ggmlrun.core.memory.sequence import allocation_sequence
 from ggmlrun.core.ir.types import TYPES
@@ -28,8 +30,8 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.arch.build import build_graph
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options.params import (KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions,
-                                            context_size, gpu_layers, ubatch_size)
+from ggmlrun.models.options.params import ModelOptions, context_size, gpu_layers, ubatch_size
+from ggmlrun.models.options.table import check_fields
 from ggmlrun.models.memory.buffers import (WeightBytes, kv_bytes, output_bytes, state_bytes,
                                            weights_bytes)
 from ggmlrun.models.memory.caches import Memory, model_memory
@@ -98,56 +100,59 @@ def model_graph(model: ModelFile, memory: Memory, n_tokens: int, n_outputs: int,
     return entry[1]
 
 
-def apply_placement(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]) -> None:
-    """Weights and caches into their buffers, llama.cpp's pins onto their nodes."""
+def placed_tensors(mg: ModelGraph, placement: Placement, backends: list[BackendSpec]
+                   ) -> dict[Tensor, str | None]:
+    """Where the placement puts the graph's weights and caches (their buffers) and llama.cpp's
+    pins on its nodes, as the scheduler's `placed` map: the graph itself is never written
+    on, so one graph serves every placement of a search."""
     names = [b.name for b in backends]
+    placed: dict[Tensor, str | None] = {}
     for name, leaf in mg.weights.items():
         b = placement.weights.get(name)
         if b is not None:             # None: a NextN layer's tensor, never loaded nor used
-            leaf.backend = names[b]
-    mg.output_weight.backend = names[placement.output_weight]
+            placed[leaf] = names[b]
+    placed[mg.output_weight] = names[placement.output_weight]
     copies = placement.layer_copies.get(mg.rope_freqs_name, placement.rope_freqs)
     for il, leaf in mg.rope_freqs.items():
-        leaf.backend = names[copies[il]]
+        placed[leaf] = names[copies[il]]
     for cache in mg.caches:              # each layer's K/V where its layer is (full or SWA)
         for il, leaf in cache.k.items():
             for t in (leaf, cache.v.get(il)):     # MLA: K only
                 if t is not None:
-                    t.backend = names[placement.kv[il]]
+                    placed[t] = names[placement.kv[il]]
     for il, leaf in mg.cache.r.items():       # the recurrent state: where the KV would be
-        leaf.backend = mg.cache.s[il].backend = names[placement.kv[il]]
+        placed[leaf] = placed[mg.cache.s[il]] = names[placement.kv[il]]
     pin = mg.n_tokens < 32 or placement.full_offload
     for node, il in mg.norm_pins:
         b = placement.layer[il]
-        node.backend = names[b] if pin and backends[b].supports_op(node.op) else None
+        placed[node] = names[b] if pin and backends[b].supports_op(node.op) else None
     for node in mg.kqv_outs:
-        node.backend = names[placement.cpu] if placement.no_kv_offload else None
+        placed[node] = names[placement.cpu] if placement.no_kv_offload else None
+    return placed
 
 
 def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> None:
-    if opts.kv_type not in KV_TYPES:
-        raise InputError(f"--kv-type {opts.kv_type}: choose one of {', '.join(KV_TYPES)}")
+    try:
+        check_fields(opts)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block and not opts.flash_attn:
         raise InputError(f"--kv-type {opts.kv_type} needs --flash-attn on (llama.cpp: a "
                          f"quantized V cache requires flash attention)")
     if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block:
         block = TYPES[opts.kv_type].block_size      # llama_init_from_model refuses the same
-        for kind, head in (("k", model.hparams.n_embd_head_k), ("v", model.hparams.n_embd_head_v)):
+        hp = model.hparams
+        heads = {("k", hp.n_embd_head_k), ("v", hp.n_embd_head_v)}
+        for il in range(hp.n_layer):                 # the sliding layers' own head sizes too
+            heads |= {("k", hp.head(il)), ("v", hp.head_v(il))}
+        for kind, head in sorted(heads):
             if head % block:
                 raise InputError(f"--kv-type {opts.kv_type}: its {block}-value blocks do not divide "
                                  f"the model's head size {head} (llama.cpp: {kind.upper()} cache "
                                  f"type {opts.kv_type} with block size {block} does not divide "
                                  f"n_embd_head_{kind}={head}); use --kv-type f16")
-    if opts.ctx is not None and not 1 <= opts.ctx <= U32_MAX:
-        raise InputError(f"--ctx must be 1..{U32_MAX} (llama.cpp's uint32), got {opts.ctx}")
-    if not 1 <= opts.ubatch <= U32_MAX:
-        raise InputError(f"--ubatch must be 1..{U32_MAX} (llama.cpp's uint32), got "
-                         f"{opts.ubatch}")
     if not backends or backends[-1].kind != "cpu":
         raise InputError("the last backend must be a CPU")
-    if not 1 <= opts.parallel <= LLAMA_MAX_SEQ:
-        raise InputError(f"--parallel must be 1..{LLAMA_MAX_SEQ} (llama.cpp's LLAMA_MAX_SEQ), "
-                         f"got {opts.parallel}")
 
 
 def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> int:
@@ -210,8 +215,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                                            for b in backends])
         for mg, stage in ((pp, "pp"), (None, "pp+tg")):
             mg = mg or graph(n_seqs, n_seqs)
-            apply_placement(mg, placement, backends)
-            graph_sched = scheduler.schedule(mg.graph)
+            graph_sched = scheduler.schedule(mg.graph,
+                                             placed=placed_tensors(mg, placement, backends))
             plan = allocator.plan(*allocation_sequence(graph_sched))
             arena = [max(a, b) for a, b in zip(arena, plan.arena_bytes)]
             sched, reserved = sched or graph_sched, stage

@@ -29,7 +29,7 @@ from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, kv_size, swa_kv_size,
                                      ubatch_size)
 from ggmlrun.models.memory.placement import place
-from ggmlrun.models.reserve import apply_placement, check_options
+from ggmlrun.models.reserve import check_options, placed_tensors
 
 
 
@@ -44,8 +44,10 @@ def storage_shape(shape: tuple[int, ...], dtype: str) -> tuple[tuple[int, ...], 
     return shape, np.dtype(np.uint16)
 
 
-def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Tensor, np.ndarray]:
-    """Views of the mapped file's bytes (`data`) for the weights, zeros for the KV cache."""
+def weight_values(model: ModelFile, mg: ModelGraph, data: list[np.ndarray]
+                  ) -> dict[Tensor, np.ndarray]:
+    """Views of the mapped files' bytes (`data`, one per shard of a split set) for the
+    weights, zeros for the KV cache."""
     values = {}
     leaves = list(mg.weights.items())
     if "output.weight" not in mg.weights:       # tied: the duplicate reads token_embd's bytes
@@ -55,7 +57,8 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: np.ndarray) -> dict[Te
         info = model.tensors[name]
         shape, dtype = storage_shape(info.shape, info.dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
-        values[leaf] = data[info.offset:info.offset + nbytes].view(dtype).reshape(shape)
+        values[leaf] = data[info.shard][info.offset:info.offset + nbytes].view(dtype).reshape(
+            shape)
     for cache in mg.caches:
         for leaf in (*cache.k.values(), *cache.v.values(), *cache.r.values(), *cache.s.values()):
             shape, dtype = storage_shape(leaf.shape, leaf.dtype)
@@ -146,7 +149,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     # one ubatch (as before); the others in ubatches of --ubatch tokens, as llama.cpp splits it
     step = len(tokens) if hp.has_swa else ubatch
     chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
-    if model.path is None or model.stamp is None:
+    if not model.files:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
     def prepare(i: int):
         """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""
@@ -157,8 +160,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                          placement.shared_copies(), swa_size=swa,
                          swa_n_kv=min(swa, max(KV_PAD, used)), rs_zero=0 if i == 0 else -1)
         writes = cache_writes(mg) if i < len(chunks) - 1 else {}   # what the next one reads
-        apply_placement(mg, placement, backends)
-        sched = scheduler.schedule(mg.graph)
+        sched = scheduler.schedule(mg.graph, placed=placed_tensors(mg, placement, backends))
         plan, memory = plan_memory(sched, "ggml")
         check_capacity(sched, memory)
         check_run_memory(model, mg, memory)
@@ -166,13 +168,20 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
 
     # before anything is computed: the most tokens (the first) and the most cells (the last)
     ready = {i: prepare(i) for i in sorted({0, len(chunks) - 1})}
-    weights = MappedFile(model.path, model.stamp, model.data_end)
+    weights = []
+    try:
+        for f in model.files:                   # every shard of a split set
+            weights.append(MappedFile(f.path, f.stamp, f.data_end))
+    except BaseException:
+        for mapped in weights:
+            mapped.close()
+        raise
     caches: dict[str, np.ndarray] = {}       # cache leaf name -> its bytes after the last ubatch
     try:
         for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
             p0, n_tok, n_kv, mg, writes, sched, plan = ready.pop(i) if i in ready else prepare(i)
-            values = weight_values(model, mg, weights.bytes)
+            values = weight_values(model, mg, [w.bytes for w in weights])
             values.update((leaf, caches[leaf.name]) for leaf in cache_leaves(mg)
                           if leaf.name in caches)
             values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa, p0))
@@ -186,10 +195,12 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                 caches[name] = np.asarray(result.outputs[node.name]).reshape(
                     storage_shape(node.view_src.shape, node.view_src.dtype)[0])
             values = None
-        weights.check_unchanged()
+        for mapped in weights:
+            mapped.check_unchanged()
     finally:
         values = None
-        weights.close()
+        for mapped in weights:
+            mapped.close()
     result.schedule, result.memory_plan = sched, plan
     logits = np.asarray(result.outputs["result_output"], dtype=np.float32).reshape(1, hp.n_vocab)
     return logits, result
@@ -237,7 +248,7 @@ def check_run_memory(model: ModelFile, mg: ModelGraph, memory) -> None:
     space = address_space()
     if space is not None:
         limit, used = space
-        mapped = model.stamp.size
+        mapped = sum(f.stamp.size for f in model.files)
         if used + mapped + need > limit:
             raise RunError(f"{what} needs {human_bytes(need)} and the mapped file "
                            f"{human_bytes(mapped)} more address space, but RLIMIT_AS "

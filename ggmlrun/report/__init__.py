@@ -11,10 +11,10 @@ command pays only for the reports it prints (`validate` of a model: `model` and 
 from importlib import import_module
 
 _NAMES = {
-    "graph": ("assignment_table", "fits_dict", "ggml_dump", "host_line", "layer_fit_dict",
-              "layer_fit_line", "measure_dict", "measure_table", "offload_note", "ops_dict",
-              "ops_table", "pack_table", "plan_dict", "policy_table", "split_table",
-              "summary_dict", "summary_table"),
+    "graph": ("assignment_table", "cause_legend", "fits_dict", "ggml_dump", "host_line",
+              "layer_fit_dict", "layer_fit_line", "measure_dict", "measure_table",
+              "offload_note", "ops_dict", "ops_table", "pack_table", "plan_dict",
+              "policy_table", "split_table", "summary_dict", "summary_table"),
     "model": ("fit_line", "fit_table", "host_lines", "model_fit_dict", "model_measure_dict",
               "memory_bars", "model_measure_table", "model_run_dict", "model_summary",
               "planned_for_dict", "planned_for_lines", "ran_with_lines", "top_tokens_table"),

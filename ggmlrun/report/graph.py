@@ -97,6 +97,15 @@ def assignment_table(sched: Schedule) -> Table:
     return table
 
 
+def cause_legend(sched: Schedule) -> list[str]:
+    """One line per cause code the schedule uses, in the order of the codes."""
+    from ggmlrun.core.sched.schedule import cause_meaning
+
+    codes = sorted({c for c in sched.cause.values() if c}, key=lambda c: (c[:1], c))
+    lines = [f"  {code:<7} {cause_meaning(code)}" for code in codes if cause_meaning(code)]
+    return ["causes:"] + lines if lines else []
+
+
 def _ggml_size(n: int) -> str:
     return f"{n // 1024 // 1024}M" if n >= 1024 * 1024 else f"{n // 1024}K"
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggmlrun.core.util.errors import InputError
+
 import ggmlrun.core.ir.ops  # noqa: F401  (registers the ops)
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import make_node
@@ -115,7 +117,9 @@ def test_sched_two_backends_over_rpc():
 def test_isolated_turns_an_abort_into_an_error():
     # ggml's CPU scale kernel takes only f32: GGML_ABORT in a compute thread
     x = Tensor("x", (4, 4), dtype="f16", role="input")
-    y = make_node("y", "scale", [x], {"s": 2.0})
+    with pytest.raises(InputError, match="must be f32"):    # ggmlrun refuses it at load
+        make_node("y", "scale", [x], {"s": 2.0})
+    y = Tensor("y", (4, 4), dtype="f16", op="scale", src=[x], params={"s": 2.0})  # as it was
     y.is_output = True
     g = Graph(name="bad", leafs=[x], nodes=[y], outputs=[y])
     with pytest.raises(gb.GgmlAborted, match="fatal error"):
@@ -126,7 +130,9 @@ def test_isolated_turns_an_abort_into_an_error():
 def test_strided_sources_are_refused_before_ggml_aborts():
     x = Tensor("x", (4, 6), role="input")
     t = make_node("t", "transpose", [x])
-    y = make_node("y", "add", [t, t])
+    with pytest.raises(InputError, match="insert a cont"):  # ggmlrun refuses it at load
+        make_node("y", "add", [t, t])
+    y = Tensor("y", (6, 4), op="add", src=[t, t])          # the graph as it was accepted
     y.is_output = True
     g = Graph(name="bad", leafs=[x], nodes=[t, y], outputs=[y])
     with pytest.raises(gb.Unsupported, match="innermost stride"):

@@ -56,12 +56,73 @@ def _load_graph(path) -> Graph:
 
     leafs = parse_tensors(doc, data, Path(path).parent)
     nodes = _parse_nodes(doc, data, {t.name: t for t in leafs})
+    _check_index_ranges(doc, nodes)
     outputs = _parse_outputs(doc, data, leafs, nodes)
     for out in outputs:
         out.is_output = True
     return Graph(name=name, leafs=leafs, nodes=nodes, outputs=outputs, seed=seed,
                  backends=backends, path=Path(path),
                  backends_line=doc.lines.get(("backends",)) if backends is not None else None)
+
+# ops that index with a source's values: (op) -> (index source, what it indexes, its count)
+_INDEXED = {
+    "get_rows": (1, "a's rows", lambda n: n.src[0].shape[-2]),
+    "set_rows": (2, "a's rows", lambda n: n.src[0].shape[-2]),
+    "add_id": (2, "b's rows", lambda n: n.src[1].shape[0]),
+    "mul_mat_id": (2, "a's experts", lambda n: n.src[0].shape[0]),
+}
+
+
+def _known_range(t: Tensor) -> tuple[int, int] | None:
+    """The least and greatest value a leaf's own data gives it, when the file says them
+    (values or an integer init); None for a .npy file or a float init."""
+    data = t.data
+    if data is None or not t.is_leaf:
+        return None
+    if data.values is not None:
+        flat, stack = [], [data.values]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            else:
+                flat.append(item)
+        return (min(flat), max(flat)) if flat else None
+    keys, n = data.keys, t.n_elements
+    if data.init in ("zeros", "ones"):
+        return (int(data.init == "ones"),) * 2
+    if data.init == "full":
+        return keys["value"], keys["value"]
+    if data.init == "arange":
+        last = keys["start"] + keys["step"] * (n - 1)
+        return min(keys["start"], last), max(keys["start"], last)
+    if data.init == "randint":
+        return keys["low"], keys["high"] - 1
+    return None
+
+
+def _check_index_ranges(doc, nodes: list[Tensor]) -> None:
+    """Indices the file itself gives (values, arange, full, randint) must be in range: ggml's
+    release build reads or writes outside the tensor instead of stopping. Indices set at run
+    time (--input) are checked when the node runs."""
+    for node in nodes:
+        spec = _INDEXED.get(node.op)
+        if spec is None:
+            continue
+        pos, what, count = spec
+        idx = node.src[pos]
+        known = _known_range(idx)
+        if known is None:
+            continue
+        lo, hi = known
+        n = count(node)
+        if lo < 0 or hi >= n:
+            bad = lo if lo < 0 else hi
+            raise InputError(
+                f"{node.op}: '{idx.name}' holds index {bad}, outside [0, {n}) of {what}: "
+                f"ggml's release build would read past them",
+                file=doc.file, line=node.line, culprit=f"node '{node.name}'")
+
 
 def _check_param_numbers(doc, key, value, path, culprit) -> None:
     """Integers in params must fit int64 (ggml's int64_t fields): 2**70 is a typo, and would

@@ -161,7 +161,38 @@ def _flow_reader() -> FlowReader:
 _FLOW_READER = None
 
 
+MAX_KEY = 1024            # PyYAML's limit on a simple key (its scanner stops looking past it)
+_LONG_KEY = re.compile(r"[^\s{}\[\],:#'\"][^\s{}\[\],:]{%d,}\s*:" % MAX_KEY)
+
+
+_KEPT: dict = {}       # one file's parse, kept for the next read_yaml of that same file
+
+
+def _identity(path):
+    import os
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def keep_parsed(path, data, doc) -> None:
+    """Hand a parse to the next read_yaml of the same, unchanged file (a GRAPH argument is
+    parsed to tell a card from a graph file, then loaded as a graph: once, not twice)."""
+    _KEPT.clear()
+    key = _identity(path)
+    if key is not None:
+        _KEPT[key] = (data, doc)
+
+
 def read_yaml(path) -> tuple[object, Doc]:
+    if _KEPT:
+        kept = _KEPT.pop(_identity(path), None)
+        _KEPT.clear()
+        if kept is not None:
+            return kept
     file = str(path)
     text = read_text(path, "YAML file")
     if FAST:
@@ -190,6 +221,9 @@ def read_yaml(path) -> tuple[object, Doc]:
             what = f"{' '.join(err.context.split())}{at}, {what}"
         if mark and "\t" in "".join(text.splitlines()[mark.line:mark.line + 1]):
             what += " (a tab on that line: YAML indents with spaces only)"
+        if syntax and mark and _LONG_KEY.search("".join(text.splitlines()[mark.line:mark.line + 1])):
+            what = (f"a key longer than {MAX_KEY} characters on this line: YAML takes a "
+                    f"plain key of at most {MAX_KEY} characters; shorten it")
         raise InputError(f"YAML {'syntax ' if syntax else ''}error: {what}", file=file,
                          line=mark.line + 1 if mark else None) from None
     except yaml.YAMLError as err:

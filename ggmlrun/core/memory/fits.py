@@ -85,23 +85,29 @@ def largest_tensors(sched, backend: int | None, count: int = 3) -> list:
 
 def failure_message(sched, fit: Fit) -> str | None:
     """One line naming what does not fit and the largest tensors there; None when it all fits."""
-    def names(backend: int | None) -> str:
-        return ", ".join(f"{t.name} ({human_bytes(t.nbytes)})"
-                         for t in largest_tensors(sched, backend))
-
     for i, b in enumerate(fit.backends):
         if not b.fits:
             return (f"backend {b.name} needs {b.need_bytes} bytes ({human_bytes(b.need_bytes)}: "
                     f"weights {human_bytes(b.weights_bytes)} + arena {human_bytes(b.arena_bytes)})"
                     f" but its memory is {b.memory_bytes} bytes ({human_bytes(b.memory_bytes)});"
-                    f" largest tensors: {names(i)}; raise its `memory` (--memory {b.name}=SIZE) "
-                    f"or move weights to another backend")
-    if not fit.host_fits:
-        return (f"all backends together need {fit.host_bytes} bytes "
-                f"({human_bytes(fit.host_bytes)}) of host RAM (memory shared with the simulated devices) "
-                f"but this machine has {fit.host_memory_bytes} bytes "
-                f"({human_bytes(fit.host_memory_bytes)}); largest tensors: {names(None)}")
-    return None
+                    f" largest tensors: {_largest(sched, i)}; raise its `memory` (--memory "
+                    f"{b.name}=SIZE) or move weights to another backend")
+    return host_failure_message(sched, fit)
+
+
+def host_failure_message(sched, fit: Fit) -> str | None:
+    """The host's share alone: all backends together against the machine's RAM."""
+    if fit.host_fits:
+        return None
+    return (f"all backends together need {fit.host_bytes} bytes "
+            f"({human_bytes(fit.host_bytes)}) of host RAM (memory shared with the simulated devices) "
+            f"but this machine has {fit.host_memory_bytes} bytes "
+            f"({human_bytes(fit.host_memory_bytes)}); largest tensors: {_largest(sched, None)}")
+
+
+def _largest(sched, backend: int | None) -> str:
+    return ", ".join(f"{t.name} ({human_bytes(t.nbytes)})"
+                     for t in largest_tensors(sched, backend))
 
 
 # --- how many layers fit: a layered graph (`gen llama` names its weights l<N>.*) ---------------

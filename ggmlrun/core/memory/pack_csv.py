@@ -26,6 +26,8 @@ def read_csv(path) -> list[Buffer]:
     """Buffers from MiniMalloc's CSV format; errors name the file and the line."""
     path = os.fspath(path)
     text = read_text(path, "CSV file")
+    if text.startswith("\ufeff"):      # a UTF-8 byte order mark (Excel, Windows editors)
+        text = text[1:]
     try:
         return _read_rows(io.StringIO(text, newline=""), path)
     except csv.Error as err:     # a field past csv's limit, a NUL byte, a broken quote

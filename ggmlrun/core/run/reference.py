@@ -1,8 +1,9 @@
 """The reference evaluator: plain NumPy, a fresh array per tensor, no arenas, no planner.
 
-It shares only the kernels with the real executor (they are tested against independent
-formulas on their own), so any disagreement with a planned run points at the schedule, the
-memory plan or the binding. Views alias a fresh byte buffer of their root, so `cpy` into a
+It shares the kernels with the real executor (they are tested against independent formulas
+on their own), so any disagreement with a planned run points at the schedule, the memory plan
+or the binding; the ops of `reference_ops.OPS` (flash attention) it computes with its own
+formula instead, so a kernel's own mistake shows too. Views alias a fresh byte buffer of their root, so `cpy` into a
 view of a cache is seen by later views of that cache, as in ggml.
 """
 
@@ -13,6 +14,7 @@ import numpy as np
 from ggmlrun.core.backends.runtime import strided_view
 from ggmlrun.core.ir.graph import Graph, Tensor
 from ggmlrun.core.ir.ops import get_op
+from ggmlrun.core.run.reference_ops import OPS as OWN_OPS
 
 
 def evaluate(graph: Graph, leaf_values: dict[Tensor, np.ndarray]) -> dict[str, np.ndarray]:
@@ -35,5 +37,6 @@ def evaluate(graph: Graph, leaf_values: dict[Tensor, np.ndarray]) -> dict[str, n
             else:
                 values[node] = fresh(node)
             if not spec.view_op:
-                spec.kernel(values[node], *[values[s] for s in node.src], **node.params)
+                kernel = OWN_OPS.get(node.op, spec.kernel)
+                kernel(values[node], *[values[s] for s in node.src], **node.params)
     return {t.name: np.array(v) for t, v in values.items()}

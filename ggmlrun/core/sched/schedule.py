@@ -18,6 +18,33 @@ from ggmlrun.core.util.ggml_version import GgmlVersion, ggml_version
 
 COPY, COMPUTE = "copy", "compute"
 
+# Why a node landed where it did: the scheduler's causes, as ggml's debug build names them
+# (`1.wgtN` for every source N). Reports print the legend of the ones a schedule uses.
+CAUSES = {
+    "usr": "a user pin",
+    "1.dst": "pre-allocated: a weight, a view of one, a write into one",
+    "1.vsrc": "its view source's buffer",
+    "1.inp": "a graph input (on the CPU)",
+    "1.wgt": "the backend holding source N, a weight",
+    "1.off": "op offload: a CPU-weight op moved to a device",
+    "2.sup": "spread from a neighbour on a backend that supports it",
+    "3.best": "the backend holding most of its sources",
+    "3.upg": "upgraded to a higher-priority backend of the same buffer type",
+    "4.vsrc": "its view source's backend",
+    "4.cur": "a source placed with its consumer",
+    "4.fb": "the first backend that supports it",
+    "cost": "moved by --policy cost (its reason in the policy table)",
+    "4.cpy": "a source copied into the split's backend (pass 5; a pipeline copy too)",
+}
+
+
+def cause_meaning(code: str) -> str | None:
+    """A cause code's meaning (`1.wgt2`: source 2); None for a code not listed (a placement
+    policy's own reasons)."""
+    if code.startswith("1.wgt") and code[5:].isdigit():
+        return CAUSES["1.wgt"].replace("N", code[5:])
+    return CAUSES.get(code)
+
 
 @dataclass(frozen=True, eq=False)
 class Step:

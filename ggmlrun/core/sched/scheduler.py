@@ -10,13 +10,14 @@ view of one, a write into one); `1.vsrc` its view source's buffer; `1.inp` graph
 device; `2.sup` spread from a neighbour that supports it; `3.best` the backend holding most of
 its sources; `3.upg` upgraded to a higher priority backend of the same buffer type; `4.vsrc`
 its view source's backend; `4.cur` a source placed with its consumer; `4.fb` first backend that
-supports it.
+supports it (schedule.CAUSES holds the same legend, which `plan` prints).
 """
 
 from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Mapping
 from itertools import chain
 
 from ggmlrun.core.backends.spec import BackendSpec
@@ -71,13 +72,16 @@ class Scheduler:
         self.op_offload = op_offload
         self.index = {b.name: i for i, b in enumerate(backends)}
 
-    def schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None = None) -> Schedule:
+    def schedule(self, graph: Graph, decided: dict[Tensor, tuple[int, str]] | None = None,
+                 placed: Mapping[Tensor, str | None] | None = None) -> Schedule:
         """Run the passes. `decided` holds assignments made elsewhere (a placement policy):
         like user pins, the passes never overwrite them, and the rest follows ggml's rules.
-        Each call works on tables of its own (_Scheduling), so a scheduler is reusable and
-        holds nothing of a graph between calls."""
+        `placed`: backend names that stand for Tensor.backend (a weight's buffer, a node's pin;
+        None: none), so one graph can be scheduled under many placements without being
+        written on (models/reserve.py). Each call works on tables of its own (_Scheduling), so
+        a scheduler is reusable and holds nothing of a graph between calls."""
         with gc_paused():    # the working tables go before the GC runs again (Schedule.copies)
-            return _Scheduling(self, graph).run(decided)
+            return _Scheduling(self, graph, placed or {}).run(decided)
 
 
 class _Scheduling:
@@ -86,11 +90,11 @@ class _Scheduling:
     on; `order` keeps the rows in the order of their first assignment, which is backend_of's
     order."""
 
-    def __init__(self, config: Scheduler, graph: Graph):
+    def __init__(self, config: Scheduler, graph: Graph, placed: Mapping[Tensor, str | None]):
         self.backends, self.ggml, self.n_copies = config.backends, config.ggml, config.n_copies
         self.n, self.cpu, self.index = config.n, config.cpu, config.index
         self.op_offload = config.op_offload
-        self.graph = graph
+        self.graph, self.placed = graph, placed
         self._masks: dict[tuple, int] = {}          # support key -> bit b: backend b runs it
         self._all = (1 << self.n) - 1
         self._view_ops = frozenset(name for name, spec in OPS.items() if spec.view_op)
@@ -135,8 +139,9 @@ class _Scheduling:
         by default; -1 for every other tensor."""
         where = [-1] * len(self.tensors)
         for leaf in graph.weights:
-            where[leaf.index] = (self.cpu if leaf.backend is None
-                                 else self._backend_index(leaf.backend, leaf, "its buffer"))
+            name = self.placed.get(leaf, leaf.backend)
+            where[leaf.index] = (self.cpu if name is None
+                                 else self._backend_index(name, leaf, "its buffer"))
         return where
 
     def _buffer(self, tensor: Tensor) -> int:
@@ -196,14 +201,15 @@ class _Scheduling:
     # --- pass 0: user assignments, never overwritten -----------------------------------------
     def _user_pins(self, graph: Graph) -> None:
         for tensor in chain(graph.nodes, graph.inputs):
-            if tensor.backend is None:
+            name = self.placed.get(tensor, tensor.backend)
+            if name is None:
                 continue
-            b = self._backend_index(tensor.backend, tensor, "its pin")
+            b = self._backend_index(name, tensor, "its pin")
             if not self._supports(b, tensor):
                 what = f"op '{tensor.op}'"
                 if self.backends[b].supports_op(tensor.op):      # refused for a source type
                     what += f" on sources of type {', '.join(s.dtype for s in tensor.src)}"
-                raise InputError(f"pinned to {tensor.backend}, which does not support {what}; "
+                raise InputError(f"pinned to {name}, which does not support {what}; "
                                  f"pin it elsewhere or drop it from that backend's "
                                  f"unsupported list", file=_file(graph), line=tensor.line,
                                  culprit=tensor.describe())

@@ -60,6 +60,12 @@ def remove_temp_files() -> None:
 def write_atomic(path: Path, write) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written file."""
     path = Path(path)
+    from ggmlrun.core.util.inputs import read_by_this_process
+
+    source = read_by_this_process(path)
+    if source is not None:         # the last guard: every file read is an input
+        from ggmlrun.core.util.errors import InputError
+        raise InputError(f"will not write {path}: it is an input of this run ({source})")
     mode, owner = _mode_for(path)
     for _ in range(8):
         tmp = str(_temp_path(path))

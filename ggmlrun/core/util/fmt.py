@@ -63,8 +63,11 @@ def all_plain_ints(items) -> bool:
 
 def clip(text, limit: int = 80) -> str:
     """A value or name as an error shows it: at most `limit` characters, an ellipsis if cut,
-    so a megabyte name never becomes a megabyte error line."""
+    so a megabyte name never becomes a megabyte error line; a control character (a newline)
+    shown escaped, so the error stays one line."""
     text = str(text) if not isinstance(text, str) else text
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
@@ -87,3 +90,11 @@ def exact_key(mapping) -> tuple | None:
             return None
         key += name, kind, value
     return tuple(key)
+
+
+def is_terminal(stream) -> bool:
+    """Whether the stream is a terminal (a closed or fake stream is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False

@@ -16,6 +16,33 @@ from ggmlrun.core.util.errors import InputError, missing_file_hint
 MiB = 1 << 20
 TEXT_LIMIT = 256 * MiB           # graph files, backends files and pack CSVs
 
+# every file this process has read (device, inode) -> the name it was read by: each is an
+# input, and no output may replace it (core/util/outputs.py, core/util/atomic.py)
+_READ: dict[tuple[int, int], str] = {}
+
+
+def note_read(path, fd: int | None = None) -> None:
+    """Remember a file this process reads (by its open descriptor when there is one)."""
+    try:
+        info = os.fstat(fd) if fd is not None else os.stat(path)
+    except OSError:
+        return
+    _READ.setdefault((info.st_dev, info.st_ino), str(path))
+
+
+def forget_reads() -> None:
+    """A new command begins (one process may run several: tests, a program calling main)."""
+    _READ.clear()
+
+
+def read_by_this_process(path) -> str | None:
+    """The name a file was read by, when this process has read it (None: never read)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return _READ.get((info.st_dev, info.st_ino))
+
 
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
@@ -53,6 +80,7 @@ def open_regular(path, what: str = "file", limit: int | None = TEXT_LIMIT):
                              f"{what} may have", file=file)
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
+        note_read(file, fd)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)

@@ -1,7 +1,9 @@
 """Checking every output path before any work, so a run never destroys what the user owns.
 
 An output may not be: an input of the same run (the graph, a `file:` it reads, an `--input`,
-the backends file), something other than a regular file (a device, a FIFO, a directory: the
+the backends file, the model or card: every file this process has read, core/util/inputs.py),
+a read-only file (even as root, who could write it: its mode says it is not to be replaced),
+something other than a regular file (a device, a FIFO, a directory: the
 atomic rename would replace the node itself), another output of the same run, an empty name, a
 name longer than the file system takes, or a file in a folder we cannot write. Each refusal is
 one line naming the option (exit 2).
@@ -14,6 +16,7 @@ import stat
 from pathlib import Path
 
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.core.util.inputs import read_by_this_process
 
 NAME_MAX = 255
 
@@ -47,6 +50,9 @@ def check_output(path, option: str, *, inputs=(), others=(), suffixes=()) -> Pat
         kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
         raise InputError(f"{option} {text} is {kind}; it would be replaced, so name a new or "
                          "regular file")
+    if info is not None and (not info.st_mode & 0o222 or not os.access(path, os.W_OK)):
+        raise InputError(f"{option} {text} is read-only; it would be replaced: name another "
+                         f"file, or make it writable first")
     if suffixes and path.suffix.lower() not in suffixes:
         raise InputError(f"{option} {text}: the name must end in {' or '.join(suffixes)}")
     folder = path.parent if str(path.parent) else Path(".")
@@ -55,6 +61,10 @@ def check_output(path, option: str, *, inputs=(), others=(), suffixes=()) -> Pat
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{option} {text}: the folder {folder} is not writable")
     mine = _identity(path)
+    source = read_by_this_process(path)
+    if source is not None:
+        raise InputError(f"{option} {text} is an input of this run ({source}); writing it "
+                         "would destroy the input")
     for source in inputs:
         if source is not None and str(source) and _identity(Path(source)) == mine:
             raise InputError(f"{option} {text} is an input of this run ({source}); "

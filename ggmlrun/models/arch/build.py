@@ -31,12 +31,15 @@ def build_graph(model, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
     from the sizes above."""
     from ggmlrun.models.graph.decoder import Decoder
     from ggmlrun.models.graph.output import output_head
+    from ggmlrun.models.memory.caches import create_memory
 
-    where = str(model.path) if model.path else None
+    where = model.label if model.path or model.source else None
     arch = get_arch(model.arch, where)
     table = check_tensors(arch, model.hparams, model.tensors, where)
-    d = Decoder(model, arch, n_tokens, n_outputs, n_kv, kv_size, flash_attn, kv_type, table,
-                n_stream, swa_size=swa_size, swa_n_kv=swa_n_kv, shared=shared, rs_zero=rs_zero,
-                n_seqs=n_seqs, memory=memory)
+    memory = memory or create_memory(model.hparams, kv_type=kv_type, cells=kv_size,
+                                     flash_attn=flash_attn, n_stream=n_stream,
+                                     swa_cells=swa_size, n_seq_max=n_seqs)
+    d = Decoder(model, arch, memory, n_tokens, n_outputs, n_kv, table=table, swa_n_kv=swa_n_kv,
+                shared=shared, rs_zero=rs_zero, n_seqs=n_seqs)
     return output_head(d, arch.build(d), rows_after_norm=arch.rows_after_norm,
                        rows_before_norm=arch.rows_before_norm)

@@ -55,6 +55,10 @@ def read_hparams(get, common: dict, **extra) -> HParams:
     if hp.n_embd_head_k != hp.n_embd_head_v:
         raise InputError(f"attention.key_length {hp.n_embd_head_k} must equal "
                          f"attention.value_length {hp.n_embd_head_v}")
+    if not any(hp.rope_sections[:3]):
+        raise InputError(f"rope.dimension_sections {list(hp.rope_sections)}: one of the first "
+                         f"three must be > 0 (ggml's multi-rope asserts it and divides by "
+                         f"their sum)")
     if sum(hp.rope_sections) * 2 > hp.n_rot:
         raise InputError(f"rope.dimension_sections {list(hp.rope_sections)} add up past "
                          f"rope.dimension_count / 2 = {hp.n_rot // 2}")

@@ -48,6 +48,10 @@ def moe_fields(get, common: dict) -> dict:
     n_ff_exp = check_experts(common["arch"], n_expert, n_used, common["n_ff"],
                              int(get("expert_feed_forward_length")))
     n_shared = int(get("expert_shared_count"))
+    if n_shared < 1:
+        raise InputError(f"{common['arch']}.expert_shared_count is 0: llama.cpp's "
+                         f"{common['arch']} graph always adds the shared expert, whose tensors "
+                         f"it creates only for a count >= 1")
     if n_ff_exp * n_shared > MAX_DIM:    # the shared experts' one width
         raise InputError(f"{common['arch']}.expert_feed_forward_length {n_ff_exp} times "
                          f"expert_shared_count {n_shared} is more than {MAX_DIM}")

@@ -124,6 +124,7 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
     n_attn_v = sum(1 for t in kept if _CLASS_RE.match(t).group(2) in ATTN_V_LIKE)
     i_attn_v = 0
     tensors = {}
+    one_d, applied = set(), set()          # classes seen only 1-D / an override applied to
     for tname, tspec in kept.items():
         shape = tspec.shape
         match = _CLASS_RE.match(tname)
@@ -133,14 +134,23 @@ def card_model(data, doc, path: Path | None) -> ModelFile:
             layer, count, i_attn_v = i_attn_v, n_attn_v, i_attn_v + 1
         if len(shape) == 1 or match.group(3) == "bias":   # the quantizer takes only 2-D+
             dtype = "f32"                                  # "*weight" tensors (gpt-oss's
-                                                           # expert biases stay f32)
+            one_d.add(cls)                                 # expert biases stay f32)
         else:
+            applied.add(cls)
             dtype = overrides.get(cls) or mixture_type(ftype, cls, layer, count, is_70b=is_70b,
                                                        n_expert=hparams.n_expert)
         if tied and cls == "token_embd" and "token_embd" not in overrides:
-            dtype = mixture_type(ftype, "output", 0, values["n_layer"], is_70b=is_70b)
+            applied.add("output")       # the tied embedding is quantized as the output
+            dtype = overrides.get("output") or mixture_type(ftype, "output", 0, values["n_layer"],
+                                                            is_70b=is_70b)
         tensors[tname] = TensorInfo(name=tname, shape=tuple(shape), dtype=fit_row(dtype, shape[-1]),
                                     offset=None)
+    for cls in overrides:
+        if cls not in applied:      # never silently dropped (llama.cpp's quantizer ignores it)
+            why = ("its tensors are 1-D, which llama.cpp's quantizer never converts (they stay "
+                   "f32)" if cls in one_d else f"a {arch} card with these hyperparameters has "
+                   f"no such tensor")
+            raise doc.error(f"types: {cls}: {why}; remove it", ("types", cls))
     return ModelFile(path=path, arch=arch, name=name, hparams=hparams, tensors=tensors)
 
 

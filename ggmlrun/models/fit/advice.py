@@ -60,11 +60,26 @@ def ctx_ceiling(model: ModelFile, rows: list[FitBackend], ctx: int) -> int:
     return max(0, room) * cells // kv // CTX_STEP * CTX_STEP
 
 
-def ngl_that_fits(probe: Prober, ctx: int, n_max: int, costs) -> int | None:
+def ngl_that_fits(probe: Prober, ctx: int, n_max: int, costs, known=None) -> int | None:
     """The most layers with which everything fits at `ctx`, or None. The devices' largest
     -ngl is the only candidate: below it the CPU only holds more (so if the CPU is short
-    there, it is short at every smaller -ngl)."""
-    ngl = device_ngl(probe, ctx, n_max, costs)
+    there, it is short at every smaller -ngl). `known`: context -> the devices' largest -ngl
+    found there, shared across calls: the devices only fill up as the context grows, so the
+    nearest smaller context's answer + 1 is a miss here and the nearest larger one's a fit,
+    and near the edge the search is a probe or two instead of one over every -ngl."""
+    hint = {}
+    if known:
+        below = [c for c in known if c < ctx]
+        above = [c for c in known if c > ctx and known[c] is not None]
+        if below and known[max(below)] is not None:
+            hint["miss_at"] = known[max(below)] + 1 if known[max(below)] < n_max else None
+        if above:
+            hint["fit_at"] = known[min(above)]
+    if hint.get("miss_at") is None:
+        hint.pop("miss_at", None)
+    ngl = device_ngl(probe, ctx, n_max, costs, bisect=known is not None, **hint)
+    if known is not None:
+        known[ctx] = ngl
     return ngl if ngl is not None and all_fit(probe(ngl, ctx)) else None
 
 
@@ -73,17 +88,18 @@ def largest_fitting_ctx(probe: Prober, n_max: int, costs, top: int) -> tuple[int
     most layers there. Whether anything fits only gets harder as the context grows (every
     total grows with it), so the edge is bisected over the multiples of 256."""
     lo = CTX_STEP
-    lo_ngl = ngl_that_fits(probe, lo, n_max, costs)
+    known: dict[int, int | None] = {}
+    lo_ngl = ngl_that_fits(probe, lo, n_max, costs, known)
     if lo_ngl is None:
         return None
     hi = top + CTX_STEP                     # known (or taken) not to fit
-    ngl_at_top = ngl_that_fits(probe, top, n_max, costs) if top > lo else lo_ngl
+    ngl_at_top = ngl_that_fits(probe, top, n_max, costs, known) if top > lo else lo_ngl
     if ngl_at_top is not None:
         return top, ngl_at_top
     hi = top
     while hi - lo > CTX_STEP:
         mid = (lo + hi) // 2 // CTX_STEP * CTX_STEP
-        ngl = ngl_that_fits(probe, mid, n_max, costs)
+        ngl = ngl_that_fits(probe, mid, n_max, costs, known)
         if ngl is None:
             hi = mid
         else:

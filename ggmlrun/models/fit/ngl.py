@@ -9,21 +9,40 @@ from dataclasses import replace
 from ggmlrun.models.fit.core import FitBackend, Prober, device_room, devices_fit, find_edge
 
 
-def device_ngl(probe: Prober, ctx: int, n_max: int, costs: dict[int, int]) -> int | None:
-    """The largest ngl in [0, n_max] whose devices fit (the CPU is the caller's to check)."""
-    rows = probe(n_max, ctx)
-    if devices_fit(rows):
-        return n_max
+def device_ngl(probe: Prober, ctx: int, n_max: int, costs: dict[int, int], *,
+               fit_at: int = -1, miss_at: int | None = None,
+               bisect: bool = False) -> int | None:
+    """The largest ngl in [0, n_max] whose devices fit (the CPU is the caller's to check).
+    `fit_at` / `miss_at`: an ngl known to fit / to miss on the devices at this context (a
+    search over contexts knows them from its neighbours: devices only fill up as the context
+    grows), which narrow the search; by default none and n_max, measured. `bisect`: halve the
+    bracket each round instead of guessing from the bytes per layer, which mislead where the
+    compute buffer, not the layers, decides (a context search's edge)."""
+    if miss_at is None:
+        rows = probe(n_max, ctx)
+        if devices_fit(rows):
+            return n_max
+        miss_at, last = n_max, (n_max, rows)
+    else:
+        if miss_at - fit_at <= 1:
+            return fit_at if fit_at >= 0 else None
+        last = (miss_at, probe(miss_at, ctx)) if miss_at <= n_max else None
+        if last is not None and devices_fit(last[1]):     # a hint that was not a miss here
+            return device_ngl(probe, ctx, n_max, costs, bisect=bisect)
+        if last is None:
+            last = (n_max, probe(n_max, ctx))
+    rows = last[1]
     kv = sum(r.kv_bytes + r.state_bytes for r in rows) / max(1, n_max - 1)
-    last = (n_max, rows)
 
     def fits(ngl: int) -> bool:
         nonlocal last
         last = (ngl, probe(ngl, ctx))
         return devices_fit(last[1])
 
-    # devices fit at -1 (a bound: none known) and miss at n_max
-    fit_lo = find_edge(fits, -1, n_max, lambda _fit, _miss: ngl_guess(*last, costs, kv, n_max))
+    # devices fit at fit_at (-1: a bound, none known) and miss at miss_at
+    fit_lo = find_edge(fits, fit_at, miss_at,
+                       (lambda _fit, _miss: None) if bisect else
+                       (lambda _fit, _miss: ngl_guess(*last, costs, kv, n_max)))
     return above_the_edge(probe, ctx, n_max, fit_lo) if fit_lo >= 0 else None
 
 
@@ -48,7 +67,7 @@ def above_the_edge(probe: Prober, ctx: int, n_max: int, fit_lo: int) -> int:
                 return ngl
             continue
         opts = replace(probe.opts, ngl=ngl, ctx=ctx)
-        sizes = weights_bytes(model, place(model.hparams, model.tensors, backends, opts),
+        sizes = weights_bytes(model.tensors, place(model.hparams, model.tensors, backends, opts),
                               backends, no_mmap=opts.no_mmap).sizes
         if any(sizes[i] > backends[i].memory - probe.margins[i] for i in devices):
             continue

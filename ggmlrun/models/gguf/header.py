@@ -86,12 +86,14 @@ class FileStamp:
 class GGUFHeader:
     path: str
     version: int
-    stamp: FileStamp
+    stamp: FileStamp | None                       # None: a remote file's, or a cached header
     alignment: int
     data_offset: int                              # where the data section starts
     data_end: int                                 # the last tensor byte + 1 (data_offset if none)
     kv: Metadata = field(default_factory=Metadata)   # key -> int/float/bool/str/list/UnreadArray
     tensors: list[HeaderTensor] = field(default_factory=list)
+    header_end: int = 0                           # the end of the tensor infos: all that is read
+    size: int = 0                                 # the whole file's bytes
 
     @property
     def kv_types(self) -> dict[str, str]:                # key -> "u32", "str", "arr[f32]", ...
@@ -132,6 +134,7 @@ def _value(r: BoundedReader, key: str, gtype: int):
     item = 8 if etype == STRING else _ONE[etype].size     # a string's least: its length
     if r.pos + count * item > r.size:
         raise r.truncated(r.pos + count * item, f"its array of {count} {name}", culprit)
+    r.expect(r.pos + count * item)          # at least this much: the items, or their lengths
     if count > DECODED_ARRAY_MAX or key.startswith("tokenizer."):
         if etype == STRING:
             r.skip_strings(count, culprit)
@@ -155,11 +158,19 @@ def read_header(path) -> GGUFHeader:
         raise InputError(f"cannot open: {err.strerror or err}", file=path) from None
     with handle:
         st = os.fstat(handle.fileno())
-        r = BoundedReader(handle, st.st_size, path)
-        return _read(r, FileStamp.of(st))
+        return read_header_from(handle, st.st_size, path, FileStamp.of(st))
 
 
-def _read(r: BoundedReader, stamp: FileStamp) -> GGUFHeader:
+def read_header_from(handle, size: int, name: str, stamp: FileStamp | None = None,
+                     chunk: int | None = None) -> GGUFHeader:
+    """The header through any seek/read handle of a file `size` bytes long: a local file, a
+    remote one read by ranges, or a cached header (its bytes up to the tensor infos' end)."""
+    r = BoundedReader(handle, size, name) if chunk is None else BoundedReader(handle, size, name,
+                                                                               chunk)
+    return _read(r, stamp)
+
+
+def _read(r: BoundedReader, stamp: FileStamp | None) -> GGUFHeader:
     at = r.need(4, "the magic")
     if r.buf[at:at + 4] != MAGIC:
         raise r.fail(f"not a GGUF file: it starts with {bytes(r.buf[at:at + 4])!r}, not b'GGUF'")
@@ -178,8 +189,9 @@ def _read(r: BoundedReader, stamp: FileStamp) -> GGUFHeader:
     least = r.pos + n_kv * 13 + n_tensors * 24     # the fewest bytes a key and a tensor take
     if least > r.size:
         raise r.truncated(least, f"{n_kv} keys and {n_tensors} tensors")
+    r.expect(least)
     header = GGUFHeader(path=r.path, version=version, stamp=stamp, alignment=DEFAULT_ALIGNMENT,
-                        data_offset=0, data_end=0)
+                        data_offset=0, data_end=0, size=r.size)
     kv, kv_types = header.kv, header.kv.types
     for i in range(n_kv):
         key = _text(r.raw_string(f"key {i}"), f"key {i}", r)
@@ -197,8 +209,10 @@ def _read(r: BoundedReader, stamp: FileStamp) -> GGUFHeader:
         if header.alignment == 0 or header.alignment & (header.alignment - 1):
             raise r.fail(f"alignment {header.alignment} is not a power of 2",
                          "key 'general.alignment'")
-    names = set()
+    names, start = set(), r.pos
     for i in range(n_tensors):
+        if i and not i % 64:        # the infos left, as long as those read so far on average
+            r.expect(r.pos + (n_tensors - i) * ((r.pos - start) // i))
         header.tensors.append(_tensor_info(r, i, names))
     return _place_data(r, header)
 
@@ -245,6 +259,7 @@ def _place_data(r: BoundedReader, header: GGUFHeader) -> GGUFHeader:
     exactly the aligned sum of the sizes before it (so in order, aligned, never overlapping);
     the loader: each tensor's data lies within the file."""
     align = header.alignment
+    header.header_end = r.pos
     start = r.pos if not header.tensors else -(-r.pos // align) * align
     if start > r.size:
         raise r.truncated(start, "the data section's start")
@@ -266,4 +281,37 @@ def _place_data(r: BoundedReader, header: GGUFHeader) -> GGUFHeader:
         header.tensors[i] = HeaderTensor(t.name, t.ne, t.type_id, start + expected, t.nbytes)
         header.data_end = end
         expected += padded
+    _check_padding(r, header, header.header_end, start, "before the data section")
+    if header.stamp is not None:     # a local file: what follows the data is read too
+        padded_end = -(-start // align) * align + expected    # gguf pads even after none
+        _check_padding(r, header, max(padded_end, header.data_end), r.size, "after the data")
     return header
+
+
+TRAILING_LIMIT = 64 << 20       # zero bytes after the data that are read to be sure of them
+
+
+def _check_padding(r: BoundedReader, header: GGUFHeader, begin: int, end: int,
+                   where: str) -> None:
+    """The bytes from `begin` to `end` are padding: zeros, as gguf writes them. A tensor count
+    one short leaves the last tensor's description where the padding should be and its data
+    after the data section (every weight then read early, the last tensor taken for a tied
+    output): both are other bytes. Zeros past the data (a tool padding the file) are
+    accepted, up to TRAILING_LIMIT bytes read; more is refused as well."""
+    if end <= begin:
+        return
+    bad = end - begin > TRAILING_LIMIT
+    at = begin
+    if not bad:
+        r.f.seek(begin)
+        while at < end and not bad:
+            chunk = r.f.read(min(1 << 20, end - at))
+            if not chunk:
+                break
+            bad = chunk.count(0) != len(chunk)
+            at += len(chunk)
+    if bad:
+        raise r.fail(f"{end - begin} bytes {where} (bytes {begin} to {end} of {r.size}) are not "
+                     f"gguf's zero padding: the header does not describe this file (a tensor "
+                     f"count one short reads every tensor early)",
+                     f"its {len(header.tensors)} tensors")

@@ -2,7 +2,9 @@
 checked against the file's size before anything is allocated or looped over, so a hostile
 count or length in a GGUF header is one clear error, never a huge allocation or a long loop.
 The GGUF format itself (keys, tensors, offsets) is gguf_header's; this is the byte source it
-reads through, in chunks (a header with a real vocabulary is megabytes of short strings).
+reads through, in chunks (a header with a real vocabulary is megabytes of short strings). The
+handle is a local file or a remote one (gguf/remote.py: its bytes come by HTTP range requests,
+so it asks for small chunks and lets the remote side decide how far to read ahead).
 """
 
 from __future__ import annotations
@@ -20,9 +22,16 @@ class BoundedReader:
     """Sequential little-endian reads over a file, in chunks; every read checked against the
     file's size first (the size fstat gave when the file was opened)."""
 
-    def __init__(self, handle, size: int, path: str):
-        self.f, self.size, self.path = handle, size, path
+    def __init__(self, handle, size: int, path: str, chunk: int = _CHUNK):
+        self.f, self.size, self.path, self.chunk = handle, size, path, chunk
         self.buf, self.base, self.pos = b"", 0, 0
+        self._expect = getattr(handle, "expect", None)
+
+    def expect(self, end: int) -> None:
+        """Bytes up to `end` will (most likely) be read: a remote handle fetches them in one
+        request rather than in growing ones (a round trip each); a local file ignores it."""
+        if self._expect is not None:
+            self._expect(min(end, self.size))
 
     def fail(self, message: str, culprit: str | None = None):
         return InputError(message, file=self.path, culprit=culprit)
@@ -44,7 +53,7 @@ class BoundedReader:
 
     def _load(self, n: int, what: str, culprit: str | None) -> None:
         self.f.seek(self.pos)
-        data = self.f.read(min(max(n, _CHUNK), self.size - self.pos))
+        data = self.f.read(min(max(n, self.chunk), self.size - self.pos))
         if len(data) < n:           # the file shrank since it was opened
             raise self.fail(f"{what}: the file ended at byte {self.pos + len(data)} while it "
                             f"was read (truncated at byte {self.pos + len(data)} of "
@@ -86,11 +95,14 @@ class BoundedReader:
         pos, unpack = self.pos, _U64.unpack_from
         buf, base = self.buf, self.base
         top, n = base + len(buf), 0
+        start = pos
         for i in range(count):
             if pos + 8 > top:
                 self._string_checks(i - 1, n, pos, culprit)
                 if pos + 8 > self.size:
                     raise self.truncated(pos + 8, f"string {i}'s length", culprit)
+                if i:        # the strings left, as long as those walked so far on average
+                    self.expect(pos + (count - i) * ((pos - start) // i))
                 self.pos = pos
                 self._load(8, f"string {i}'s length", culprit)
                 buf, base = self.buf, self.base

@@ -8,7 +8,7 @@ the output head with the ModelGraph it returns (models/graph/output.py).
 One ubatch of `n_tokens` tokens, `n_outputs` output rows and `n_kv` cache cells attended over.
 Every call is one of llama.cpp's (src/llama-graph.cpp), in its order, so the nodes, their order
 and their names are llama.cpp's. Weights are looked up by gguf's tensor names
-(models/arch/base.py `tn`), never by retyped strings.
+(models/gguf/names.py `tn`), never by retyped strings.
 """
 
 from __future__ import annotations
@@ -23,18 +23,22 @@ from ggmlrun.models.gguf.names import tn
 from ggmlrun.models.graph.attention import KVCache, attn_inputs, build_attn_kv
 from ggmlrun.models.graph.builder import GraphBuilder, LayerContext
 from ggmlrun.models.graph.moe_ffn import build_moe_ffn
-from ggmlrun.models.memory.caches import Memory, create_memory
+from ggmlrun.models.memory.caches import Memory
 from ggmlrun.models.hparams.rope import rope_freqs_layers, rope_params
 
 
 class Decoder:
     """The graph being built for one model and ubatch shape (llm_graph_context)."""
 
-    def __init__(self, model, arch, n_tokens: int, n_outputs: int, n_kv: int, kv_size: int,
-                 flash_attn: bool, kv_type: str, table: dict | None = None, n_stream: int = 1,
-                 swa_size: int = 0, swa_n_kv: int = 0, shared: tuple = (), rs_zero: int = 0,
-                 n_seqs: int = 1, memory: Memory | None = None):
+    def __init__(self, model, arch, memory: Memory, n_tokens: int, n_outputs: int, n_kv: int,
+                 *, table: dict | None = None, swa_n_kv: int = 0, shared: tuple = (),
+                 rs_zero: int = 0, n_seqs: int = 1):
+        """`memory`: the caches, sized before the graph (llama_model::create_memory); the
+        graph takes views of them, and their layout (cells, streams, type, V transposed without
+        flash attention) is the graph's."""
         hp = self.hp = model.hparams
+        kv = memory.kv
+        kv_size, kv_type, n_stream, flash_attn = kv.cells, kv.kv_type, kv.n_stream, not kv.v_trans
         self.model, self.arch = model, arch
         self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
         b = self.b = GraphBuilder()
@@ -44,13 +48,8 @@ class Decoder:
         self.ctx = LayerContext(b=b, n_tokens=n_tokens, n_outputs=n_outputs, n_kv=n_kv,
                                 kv_size=kv_size, flash_attn=flash_attn,
                                 norm_rms_eps=hp.norm_rms_eps)
-        # the caches were sized before the graph (llama_model::create_memory); the graph
-        # takes views of them
-        self.memory = memory or create_memory(hp, kv_type=kv_type, cells=kv_size,
-                                              flash_attn=flash_attn, n_stream=n_stream,
-                                              swa_cells=swa_size, n_seq_max=n_seqs)
-        self.cache = KVCache(self.memory.kv, self.memory.recurrent)
-        self.n_ctx = kv_size
+        self.memory = memory
+        self.cache = KVCache(memory.kv, memory.recurrent)
         out_name = self.name(T.OUTPUT)
         self.output_w = self.weights.get(out_name)
         if self.output_w is None:     # TENSOR_DUPLICATED: the same bytes, possibly elsewhere
@@ -63,7 +62,6 @@ class Decoder:
             raise InputError(f"rope scaling 'longrope' is not supported for {arch.name} yet "
                              f"(its rope_factors_long/short tensors)")
         self.rope_freqs_name = self._rope_factors_name(kv_size)
-        n_tokens = n_tokens
         # build_inp_embd: tokens and the (unused, still allocated) embeddings input
         tokens = b.leaf("inp_tokens", (n_tokens,), "i32")
         inp_embd = b.leaf("inp_embd", (n_tokens, hp.n_embd), "f32")

@@ -41,6 +41,12 @@ MIN_INVERTED = 2.0**-20          # about 9.5e-7, exact in float32
 # rope's attention factor multiplies cos and sin, so Q.K by its square: 1e30 overflowed
 # float32 (NaN logits); YaRN's own, 0.1 ln(s) + 1, is under 10 for any float32 scale s
 MAX_ATTN_FACTOR = 100.0
+# deepseek2's YaRN log multiplier m scales Q.K by (1 + m ln s)^2 (3.4e38 and 1e30 gave NaN
+# logits); real files have m under 1
+MAX_YARN_LOG_MUL = 100.0
+# the routed experts' weights are multiplied by this before their outputs are summed: 3.4e38
+# overflowed float32 (NaN logits); real files use 1 to 3
+MAX_EXPERT_WEIGHTS_SCALE = 1000.0
 _BASE_WHY = ("a base under 1 makes rope's angles grow along the head, past float32 for a "
              "small one")
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")    # LLAMA_ROPE_SCALING_TYPES
@@ -101,7 +107,8 @@ RULES: dict[str, Rule] = {
     # glm4moe: shared experts, leading dense layers, routing weights, gating, NextN layers
     "expert_shared_count": Rule("u32", 0, LLAMA_MAX_EXPERTS),
     "leading_dense_block_count": Rule("u32", 0, LLAMA_MAX_LAYERS),
-    "expert_weights_scale": Rule("f32", 0.0, F32_MAX),
+    "expert_weights_scale": Rule("f32", 0.0, MAX_EXPERT_WEIGHTS_SCALE,
+                                 why="it multiplies every routed expert's output"),
     "expert_weights_norm": Rule("bool"),
     "expert_gating_func": Rule("u32", 0, 3, why="none, softmax, sigmoid, softmax_weight"),
     # rope scaling as llama_context derives it (every architecture), and keys some
@@ -113,7 +120,8 @@ RULES: dict[str, Rule] = {
                                      why="it scales Q.K by its square"),
     "rope.scaling.yarn_beta_fast": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.yarn_beta_slow": Rule("f32", 0.0, F32_MAX),
-    "rope.scaling.yarn_log_multiplier": Rule("f32", 0.0, F32_MAX),
+    "rope.scaling.yarn_log_multiplier": Rule("f32", 0.0, MAX_YARN_LOG_MUL,
+                                             why="Q.K is scaled by (1 + it·ln factor)²"),
     "attention.temperature_scale": Rule("f32", 0.0, F32_MAX, why="0: no temperature"),
     # sliding-window attention (gemma3): the window, which layers use it (a period n: layer il
     # slides unless il % n == n - 1; or one BOOL per layer), its own rope base; and the final

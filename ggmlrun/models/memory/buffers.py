@@ -44,7 +44,7 @@ def weights_bytes(tensors: dict, placement: Placement, backends: list[BackendSpe
     def to_repack(spec: BackendSpec, dtype: str, shape) -> bool:
         return not host_first and repacked(spec.repack_kind, dtype, shape)
 
-    cpu_range: list[int] = []
+    cpu_range: dict[int, list[int]] = {}     # per file of a split set: llama.cpp maps each
     mapped = repack = 0
     placed = list(placement.weights.items())
     # TENSOR_DUPLICATED tensors take bytes again in each other buffer they are copied into
@@ -67,7 +67,7 @@ def weights_bytes(tensors: dict, placement: Placement, backends: list[BackendSpe
         elif no_mmap:
             mapped += align_up(nbytes, spec.alignment)
         elif info.offset is not None:
-            cpu_range += [info.offset, info.offset + nbytes]
+            cpu_range.setdefault(info.shard, []).extend((info.offset, info.offset + nbytes))
         else:
             mapped += align_up(nbytes, GGUF_ALIGNMENT)      # a card: the file's own padding
     # a tied output on the CPU: the duplicate of token_embd that the output's MUL_MAT reads
@@ -77,8 +77,8 @@ def weights_bytes(tensors: dict, placement: Placement, backends: list[BackendSpe
         spec = backends[placement.output_weight]
         if to_repack(spec, info.dtype, info.shape):
             repack += align_up(TYPES[info.dtype].row_bytes(_elements(info.shape)), spec.alignment)
-    if cpu_range:
-        mapped += max(cpu_range) - min(cpu_range)
+    for ends in cpu_range.values():        # llama_model_loader::get_mapping_range, per file
+        mapped += max(ends) - min(ends)
     sizes[placement.cpu] += mapped + repack
     return WeightBytes(sizes, mapped, repack)
 

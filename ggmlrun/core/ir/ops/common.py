@@ -97,6 +97,59 @@ def need_ndim(op: str, t: Tensor, lo: int, hi: int = MAX_DIMS, role: str = "a") 
         raise InputError(f"{op}: {role} {who(t)} must have {want} dims")
 
 
+# --- layout checks: ggml's preconditions on a source's strides (docs/format.md, "Layouts") ---
+# In NumPy order: ggml's nb[0] is strides[-1], nb[1] strides[-2]; ne[0] is shape[-1].
+
+def ggml_contiguous(t: Tensor, n: int = 0) -> bool:
+    """ggml_is_contiguous_n: dims above n packed (a dim of size 1 may have any stride), dims
+    1..n free; nb[0] the type size unless ne[0] is one block."""
+    gtype = t.gtype
+    shape, strides = t.shape[::-1], t.strides[::-1]
+    if shape[0] != gtype.block_size and strides[0] != gtype.type_size:
+        return False
+    next_nb = gtype.type_size * (shape[0] // gtype.block_size)
+    for i in range(1, len(shape)):
+        if i > n:
+            if shape[i] != 1 and strides[i] != next_nb:
+                return False
+            next_nb *= shape[i]
+        else:
+            next_nb = shape[i] * strides[i]
+    return True
+
+
+def rows_packed(t: Tensor) -> bool:
+    """nb[0] == type size: what ggml-cpu's row loops assert (GGML_ASSERT(nb00 == sizeof(T)))."""
+    return t.strides[-1] == t.gtype.type_size
+
+
+def is_transposed(t: Tensor) -> bool:
+    """ggml_is_transposed: nb[0] > nb[1] (a 1-D tensor's nb[1] is its whole row)."""
+    nb1 = t.strides[-2] if len(t.shape) >= 2 else t.strides[-1] * t.shape[-1]
+    return t.strides[-1] > nb1
+
+
+def need_rows(op: str, t: Tensor, role: str = "a") -> None:
+    if not rows_packed(t):
+        raise InputError(
+            f"{op}: {role} {who(t)} has an innermost stride of {t.strides[-1]} bytes; ggml's "
+            f"{op} reads rows of packed elements ({t.gtype.type_size} bytes apart): insert a "
+            f"cont before it")
+
+
+def need_contiguous(op: str, t: Tensor, role: str = "a", n: int = 0) -> None:
+    if not ggml_contiguous(t, n):
+        what = "contiguous" if n == 0 else f"contiguous above dim {n} (ggml_is_contiguous_{n})"
+        raise InputError(f"{op}: {role} {who(t)} must be {what} in ggml: insert a cont "
+                         f"before it")
+
+
+def need_not_transposed(op: str, t: Tensor, role: str = "a") -> None:
+    if is_transposed(t):
+        raise InputError(f"{op}: {role} {who(t)} is transposed (its innermost stride exceeds "
+                         f"the next one); ggml's {op} refuses it: insert a cont before it")
+
+
 def tiles(big: tuple[int, ...], small: tuple[int, ...]) -> bool:
     """SPEC's "tiles" rule: right-aligned, every dim of `big` a multiple of `small`'s.
 

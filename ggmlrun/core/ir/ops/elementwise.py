@@ -4,9 +4,10 @@ Results have `a`'s shape and dtype. f16 data is computed in f32 and rounded once
 ggml's f16 paths do. Every kernel here reads an element before writing the same element, so
 the in-place ones stay correct when the planner hands them their parent's memory as `out`.
 
-Integer (i32) support: add, sub, mul (wrapping), neg, abs, sqr, relu. The rest are float-only
-because their result is not an integer (div, sqrt, ...) or their params are floats (scale,
-clamp's ±inf defaults).
+Types and layouts are ggml-cpu's (0.15.3; docs/format.md, "What ggml requires of a
+source"): binary ops take f32/f32, f16/f16 and f16 a with f32 b, and read a's rows packed
+(nb[0] = element size); unary ops and clamp take f32 or f16 with packed rows; scale takes a
+contiguous f32 a. ggml-cpu has no integer form of any of them, so none takes i32.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import math
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.lazynumpy import np, numpy_later
 from ggmlrun.core.ir.ops.common import (
-    F32, FLOATS, fast_path, need_float, need_tiles, per_element, quiet, store, tile_split,
-    want_number, who)
+    F32, fast_path, need_contiguous, need_dtype, need_float, need_rows, need_tiles,
+    per_element, quiet, store, tile_split, want_number, who)
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 
-INT_OK = {"add", "sub", "mul", "neg", "abs", "sqr", "relu"}
+# (a, b) types ggml-cpu's binary_op computes (binary-ops.cpp); bf16 pairs come from models
+BINARY_TYPES = {("f32", "f32"), ("f16", "f16"), ("f16", "f32"), ("bf16", "bf16"),
+                ("bf16", "f32")}
 
 
 # --- binary: add sub mul div ---------------------------------------------------------------
@@ -28,12 +31,13 @@ INT_OK = {"add", "sub", "mul", "neg", "abs", "sqr", "relu"}
 def _binary_infer(op: str):
     def infer(srcs, **_):
         a, b = srcs
-        if op not in INT_OK:
+        if (a.dtype, b.dtype) not in BINARY_TYPES:
             need_float(op, a)
             need_float(op, b, "b")
-        elif (a.dtype in FLOATS) != (b.dtype in FLOATS):
-            raise InputError(f"{op}: a {who(a)} and b {who(b)} must both be float or both i32")
+            raise InputError(f"{op}: a {who(a)} with b {who(b)}: ggml-cpu computes f32 with "
+                             f"f32, f16 with f16 and f16 a with f32 b: cast b to {a.dtype}")
         need_tiles(op, a, b)
+        need_rows(op, a)
         return OpResult(a.shape, a.dtype)
     return infer
 
@@ -135,8 +139,8 @@ UNARY = {
 def _unary_infer(op: str):
     def infer(srcs, **_):
         (a,) = srcs
-        if op not in INT_OK:
-            need_float(op, a)
+        need_float(op, a)
+        need_rows(op, a)
         return OpResult(a.shape, a.dtype)
     return infer
 
@@ -215,7 +219,8 @@ register(OpSpec(name="gelu", n_src=(1, 1), infer=_gelu_infer, kernel=_gelu_kerne
 
 def _scale_infer(srcs, *, s):
     (a,) = srcs
-    need_float("scale", a)
+    need_dtype("scale", a, ("f32",))
+    need_contiguous("scale", a)
     want_number("scale", "s", s)
     return OpResult(a.shape, a.dtype)
 
@@ -241,6 +246,7 @@ register(OpSpec(
 def _clamp_infer(srcs, *, min, max):  # noqa: A002 - the SPEC's param names
     (a,) = srcs
     need_float("clamp", a)
+    need_rows("clamp", a)
     lo = want_number("clamp", "min", min, finite=False)
     hi = want_number("clamp", "max", max, finite=False)
     if lo > hi:

@@ -12,7 +12,7 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
-    F32, fmt, need_dtype, need_float, need_ndim, quiet, store, want_number, who)
+    F32, fmt, need_dtype, need_ndim, need_rows, quiet, store, want_number, who)
 from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits, need_sinks
 from ggmlrun.core.ir.ops.quant import round_like_vec_dot, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
@@ -26,7 +26,7 @@ _FA_PARAMS = {"scale": REQUIRED, "max_bias": 0.0, "logit_softcap": 0.0, "prec": 
 def _fa_infer(srcs, *, scale, max_bias, logit_softcap, prec):
     q, k, v = srcs[:3]
     op = "flash_attn_ext"
-    need_float(op, q, "q")
+    need_dtype(op, q, ("f32",), "q")       # ggml-cpu reads q as f32 (an f16 q computes wrongly)
     for role, t in (("k", k), ("v", v)):
         gtype = TYPES[t.dtype]
         if not (gtype.is_block or t.dtype in ("f32", "f16", "bf16")):
@@ -36,6 +36,7 @@ def _fa_infer(srcs, *, scale, max_bias, logit_softcap, prec):
                              f"{gtype.block_size}-value blocks, but its head size is {t.shape[-1]}")
     for role, t in (("q", q), ("k", k), ("v", v)):
         need_ndim(op, t, 4, 4, role)
+        need_rows(op, t, role)
     s, h, t_len, d = q.shape
     sk, hkv, kv, dk = k.shape
     sv, hv, kv_v, dv = v.shape
@@ -158,7 +159,10 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
     q32 = to_f32(q) if tiled else round_like_vec_dot(to_f32(q), type_of(k))
     accumulate = _softmax_f32 if tiled or type_of(v) != "f16" else _online_f16
     slopes = alibi_slopes(h_n, max_bias)
-    mask32 = None if mask is None else to_f32(mask)[..., :t_len, :]
+    mask32 = None
+    if mask is not None:            # 2-D, 3-D or 4-D: [(M3), (M2), Tpad, KV], as ggml pads it
+        mask32 = to_f32(mask)[..., :t_len, :]
+        mask32 = mask32.reshape((1,) * (4 - mask32.ndim) + mask32.shape)
     kq_scale = F32(scale / logit_softcap) if logit_softcap else F32(scale)
     for si in range(s_n):
         for g in range(hkv):
@@ -170,6 +174,7 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
                 scores = F32(logit_softcap) * np.tanh(scores)
             if mask32 is not None:
                 m = mask32[si % mask32.shape[0]]                        # [M2, T, KV]
+                # sequence s reads mask batch s mod M3, head h mask head h mod M2 (ggml-cpu)
                 idx = np.arange(g * group, (g + 1) * group) % m.shape[0]
                 scores = scores + slopes[heads, None, None] * m[idx]
             sink = None if sink32 is None else sink32[heads].reshape(-1, 1, 1)

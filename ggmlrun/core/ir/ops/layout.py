@@ -1,6 +1,8 @@
 """Layout ops: copies that move data (repeat, concat, cont, cpy) and views that move none.
 
-Every dtype is accepted here: nothing is computed, only placed. The views (view, reshape,
+Every dtype is accepted here, as ggml-cpu places them (pad is f32 only, repeat reads a's rows
+packed, cpy has no i32 -> f16 and writes a block type only from packed rows into a
+contiguous b). The views (view, reshape,
 permute, transpose) return strides and a byte offset into their source and have no kernel:
 the executor reads them straight from the source's memory. cpy computes (it converts and
 writes) but its result aliases b, like ggml's `ggml_cpy`, so later nodes read b's bytes.
@@ -14,7 +16,8 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.ir.graph import MAX_DIMS, contiguous_strides, span_bytes
 from ggmlrun.core.ir.ops.common import (
-    fast_path, fmt, need_float, need_ndim, quiet, tile_split, tiles, want_int, want_int_list, want_shape, who)
+    fast_path, fmt, ggml_contiguous, need_contiguous, need_dtype, need_ndim, need_rows, quiet,
+    tile_split, tiles, want_int, want_int_list, want_shape, who)
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 
 
@@ -27,6 +30,7 @@ def _no_flops(out, srcs):
 def _repeat_infer(srcs, *, shape):
     (a,) = srcs
     target = want_shape("repeat", "shape", shape)
+    need_rows("repeat", a)
     if not tiles(target, a.shape):
         raise InputError(f"repeat: a {fmt(a.shape)} does not tile shape {fmt(target)}: "
                          f"right-aligned, each dim of shape must be a multiple of a's")
@@ -85,7 +89,7 @@ def _pad_infer(srcs, *, pad):
             or any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in pad)):
         raise InputError(f"pad: param 'pad' must be one integer >= 0 per dim of a {fmt(a.shape)}, "
                          f"got {pad!r}")
-    need_float("pad", a)
+    need_dtype("pad", a, ("f32",))
     return OpResult(tuple(d + p for d, p in zip(a.shape, pad)), a.dtype)
 
 
@@ -137,7 +141,20 @@ def _cpy_infer(srcs):
     if a.n_elements != b.n_elements:
         raise InputError(f"cpy: a {fmt(a.shape)} has {a.n_elements} elements but b "
                          f"{fmt(b.shape)} has {b.n_elements}")
+    need_convertible("cpy", a, b.dtype)
+    if b.gtype.is_block:
+        need_contiguous("cpy", b, "b")
     return OpResult(b.shape, b.dtype, strides=b.strides, view_of=1)
+
+
+def need_convertible(op: str, a, dtype: str) -> None:
+    """ggml-cpu's dup: no i32 -> f16 (nor bf16); a block type is written from packed rows."""
+    if a.dtype == "i32" and dtype in ("f16", "bf16"):
+        raise InputError(f"{op}: a {who(a)} to {dtype}: ggml-cpu converts i32 only to f32 "
+                         f"and i32: go through f32")
+    from ggmlrun.core.ir.types import TYPES
+    if TYPES[dtype].is_block:
+        need_rows(op, a)
 
 
 @quiet
@@ -174,6 +191,7 @@ def _view_infer(srcs, *, shape, offset, strides):
     if end > a.nbytes:
         raise InputError(f"view: shape {list(dims)}, strides {list(st)} at offset {off} reach "
                          f"byte {end}, past the end of a {who(a)} ({a.nbytes} bytes)")
+    need_view_fits(a, dims, off)
     return OpResult(dims, a.dtype, strides=st, view_of=0, view_offset=off)
 
 
@@ -182,10 +200,25 @@ register(OpSpec(name="view", n_src=(1, 1), infer=_view_infer, kernel=None, view_
                 summary="a view into a's memory: shape, byte offset, byte strides"))
 
 
+def need_view_fits(a, dims, off: int) -> None:
+    """ggml_new_tensor_impl's bound on a view: its elements, packed, from its offset in the
+    root tensor, end inside the root (so a stride-0 broadcast or overlapping windows that
+    cover more elements than the root holds abort in ggml)."""
+    root = a.view_src or a
+    packed = a.gtype.contiguous_bytes(tuple(dims)) if all(dims) else 0
+    start = a.view_offset + off
+    if packed and start + packed > root.nbytes:
+        raise InputError(
+            f"view: {math.prod(dims)} elements of {a.dtype} ({packed} bytes) from byte {start} "
+            f"of '{root.name}' end past its {root.nbytes} bytes; ggml bounds a view by its "
+            f"element count, whatever its strides (no stride-0 broadcasts nor overlapping "
+            f"windows past the root): use repeat or cont instead")
+
+
 def _reshape_infer(srcs, *, shape):
     (a,) = srcs
-    if not a.is_contiguous:
-        raise InputError(f"reshape: a {who(a)} is not contiguous; cont it first")
+    if not ggml_contiguous(a):
+        raise InputError(f"reshape: a {who(a)} is not contiguous; insert a cont before it")
     dims = want_int_list("reshape", "shape", shape)
     if not 1 <= len(dims) <= MAX_DIMS:
         raise InputError(f"reshape: shape must have 1 to {MAX_DIMS} dims, got {shape!r}")

@@ -14,8 +14,8 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
-    F32, FLOATS, fmt, need_dtype, need_float, need_ndim, per_element, quiet, store, want_number,
-    who)
+    F32, fmt, need_contiguous, need_dtype, need_float, need_ndim, need_rows, per_element, quiet,
+    store, want_number, who)
 from ggmlrun.core.ir.ops.quant import can_encode, from_f32, to_f32, type_of
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 from ggmlrun.core.ir.ops.elementwise import gelu_fp16_table
@@ -29,7 +29,7 @@ def _pad(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
 
 def _set_rows_infer(srcs):
     a, b, c = srcs
-    need_dtype("set_rows", b, FLOATS, "b (rows)")
+    need_dtype("set_rows", b, ("f32",), "b (rows)")
     need_dtype("set_rows", c, ("i32", "i64"), "c (row indices)")
     need_ndim("set_rows", a, 2, 4, "a (destination)")
     need_ndim("set_rows", b, 2, 4, "b (rows)")
@@ -47,6 +47,9 @@ def _set_rows_infer(srcs):
                          f"{b4[-2]} rows of b {fmt(b.shape)}, its leading dims dividing b's")
     if TYPES[a.dtype].is_block and a.shape[-1] % TYPES[a.dtype].block_size:
         raise InputError(f"set_rows: a {who(a)} rows are not whole blocks")
+    if a.shape[-1] != a.gtype.block_size:          # ggml_is_contiguous_rows
+        need_rows("set_rows", a, "a (destination)")
+    need_rows("set_rows", b, "b (rows)")
     return OpResult(a.shape, a.dtype, strides=a.strides, view_of=0)
 
 
@@ -100,6 +103,10 @@ def _glu_infer(srcs, *, op, swapped, alpha, limit):
     need_float("glu", a)
     if op not in _GLU_OPS:
         raise InputError(f"glu: op must be one of {', '.join(_GLU_OPS)}, got {op!r}")
+    if op == "swiglu_oai":
+        need_dtype("glu", a, ("f32",))     # ggml-cpu has swiglu_oai in f32 only
+    for role, t in zip(("a", "b"), srcs):
+        need_contiguous("glu", t, role, n=1)
     want_number("glu", "alpha", alpha)
     want_number("glu", "limit", limit)
     if not isinstance(swapped, bool):
@@ -108,6 +115,10 @@ def _glu_infer(srcs, *, op, swapped, alpha, limit):
         b = srcs[1]
         if b.shape != a.shape or b.dtype != a.dtype:
             raise InputError(f"glu: b {who(b)} must have a's shape and dtype ({who(a)})")
+        if swapped:
+            raise InputError("glu: 'swapped' applies to one source split in halves; ggml's "
+                             "two-source glu (ggml_glu_split) has none and would ignore it: "
+                             "exchange a and b instead")
         return OpResult(a.shape, a.dtype)
     if a.shape[-1] % 2:
         raise InputError(f"glu: a {who(a)} has an odd last dim; one-source glu splits it "
@@ -149,7 +160,11 @@ def _cast_infer(srcs, *, dtype):
     if dtype not in TYPES or not can_encode(dtype):
         raise InputError(f"cast: dtype must be a type values can be written as (f32, f16, "
                          f"bf16, q8_0, ...), got {dtype!r}")
+    if a.dtype == "i32" and dtype == "f32":      # ggml-cpu's dup converts i32 to f32
+        return OpResult(a.shape, dtype)
     need_float("cast", a)
+    if TYPES[dtype].is_block:
+        need_rows("cast", a)
     if TYPES[dtype].is_block and a.shape[-1] % TYPES[dtype].block_size:
         raise InputError(f"cast: a {who(a)} rows are not whole blocks of {dtype}")
     return OpResult(a.shape, dtype)
@@ -157,6 +172,9 @@ def _cast_infer(srcs, *, dtype):
 
 @quiet
 def _cast_kernel(out, a, *, dtype):
+    if a.dtype == np.int32:
+        np.copyto(out, a, casting="unsafe")
+        return
     encoded = from_f32(to_f32(a), dtype)
     np.copyto(out, encoded.reshape(out.shape), casting="unsafe")
 

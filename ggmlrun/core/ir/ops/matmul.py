@@ -21,11 +21,12 @@ from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
-    as_strided, fast_path, fmt, need_dtype, need_float, quiet, store, who)
+    as_strided, fast_path, fmt, need_dtype, need_float, need_not_transposed, need_rows, quiet,
+    store, who)
 from ggmlrun.core.ir.ops import panels
 from ggmlrun.core.ir.ops.panels import PanelProduct, Workers, f16_has_inf_nan
 from ggmlrun.core.ir.ops.quant import (
-    MIN_TYPES, block_mins, q8_1_sum_error, round_like_vec_dot, to_f32, type_of)
+    MIN_TYPES, block_mins, q8_1_sum_error, round_like_vec_dot, to_f32, type_of, vec_dot_type)
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 
@@ -42,10 +43,23 @@ def need_weight_type(op: str, a: Tensor) -> None:
         raise InputError(f"{op}: a {who(a)} must be f32 or f16 (or bf16, or a quantized type)")
 
 
+def need_product_sources(op: str, a: Tensor, b: Tensor) -> None:
+    """ggml_mul_mat(_id)'s preconditions on layouts and ggml-cpu's on b's type: a packed and
+    not transposed, b packed, b f32 or already a's vec_dot type (f16 for an f16 a)."""
+    need_float(op, b, "b")
+    if b.dtype != "f32" and b.dtype != vec_dot_type(a.dtype):
+        raise InputError(f"{op}: b {who(b)} with a {who(a)}: ggml-cpu converts an f32 b to "
+                         f"a's vec_dot type ({vec_dot_type(a.dtype)}), so b must be f32 "
+                         f"or {vec_dot_type(a.dtype)}: cast b to f32")
+    need_not_transposed(op, a)
+    need_rows(op, a)
+    need_rows(op, b, "b")
+
+
 def _mul_mat_infer(srcs):
     a, b = srcs
     need_weight_type("mul_mat", a)
-    need_float("mul_mat", b, "b")
+    need_product_sources("mul_mat", a, b)
     rank = max(len(a.shape), len(b.shape), 2)
     ap, bp = _padded(a.shape, rank), _padded(b.shape, rank)
     if ap[-1] != bp[-1]:
@@ -196,22 +210,23 @@ register(OpSpec(name="mul_mat", n_src=(2, 2), infer=_mul_mat_infer, kernel=_mul_
 
 def _get_rows_infer(srcs):
     a, b = srcs
-    need_dtype("get_rows", b, ("i32", "i64"), "b (row indices)")
-    if len(a.shape) == 2 and len(b.shape) == 1:
-        shape = (b.shape[0], a.shape[1])
-    elif len(a.shape) == 3 and len(b.shape) == 2 and a.shape[0] == b.shape[0]:
-        shape = (a.shape[0], b.shape[1], a.shape[2])
-    else:
-        raise InputError(f"get_rows: a {who(a)} and b {who(b)} must be a [R, C] with b [N], "
-                         f"or a [B, R, C] with b [B, N]")
-    return OpResult(shape, "i32" if a.dtype == "i32" else "f32")
+    need_dtype("get_rows", b, ("i32",), "b (row indices)")
+    if len(a.shape) != len(b.shape) + 1 or len(a.shape) < 2 or a.shape[:-2] != b.shape[:-1]:
+        raise InputError(f"get_rows: a {who(a)} and b {who(b)} must be a [.., R, C] with b "
+                         f"[.., N], the same leading dims (a [R, C] with b [N], a [B, R, C] "
+                         f"with b [B, N], a [B3, B2, R, C] with b [B3, B2, N])")
+    need_rows("get_rows", a)
+    return OpResult(b.shape + a.shape[-1:], "i32" if a.dtype == "i32" else "f32")
 
 
 def _picked_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Only the picked rows are decoded (a quantized token table stays quantized)."""
     if a.ndim == 2:
         return to_f32(a[b]) if getattr(a, "ggml_type", "") else a[b]
-    picked = a[np.arange(a.shape[0])[:, None], b]
+    lead = b.shape[:-1]
+    batch = tuple(np.arange(n).reshape((1,) * i + (n,) + (1,) * (len(lead) - i))
+                  for i, n in enumerate(lead))
+    picked = a[batch + (b,)]
     return to_f32(picked) if getattr(a, "ggml_type", "") else picked
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.util.lazynumpy import np
-from ggmlrun.core.ir.ops.common import F32, fmt, need_dtype, need_float, quiet, store, who
+from ggmlrun.core.ir.ops.common import F32, fmt, need_dtype, need_rows, quiet, store, who
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 SORT_ORDERS = ("asc", "desc")     # GGML_SORT_ORDER_ASC = 0, GGML_SORT_ORDER_DESC = 1
@@ -37,6 +37,7 @@ SORT_ORDERS = ("asc", "desc")     # GGML_SORT_ORDER_ASC = 0, GGML_SORT_ORDER_DES
 def _argsort_infer(srcs, *, order):
     (a,) = srcs
     need_dtype("argsort", a, ("f32",))
+    need_rows("argsort", a)
     if order not in SORT_ORDERS:
         raise InputError(f"argsort: order must be one of {', '.join(SORT_ORDERS)}, got {order!r}")
     if a.shape[-1] > 2**31 - 1:
@@ -60,11 +61,11 @@ register(OpSpec(name="argsort", n_src=(1, 1), infer=_argsort_infer, kernel=_args
 # --- mul_mat_id ----------------------------------------------------------------------------
 
 def _mul_mat_id_infer(srcs):
-    from ggmlrun.core.ir.ops.matmul import need_weight_type
+    from ggmlrun.core.ir.ops.matmul import need_product_sources, need_weight_type
 
     a, b, ids = srcs
     need_weight_type("mul_mat_id", a)
-    need_float("mul_mat_id", b, "b")
+    need_product_sources("mul_mat_id", a, b)
     need_dtype("mul_mat_id", ids, ("i32",), "ids")
     if len(a.shape) != 3:
         raise InputError(f"mul_mat_id: a {who(a)} must be [E, M, K]: one matrix per expert")
@@ -122,6 +123,8 @@ def _add_id_infer(srcs):
     need_dtype("add_id", a, ("f32",))
     need_dtype("add_id", b, ("f32",), "b")
     need_dtype("add_id", ids, ("i32",), "ids")
+    need_rows("add_id", a)
+    need_rows("add_id", b, "b")
     if len(a.shape) != 3 or len(b.shape) != 2 or len(ids.shape) != 2:
         raise InputError(f"add_id: a {who(a)} must be [T, U, N], b {who(b)} [E, N] and ids "
                          f"{who(ids)} [T, U]")

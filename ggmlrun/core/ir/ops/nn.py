@@ -12,8 +12,8 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.graph import Tensor
 from ggmlrun.core.ir.ops.common import (
-    F32, fast_path, fmt, need_dtype, need_float, need_ndim, per_element, quiet, store, tile_split,
-    tiles, want_int, want_number, who)
+    F32, fast_path, fmt, need_contiguous, need_dtype, need_float, need_ndim, need_rows,
+    per_element, quiet, store, tile_split, tiles, want_int, want_number, who)
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 
@@ -22,7 +22,9 @@ from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 def _norm_infer(op: str):
     def infer(srcs, *, eps):
         (a,) = srcs
-        need_float(op, a)
+        need_dtype(op, a, ("f32",))
+        if op == "rms_norm":
+            need_rows(op, a)
         want_number(op, "eps", eps, nonneg=True)
         return OpResult(a.shape, a.dtype)
     return infer
@@ -60,7 +62,8 @@ register(OpSpec(name="rms_norm", n_src=(1, 1), infer=_norm_infer("rms_norm"),
 
 def _soft_max_infer(srcs, *, scale, max_bias):
     a = srcs[0]
-    need_float("soft_max", a)
+    need_dtype("soft_max", a, ("f32",))
+    need_contiguous("soft_max", a)
     want_number("soft_max", "scale", scale)
     want_number("soft_max", "max_bias", max_bias, nonneg=True)
     if len(srcs) >= 2:
@@ -87,8 +90,10 @@ def sink_rows(x: np.ndarray, sinks: np.ndarray) -> np.ndarray:
 
 def need_mask_fits(op: str, mask: Tensor, scores: tuple[int, ...]) -> None:
     """ggml_soft_max_ext's rule: same row length, at least as many rows (ggml pads the mask's
-    rows; the extra ones are never read), leading dims tiling the scores'."""
+    rows; the extra ones are never read), leading dims tiling the scores'; contiguous, as
+    ggml_soft_max_ext and ggml_flash_attn_ext assert."""
     need_float(op, mask, "mask")
+    need_contiguous(op, mask, "mask")
     rows_s, cols_s = ((1, 1) + tuple(scores))[-2:]
     rows_m, cols_m = ((1, 1) + mask.shape)[-2:]
     lead_s, lead_m = tuple(scores[:-2]), tuple(mask.shape[:-2])
@@ -212,9 +217,10 @@ register(OpSpec(name="soft_max", n_src=(1, 3), infer=_soft_max_infer, kernel=_so
 
 def _diag_mask_infer(srcs, *, n_past):
     (a,) = srcs
-    need_float("diag_mask_inf", a)
+    need_dtype("diag_mask_inf", a, ("f32",))
     need_ndim("diag_mask_inf", a, 2)
-    want_int("diag_mask_inf", "n_past", n_past)
+    need_contiguous("diag_mask_inf", a)
+    want_int("diag_mask_inf", "n_past", n_past, lo=0)
     return OpResult(a.shape, a.dtype)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.lazynumpy import np
-from ggmlrun.core.ir.ops.common import F32, fmt, need_dtype, need_ndim, quiet, want_int, who
+from ggmlrun.core.ir.ops.common import (
+    F32, fmt, need_contiguous, need_dtype, need_ndim, need_rows, quiet, want_int, who)
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 
@@ -25,6 +26,10 @@ def _ssm_conv_infer(srcs):
     need_dtype("ssm_conv", c, ("f32",), "c (conv weight)")
     need_ndim("ssm_conv", a, 2, 3, "a (conv input)")
     need_ndim("ssm_conv", c, 2, 2, "c (conv weight)")
+    need_rows("ssm_conv", a, "a (conv input)")
+    if a.strides[-2] != a.shape[-1] * 4:        # ggml-cpu: nb[1] == ne[0]*sizeof(float)
+        need_contiguous("ssm_conv", a, "a (conv input)")
+    need_rows("ssm_conv", c, "c (conv weight)")
     n_s, d_inner, n_cols = _pad(a.shape, 3)
     d_inner_c, d_conv = c.shape
     if d_inner != d_inner_c or n_cols < d_conv:
@@ -59,6 +64,10 @@ def _gdn_infer(srcs, *, K):
     for name, t in zip(("q", "k", "v", "g", "beta", "state"), srcs):
         need_dtype("gated_delta_net", t, ("f32",), name)
         need_ndim("gated_delta_net", t, 1, 4, name)
+    for name, t in zip(("q", "k", "v"), srcs):
+        need_rows("gated_delta_net", t, name)
+    for name, t in zip(("g", "beta", "state"), srcs[3:]):
+        need_contiguous("gated_delta_net", t, name)
     K = want_int("gated_delta_net", "K", K, lo=1)
     n_seqs, T, H, S_v = _pad(v.shape, 4)
     qs, ks = _pad(q.shape, 4), _pad(k.shape, 4)

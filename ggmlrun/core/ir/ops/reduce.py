@@ -1,14 +1,15 @@
 """Reductions: sum, sum_rows, mean (last dim, kept) and argmax (last dim, dropped).
 
 Float sums accumulate in f64 as ggml's `ggml_float` does, so long rows agree with it; the
-result keeps `a`'s dtype. i32 sums wrap like ggml's integer arithmetic. mean is float-only
-(an integer mean is not an integer); argmax takes any dtype and always gives i32.
+result keeps `a`'s dtype. Types are ggml-cpu's: sum takes f32 or f16, sum_rows, mean and
+argmax f32 only (argmax at most 2-D, as ggml_argmax asserts). Every one reads a's rows
+packed: ggml-cpu asserts it for sum_rows and computes the others wrongly without it.
 """
 
 from __future__ import annotations
 
 from ggmlrun.core.util.lazynumpy import np
-from ggmlrun.core.ir.ops.common import need_float, quiet, store
+from ggmlrun.core.ir.ops.common import need_dtype, need_float, need_ndim, need_rows, quiet, store
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 
@@ -24,6 +25,8 @@ def _acc_dtype(a: np.ndarray):
 
 def _sum_infer(srcs):
     (a,) = srcs
+    need_float("sum", a)
+    need_rows("sum", a)
     return OpResult((1,), a.dtype)
 
 
@@ -41,8 +44,8 @@ register(OpSpec(name="sum", n_src=(1, 1), infer=_sum_infer, kernel=_sum_kernel,
 def _rows_infer(op: str):
     def infer(srcs):
         (a,) = srcs
-        if op == "mean":
-            need_float(op, a)
+        need_dtype(op, a, ("f32",))
+        need_rows(op, a)
         return OpResult(a.shape[:-1] + (1,), a.dtype)
     return infer
 
@@ -68,6 +71,9 @@ register(OpSpec(name="mean", n_src=(1, 1), infer=_rows_infer("mean"), kernel=_me
 
 def _argmax_infer(srcs):
     (a,) = srcs
+    need_dtype("argmax", a, ("f32",))
+    need_ndim("argmax", a, 1, 2)
+    need_rows("argmax", a)
     return OpResult(a.shape[:-1] or (1,), "i32")
 
 

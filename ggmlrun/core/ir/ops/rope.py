@@ -11,8 +11,8 @@ from __future__ import annotations
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.ir.ops.common import (
-    F32, fmt, is_int, need_dtype, need_float, need_ndim, per_element, quiet, store, want_int,
-    want_number, who)
+    F32, fmt, is_int, need_dtype, need_float, need_ndim, need_rows, per_element, quiet, store,
+    want_int, want_number, who)
 from ggmlrun.core.ir.ops.registry import OpResult, OpSpec, register
 
 # rope_ext's params (ggml_rope_ext): YaRN's ext_factor/attn_factor/beta_* and the optional
@@ -33,6 +33,10 @@ def _rope_infer(srcs, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_fa
     need_float("rope", a)
     need_ndim("rope", a, 3, 4)
     need_dtype("rope", pos, ("i32",), "b (positions)")
+    need_rows("rope", a)
+    if not is_int(mode) or mode not in (0, 2, *ROPE_MULTI):
+        raise InputError(f"rope: mode must be 0 (normal), 2 (NeoX), 8 (M-RoPE) or 40 (IMROPE), "
+                         f"got {mode!r} (ggml's vision mode 24 and others are not modelled)")
     n_pos = 4 if mode in ROPE_MULTI else 1
     if pos.shape != (n_pos * a.shape[-3],):
         raise InputError(f"rope: b (positions) {who(pos)} must be [{'4 T' if n_pos > 1 else 'T'}]"
@@ -50,9 +54,6 @@ def _rope_infer(srcs, *, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_fa
             raise InputError(f"rope: n_dims must be even and at most D = {d}, got {n}")
     elif d % 2:
         raise InputError(f"rope: D = {d} is odd; give an even n_dims <= D")
-    if not is_int(mode) or mode not in (0, 2, *ROPE_MULTI):
-        raise InputError(f"rope: mode must be 0 (normal), 2 (NeoX), 8 (M-RoPE) or 40 (IMROPE), "
-                         f"got {mode!r}")
     if sections is not None and sum(sections) > n // 2:
         raise InputError(f"rope: sections {list(sections)} add up past n_dims/2 = {n // 2}")
     want_int("rope", "n_ctx_orig", n_ctx_orig, lo=0)

@@ -1,0 +1,265 @@
+"""The kinds of value an option takes (models/options/table.py's rows): how each is read
+from the command line's text or llama.cpp's, checked when given from Python, written into the
+line to paste, shown in the help and put in JSON. A kind is the option's type and range, so
+that a bound (llama.cpp's uint32, LLAMA_MAX_SEQ) or a spelling of a value (on/off, 3,1,
+REGEX=BACKEND) is written once, here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ggmlrun.models.options.params import I32_MAX, compile_override, split_proportions
+
+
+class Kind:
+    metavar = "VALUE"
+    takes_value = True      # False: a switch, given or not
+    repeatable = False      # True: each use adds one item to a tuple
+
+    def read(self, text: str):
+        """A value from command-line text; ValueError saying what is wrong."""
+        raise NotImplementedError
+
+    def check(self, value):
+        """A value given from Python (the API): text is read as the command line reads it."""
+        return self.read(value) if isinstance(value, str) else value
+
+    def read_llama(self, text: str):
+        """A value as llama.cpp's common/arg.cpp reads the text (a repeatable kind: a tuple
+        of items)."""
+        return self.read(text)
+
+    def write(self, value) -> str:
+        return str(value)
+
+    def show(self, value) -> str:
+        """The value in the help's "default ..." words."""
+        return self.write(value)
+
+    def json(self, value):
+        return value
+
+
+def _whole(text) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+
+
+@dataclass(frozen=True)
+class Count(Kind):
+    lo: int
+    hi: int
+    why: str = ""           # whose bound hi is, for the error
+    metavar: str = "N"
+
+    def read(self, text: str) -> int:
+        return self.check(_whole(text))
+
+    def check(self, value) -> int:
+        if isinstance(value, str):
+            value = _whole(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not self.lo <= value <= self.hi:
+            raise ValueError(f"{value!r} is not a whole number from {self.lo} to {self.hi}"
+                             + (f" ({self.why})" if self.why else ""))
+        return value
+
+
+@dataclass(frozen=True)
+class Switch(Kind):
+    """On or off with no value; giving it turns the field away from its default."""
+    takes_value = False
+    metavar = ""
+
+    def check(self, value) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{value!r} is not True or False")
+        return value
+
+
+
+_TRUE, _FALSE = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
+
+
+@dataclass(frozen=True)
+class OnOff(Kind):
+    """A switch spelled with its value (-fa on), as llama.cpp's is_truthy / is_falsey read it."""
+    metavar = "[on|off]"
+
+    def read(self, text: str) -> bool:
+        word = str(text).strip().lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+        if word in ("auto", "-1"):
+            raise ValueError("auto (llama.cpp's default) is not planned for yet: give on or off")
+        raise ValueError(f"{text!r} is neither on nor off")
+
+    def check(self, value) -> bool:
+        return value if isinstance(value, bool) else self.read(value)
+
+    def write(self, value) -> str:
+        return "on" if value else "off"
+
+
+@dataclass(frozen=True)
+class Choice(Kind):
+    values: tuple[str, ...]
+
+    @property
+    def metavar(self) -> str:
+        return "[" + "|".join(self.values) + "]"
+
+    def read(self, text: str) -> str:
+        if text not in self.values:
+            raise ValueError(f"choose one of {', '.join(self.values)}")
+        return text
+
+
+@dataclass(frozen=True)
+class Layers(Kind):
+    """-ngl: a layer count, or every layer (None); llama.cpp's `auto` is read as every layer."""
+    metavar = "N|all"
+
+    def read(self, text: str) -> int | None:
+        if str(text).strip().lower() in ("all", "auto"):
+            return None
+        try:
+            return self.check(int(text))
+        except ValueError:
+            raise ValueError(f"{text!r} is neither a layer count (0 to {I32_MAX}, llama.cpp's "
+                             f"int32) nor 'all'") from None
+
+    def check(self, value) -> int | None:
+        if value is None or isinstance(value, str):
+            return value if value is None else self.read(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= I32_MAX:
+            raise ValueError(f"{value!r} is neither a layer count (0 to {I32_MAX}, llama.cpp's "
+                             f"int32) nor 'all'")
+        return value
+
+    def write(self, value) -> str:
+        return "all" if value is None else str(value)
+
+
+def _number(x: float) -> str:
+    """A float as the shortest text that reads back to the same value (3.0 -> 3)."""
+    if x == int(x) and abs(x) < 2**53:
+        return str(int(x))
+    return repr(float(x))
+
+
+def split_text(parts) -> str:
+    """Proportions as small integers where a power-of-two scale makes them integers
+    (0.75,0.375 -> 6,3 -> 2,1): scaling by a power of two leaves llama.cpp's float32 split
+    points exactly as they were, and so does dividing integers whose sums float32 holds
+    exactly (below 2**24) by their common divisor (the same ratios, rounded once)."""
+    parts = [float(p) for p in parts]
+    for k in range(0, 64):
+        scaled = [math.ldexp(p, k) for p in parts]
+        if all(s == int(s) for s in scaled) and sum(scaled) < 2**24:
+            ints = [int(s) for s in scaled]
+            gcd = math.gcd(*ints) or 1
+            return ",".join(str(n // gcd) for n in ints)
+    return ",".join(_number(p) for p in parts)
+
+
+@dataclass(frozen=True)
+class Split(Kind):
+    """-ts proportions, kept as the line writes them (split_text's form, scaled by
+    split_proportions), so that 6,3 and 2,1 are one value, as they are one placement."""
+    metavar = "A,B,..."
+
+    def read(self, text: str) -> tuple[float, ...]:
+        try:
+            parts = tuple(float(v) for v in str(text).replace("/", ",").split(","))
+        except ValueError:
+            raise ValueError(f"{text!r}: give one non-negative number per device, "
+                             f"e.g. 3,1") from None
+        return self.check(parts)
+
+    def check(self, value) -> tuple[float, ...] | None:
+        if value is None or isinstance(value, str):
+            return value if value is None else self.read(value)
+        try:
+            once = split_proportions(value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{value!r}: {err}") from None
+        return split_proportions(float(x) for x in split_text(once).split(","))
+
+    def write(self, value) -> str:
+        return split_text(value)
+
+    def json(self, value):
+        return None if value is None else [float(x) for x in split_text(value).split(",")]
+
+
+@dataclass(frozen=True)
+class Overrides(Kind):
+    """-ot REGEX=BACKEND, in order (the first match wins); each rule's regex as RE2 takes it."""
+    metavar = "REGEX=BACKEND"
+    repeatable = True
+
+    def read(self, text: str) -> tuple[str, str]:
+        pattern, eq, backend = str(text).rpartition("=")
+        if not eq or not pattern or not backend:
+            raise ValueError(f"{text!r}: write REGEX=BACKEND, e.g. 'ffn_.*=CPU'")
+        try:
+            compile_override(pattern)
+        except ValueError as err:
+            raise ValueError(f"the pattern '{pattern}' (in {text!r}) is not a regular "
+                             f"expression RE2 takes: {err}") from None
+        return (pattern, backend)
+
+    def check(self, value) -> tuple[tuple[str, str], ...]:
+        if isinstance(value, str):
+            raise ValueError(f"{value!r}: give a list of REGEX=BACKEND rules, not one string")
+        rules = []
+        for item in value:
+            text = item if isinstance(item, str) else "=".join(item)
+            rules.append(self.read(text))
+        return tuple(rules)
+
+    def read_llama(self, text: str) -> tuple[tuple[str, str], ...]:
+        """llama.cpp's -ot takes a comma-separated list of rules, each split at its first
+        '=' (parse_tensor_buffer_overrides)."""
+        rules = []
+        for item in str(text).split(","):
+            pattern, eq, backend = item.partition("=")
+            rules.append(self.read(f"{pattern}={backend}") if eq else self.read(item))
+        return tuple(rules)
+
+    def write(self, value) -> str:
+        return f"{value[0]}={value[1]}"
+
+    def show(self, value) -> str:
+        return "none"
+
+    def json(self, value):
+        return [list(rule) for rule in value]
+
+
+@dataclass(frozen=True)
+class LoadMode(Kind):
+    """llama.cpp's -lm/--load-mode (which replaced --no-mmap/--mmap): none is --no-mmap, mmap
+    and auto map the file; mlock and dio are not modelled."""
+    metavar = "MODE"
+
+    def read(self, text: str) -> bool:
+        if text in ("none", "mmap", "auto"):
+            return text == "none"
+        raise ValueError(f"load mode {text!r} is not modelled: give none, mmap or auto")
+
+
+@dataclass(frozen=True)
+class Endpoints(Kind):
+    """--rpc HOST:PORT,...: ggml rpc-servers, the devices (SPEC section 3)."""
+    metavar = "HOST:PORT,..."
+
+    def read(self, text: str) -> tuple[str, ...]:
+        return tuple(str(text).split(","))
+
+    def write(self, value) -> str:
+        return ",".join(value)

@@ -1,0 +1,188 @@
+"""The model options, each once: its ggmlrun flag, its llama.cpp spellings (as common/arg.cpp
+spells them), its group, its kind of value (which gives the type, range and how it is read
+and written) and its help. The click options (cli/model_options.py), ModelOptions from the
+command line's or the Python API's values, the line to paste and its parser
+(command_line.py) and the options' JSON are all made from this table, so an option added
+here reaches every one of them, and a spelling or a range is never written twice.
+
+The defaults are ModelOptions' (params.py: the one struct the builder, placement and reserve
+read, as llama.cpp's params structs are); a row reads its default from there. The groups are
+llama.cpp's split of the same options: `model` (llama_model_params: where the weights go),
+`context` (llama_context_params: the KV cache and the compute buffers), `server`
+(common_params: what common/arg.cpp turns into the other two, and the devices), `ggml`
+(ggmlrun's own or a ggml build option: no llama.cpp spelling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ggmlrun.models.options.kinds import (Choice, Count, Endpoints, Kind, Layers, LoadMode,
+                                          OnOff, Overrides, Split, Switch)
+from ggmlrun.models.options.params import I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions
+
+_FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelOptions)}
+_FROM_FIELD = object()      # a row whose default is ModelOptions' field of the same name
+
+
+# --- the table ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Option:
+    name: str                               # ModelOptions' field; the API's keyword
+    kind: Kind
+    group: str                              # model | context | server | ggml (module docstring)
+    help: str
+    flag: str | None = None                 # ggmlrun's; None: llama.cpp's only
+    llama: tuple[tuple[str, ...], ...] = () # each llama.cpp option setting it: its spellings,
+                                            # the one the line writes first
+    llama_off: tuple[str, ...] = ()         # llama.cpp's spellings that set a switch back
+    dest: str | None = None                 # the click parameter, where not `name`
+    default_text: str | None = None         # the default in words, where the value cannot say it
+    always: bool = False                    # written even at its default (llama.cpp's differs)
+    shared: bool = False                    # its flag is declared with the graph files' options
+    own_default: object = _FROM_FIELD       # only for a row ModelOptions has no field for
+
+    @property
+    def field(self) -> bool:
+        return self.own_default is _FROM_FIELD
+
+    @property
+    def default(self):
+        return _FIELD_DEFAULTS[self.name] if self.field else self.own_default
+
+    @property
+    def spelled(self) -> str:
+        """llama.cpp's spellings, for the help: -c/--ctx-size."""
+        return ", ".join("/".join(s) for s in self.llama)
+
+    @property
+    def default_words(self) -> str:
+        """A switch's flag is never given by default (--no-op-offload: op offload on)."""
+        if not self.kind.takes_value:
+            return "off"
+        return self.default_text or self.kind.show(self.default)
+
+    def help_text(self) -> str:
+        """The click help: `[models]` for an option only models take (a shared one applies
+        to graph files too)."""
+        where = f" (llama.cpp {self.spelled})" if self.llama else ""
+        tag = "" if self.shared else "[models] "
+        return f"{tag}{self.help}{where}; default {self.default_words}."
+
+
+OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes them
+    Option("ngl", Layers(), "model", "Layers on the devices, or 'all'; the output layer counts "
+           "as one", flag="--ngl", llama=(("-ngl", "--gpu-layers", "--n-gpu-layers"),),
+           default_text="all", always=True),
+    Option("ctx", Count(1, U32_MAX, "llama.cpp's uint32"), "context", "Context length",
+           flag="--ctx", dest="ctx_size", llama=(("-c", "--ctx-size"),),
+           default_text="the model's, at most 4096", always=True),
+    Option("flash_attn", OnOff(), "context", "Flash attention", flag="--flash-attn",
+           llama=(("-fa", "--flash-attn"),), always=True),
+    Option("batch", Count(1, U32_MAX, "llama.cpp's uint32"), "context",
+           "Logical batch: -ub is clamped to it, so it is written only for a larger -ub",
+           llama=(("-b", "--batch-size"),), own_default=2048),
+    Option("ubatch", Count(1, U32_MAX, "llama.cpp's uint32"), "context",
+           "Tokens the graph is reserved for, at most --ctx", flag="--ubatch",
+           llama=(("-ub", "--ubatch-size"),)),
+    Option("kv_type", Choice(KV_TYPES), "context", "KV cache type, K and V", flag="--kv-type",
+           llama=(("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"))),
+    Option("no_kv_offload", Switch(), "context", "Keep the KV cache on the CPU",
+           flag="--no-kv-offload", llama=(("-nkvo", "--no-kv-offload"),),
+           llama_off=("-kvo", "--kv-offload")),
+    Option("tensor_split", Split(), "model", "Layer proportions over the non-CPU backends in "
+           "order", flag="--tensor-split", llama=(("-ts", "--tensor-split"),),
+           default_text="by device memory"),
+    Option("overrides", Overrides(), "model", "Weights matching REGEX go to BACKEND, "
+           "repeatable; the first match wins", flag="--override-tensor", dest="tensor_overrides",
+           llama=(("-ot", "--override-tensor"),)),
+    Option("op_offload", Switch(), "context", "Never move a CPU-weight op to a device for its "
+           "batch", flag="--no-op-offload", dest="no_op_offload",
+           llama=(("--no-op-offload",),), llama_off=("--op-offload",), shared=True),
+    Option("rpc", Endpoints(), "server", "ggml rpc-servers as devices (from the backends)",
+           llama=(("--rpc",),), own_default=()),
+    Option("swa_full", Switch(), "context", "Sliding-window layers get a full-size KV cache "
+           "(off: a window's worth plus one ubatch)", flag="--swa-full",
+           llama=(("--swa-full",),)),
+    Option("cpu_moe", Switch(), "server", "Keep every expert tensor of a mixture of experts on "
+           "the CPU", flag="--cpu-moe", llama=(("--cpu-moe", "-cmoe"),)),
+    Option("n_cpu_moe", Count(0, I32_MAX, "llama.cpp's int32"), "server", "Keep the expert "
+           "tensors of the first N layers on the CPU (fit: the fewest that fit)",
+           flag="--n-cpu-moe", llama=(("--n-cpu-moe", "-ncmoe"),)),
+    Option("parallel", Count(1, LLAMA_MAX_SEQ, "llama.cpp's LLAMA_MAX_SEQ"), "context",
+           "Sequences the context serves (n_seq_max): an output buffer each; with "
+           "--kv-unified one shared cache", flag="--parallel", llama=(("-np", "--parallel"),)),
+    Option("kv_unified", Switch(), "context", "One KV cache for all --parallel sequences",
+           flag="--kv-unified", llama=(("-kvu", "--kv-unified"),),
+           llama_off=("-no-kvu", "--no-kv-unified")),
+    Option("no_mmap", Switch(), "model", "CPU weights allocated, not memory-mapped",
+           flag="--no-mmap", llama=(("--no-mmap",),), llama_off=("--mmap",)),
+    Option("load_mode", LoadMode(), "model", "-lm none is --no-mmap; read, never written",
+           llama=(("-lm", "--load-mode"),), own_default=None),
+    Option("sched_copies", Count(1, 64), "ggml", "ggml's GGML_SCHED_MAX_COPIES, a build "
+           "option: the copies of every input the scheduler keeps when llama.cpp turns on "
+           "pipeline parallelism (every layer over 2+ devices); 1 turns it off",
+           flag="--sched-copies"),
+    Option("ggml", Choice(("0.25", "0.15")), "ggml", "Whose scheduler and allocator rules: "
+           "ggml 0.25.3 (llama.cpp's) or 0.15.3", flag="--ggml", shared=True),
+)
+BY_NAME = {o.name: o for o in OPTIONS}
+assert {o.name for o in OPTIONS if o.field} == set(_FIELD_DEFAULTS), "a field without a row"
+
+
+def check_values(given: dict) -> dict:
+    """Python values by option name (the API's keywords), checked and read as the command
+    line reads its text; ValueError naming the option. Only ModelOptions' fields."""
+    out = {}
+    for name, value in given.items():
+        option = BY_NAME.get(name)
+        if option is None or not option.field:
+            known = ", ".join(o.name for o in OPTIONS if o.field)
+            raise ValueError(f"no option {name!r}; the options: {known}")
+        try:
+            out[name] = option.default if value is None else option.kind.check(value)
+        except ValueError as err:
+            raise ValueError(f"{name}={value!r}: {err}") from None
+    return out
+
+
+def make_options(values: dict) -> ModelOptions:
+    """ModelOptions from checked values by name; a value left out or None is the default."""
+    return ModelOptions(**{name: value for name, value in values.items()
+                           if value is not None and BY_NAME[name].field})
+
+
+def given(value, takes_value: bool = True) -> bool:
+    """Whether click got the option: not None, no repeat (()) or, for a switch, not False;
+    0 and off are values given (`--ngl 0`, `--flash-attn off`), though 0 == False."""
+    return value is not None and value != () and (takes_value or value is not False)
+
+
+def from_cli(kw: dict) -> dict:
+    """The command line's values (by click parameter) by option name: a switch given is the
+    field away from its default, an option not given is left out."""
+    out = {}
+    for option in OPTIONS:
+        value = kw.get(option.dest or option.name)
+        if not option.flag or not given(value, option.kind.takes_value):
+            continue
+        out[option.name] = (not option.default) if not option.kind.takes_value else value
+    return out
+
+
+def options_json(opts: ModelOptions) -> dict:
+    """The options as JSON, by name (the API's keywords)."""
+    return {o.name: o.kind.json(getattr(opts, o.name)) for o in OPTIONS if o.field}
+
+
+def check_fields(opts: ModelOptions) -> None:
+    """Each field of a ModelOptions made in code (not read by the table) in its range, as the
+    command line would have checked it: ValueError naming the flag."""
+    for option in OPTIONS:
+        value = getattr(opts, option.name) if option.field else None
+        if value is not None and value != option.default:
+            try:
+                option.kind.check(value)
+            except ValueError as err:
+                shown = value if isinstance(value, (str, int, float)) else repr(value)
+                raise ValueError(f"{option.flag or option.name} {shown}: {err}") from None
