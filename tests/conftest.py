@@ -25,6 +25,10 @@ SIMULATED_HOST = {
 }
 for _name, _value in SIMULATED_HOST.items():
     os.environ.setdefault(_name, _value)
+# The terminal is the host's too: a test that wants a width sets COLUMNS itself; the runner's
+# (a terminal's, or the 80 pytest-xdist's workers are given) never reaches a command's tables.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 
 def pytest_configure(config):
