@@ -240,17 +240,16 @@ def test_only_the_header_travels(tmp_path):
         assert server.counts.bytes <= stats.bytes
 
 
-def test_a_server_that_ignores_ranges_is_read_only_as_far_as_the_header(tmp_path):
-    model = BY_STEM["tiny-qwen3-f16"]
-    raw = model.read_bytes() + b"\0" * (16 << 20)         # a file far larger than its header
-    local = tmp_path / "padded.gguf"
-    local.write_bytes(raw)
+def test_a_server_that_ignores_ranges_is_refused_before_any_body_byte(tmp_path):
+    """Exit 2 with one line: the whole file was on its way, and ggmlrun never downloads it."""
+    raw = BY_STEM["tiny-qwen3-f16"].read_bytes() + b"\0" * (16 << 20)
     with Server({"m.gguf": raw}, ranges=False) as server:
         stats = Stats()
-        header = read_headers(server.url("m.gguf"), stats=stats).shards[0].header
-        assert header.tensors == read_header(local).tensors
-        assert stats.bytes <= max(FIRST, 1.5 * header.header_end)
-        assert figures("measure", server.url("m.gguf")) == figures("measure", local)
+        with pytest.raises(InputError, match="ignores Range"):
+            read_headers(server.url("m.gguf"), stats=stats)
+        assert stats.bytes == 0
+        code, out, err = invoke("measure", server.url("m.gguf"))
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
 
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):

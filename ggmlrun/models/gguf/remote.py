@@ -11,9 +11,9 @@ at most 1 MiB past the header, against a data section of gigabytes). A 9 MB head
 MAX_HEADER, so a hostile file costs at most that much memory and transfer. One kept-alive
 connection per file (the stdlib's http.client: redirects followed, Authorization dropped when
 the host changes, Accept-Encoding identity, a timeout on every read). A server that ignores
-Range answers 200 with the whole file: its body is then read as a stream only as far as the
-header needs, and the connection closed, so the file is never downloaded. Every failure is one
-InputError (exit 2) naming the URL.
+Range answers 200 with the whole file: the connection is closed at once, before its body, and
+the answer is an input error, so the file is never downloaded. Every failure is one InputError
+(exit 2) naming the URL.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ class HttpFile:
         self.expected = 0           # bytes the header reader said it will read (expect)
         self.validator: str | None = None
         self._conn = None
-        self._stream = None         # the 200 response of a server that ignores Range
 
     # --- what the header reader calls -----------------------------------------------------
     def seek(self, pos: int) -> None:
@@ -81,9 +80,6 @@ class HttpFile:
         return self
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -112,10 +108,7 @@ class HttpFile:
                              f"ggmlrun reads remote headers of at most {human(self.limit)}")
         want = max(end, self.expected) + min(have // 3, AHEAD)
         want = min(want, self.size, self.limit)
-        if self._stream is not None:
-            self._read_stream(want - have)
-        else:
-            self._fetch(have, want - have)
+        self._fetch(have, want - have)
 
     def _fetch(self, start: int, count: int) -> None:
         response = self.request("GET", {"Range": f"bytes={start}-{start + count - 1}"})
@@ -133,18 +126,12 @@ class HttpFile:
         elif status == 416 and start == 0:  # an empty file
             response.read()
             self._remember(response, 0)
-        elif status == 200 and start == 0:  # Range ignored: read the stream only as far as needed
-            length = response.getheader("Content-Length")
-            if not (length and length.isdigit()):
-                response.close()
-                raise self._fail("the server ignores Range and sends no Content-Length; ggmlrun "
-                                 "will not download a file of unknown size to read its header")
-            self._remember(response, int(length))
-            self._stream = response
-            self._read_stream(min(count, self.size))
-        elif status == 200:
+        elif status == 200:                 # Range ignored: the whole file is on its way
             response.close()
-            raise self._fail("the server stopped honouring Range requests part-way")
+            raise self._fail("the server ignores Range requests (it answered with the whole "
+                             "file); ggmlrun reads a remote model's header by ranges and never "
+                             "downloads the file: use a server that honours Range, or download "
+                             "the file and name it locally")
         else:
             response.read()
             raise self.status_error(status)
@@ -166,9 +153,6 @@ class HttpFile:
         if len(data) < count and len(self.prefix) < self.size:
             raise self._fail(f"the connection ended after {len(self.prefix)} of "
                              f"{self.size} bytes")
-
-    def _read_stream(self, count: int) -> None:
-        self._take(self._stream, count)
 
     def request(self, method: str, extra: dict):
         """One request on the kept-alive connection, redirects followed; a connection the
