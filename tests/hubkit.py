@@ -115,7 +115,9 @@ class Server:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # shutdown() waits for the loop's next poll: 0.5 s a server by default
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,),
+                                       daemon=True)
 
     @property
     def endpoint(self) -> str:

@@ -65,7 +65,7 @@ def test_measure_is_the_commands_json(path):
     assert ggmlrun.measure(path, **DEVICES, **values) == _cli("measure", path, values)
 
 
-@pytest.mark.parametrize("path", MODELS[::2] + CARDS[1:3], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", MODELS[::2] + CARDS[2:4], ids=lambda p: p.name)
 def test_fit_is_the_commands_json(path):
     """fit's record, less `seconds` (how long this run took)."""
     values = _drawn(path, skip=("ngl", "ctx"))
