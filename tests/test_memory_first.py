@@ -70,7 +70,7 @@ def test_a_measure_cut_short_at_the_memory_builds_no_graph(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a graph was built")
 
-    monkeypatch.setattr(reserve, "build_graph", refuse)
+    monkeypatch.setattr(reserve, "graph_over", refuse)
     backends = [BackendSpec("GPU0", "sim", 1 * GiB, 32), BackendSpec("CPU", "cpu", 64 * GiB, 32)]
     for path in TINY[:3] + CARDS:
         model = _model(path)

@@ -27,7 +27,7 @@ from ggmlrun.core.sched.schedule import Schedule
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.util.gcpause import gc_paused
-from ggmlrun.models.arch.build import build_graph
+from ggmlrun.models.arch.build import graph_over
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options.params import ModelOptions, context_size, gpu_layers, ubatch_size
@@ -92,11 +92,9 @@ def model_graph(model: ModelFile, memory: Memory, n_tokens: int, n_outputs: int,
     if entry is None or entry[0] is not model:
         if len(_GRAPHS) >= 16:
             _GRAPHS.clear()
-        kv = memory.kv
-        entry = _GRAPHS[key] = (model, build_graph(
-            model, n_tokens, n_outputs, kv.cells, kv.cells, not kv.v_trans, kv.kv_type, shared,
-            kv.n_stream, swa, swa, n_seqs=memory.recurrent.rows if memory.recurrent else 1,
-            memory=memory))
+        entry = _GRAPHS[key] = (model, graph_over(
+            model, memory, n_tokens, n_outputs, memory.kv.cells, swa_n_kv=swa, shared=shared,
+            n_seqs=memory.recurrent.rows if memory.recurrent else 1))
     return entry[1]
 
 
