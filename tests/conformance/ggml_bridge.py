@@ -718,8 +718,9 @@ def _serve_rpc(endpoint: str, n_threads: int = 4) -> None:
 _abort_hook = None  # keeps the ctypes callback alive in an isolated child
 
 
-def _isolated_child(conn, fn, args, kwargs):
-    """Runs in the spawned child: reports fn's result, its exception, or ggml's abort message."""
+def _isolated_child(conn):
+    """Runs in the spawned child: for each (fn, args, kwargs) it receives, reports fn's
+    result, its exception, or ggml's abort message (after which the child is gone)."""
     global _abort_hook
     import threading
 
@@ -737,44 +738,87 @@ def _isolated_child(conn, fn, args, kwargs):
     _abort_hook = on_abort
     ggml.ggml_set_abort_callback(on_abort)
     try:
-        conn.send(("ok", fn(*args, **kwargs)))
-    except BaseException as err:  # noqa: BLE001 - sent back to the parent
-        conn.send(("err", err))
+        while (job := conn.recv()) is not None:
+            fn, args, kwargs = job
+            try:
+                conn.send(("ok", fn(*args, **kwargs)))
+            except BaseException as err:  # noqa: BLE001 - sent back to the parent
+                conn.send(("err", err))
+    except EOFError:
+        pass
     finally:
         conn.close()
 
 
+class _Isolated:
+    """One spawned child, reused from call to call while it lives: spawning costs about a
+    second (the child imports NumPy and ggml) and the conformance tests make dozens of calls;
+    a call that aborts ggml ends the child, and the next call spawns a new one."""
+
+    def __init__(self):
+        self.proc = self.conn = None
+
+    def _start(self):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_isolated_child, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def stop(self):
+        if self.proc is None:
+            return
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+        self.proc = self.conn = None
+
+    def call(self, fn, args, kwargs, timeout: float):
+        name = getattr(fn, "__name__", fn)
+        if self.proc is None or not self.proc.is_alive():
+            self.stop()
+            self._start()
+        try:
+            self.conn.send((fn, args, kwargs))
+            if not self.conn.poll(timeout):
+                self.proc.kill()
+                raise TimeoutError(f"{name} took over {timeout}s")
+            kind, value = self.conn.recv()
+        except (EOFError, BrokenPipeError):
+            self.proc.join()
+            code = self.proc.exitcode
+            self.stop()
+            raise GgmlAborted(f"ggml aborted in {name} (exit {code})") from None
+        except BaseException:
+            self.stop()
+            raise
+        if kind == "abort":
+            self.stop()
+            raise GgmlAborted(f"ggml aborted in {name}: {value}")
+        if kind == "err":
+            raise value
+        return value
+
+
+_ISOLATED = _Isolated()
+atexit.register(_ISOLATED.stop)
+
+
 def isolated(fn, *args, timeout: float = 300.0, **kwargs):
-    """fn(*args, **kwargs) in a fresh (spawned) process: a ggml abort becomes GgmlAborted.
+    """fn(*args, **kwargs) in a child process (spawned, not forked: ggml's threads and state
+    stay out of the test process): a ggml abort becomes GgmlAborted.
 
     Exceptions raised by fn come back as themselves; the result must pickle (dicts of NumPy
-    arrays and ints do). Costs about a second (the child imports NumPy and ggml).
-    """
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_isolated_child, args=(child, fn, args, kwargs))
-    proc.start()
-    child.close()
-    try:
-        if not parent.poll(timeout):
-            proc.kill()
-            raise TimeoutError(f"{getattr(fn, '__name__', fn)} took over {timeout}s")
-        try:
-            kind, value = parent.recv()
-        except EOFError:
-            proc.join()
-            raise GgmlAborted(f"ggml aborted in {getattr(fn, '__name__', fn)} "
-                              f"(exit {proc.exitcode})") from None
-    finally:
-        proc.join(timeout=5)
-        parent.close()
-    if kind == "err":
-        raise value
-    if kind == "abort":
-        raise GgmlAborted(f"ggml aborted in {getattr(fn, '__name__', fn)}: {value}")
-    return value
+    arrays and ints do)."""
+    return _ISOLATED.call(fn, args, kwargs, timeout)
 
 
 if __name__ == "__main__":
