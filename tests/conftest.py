@@ -25,6 +25,10 @@ SIMULATED_HOST = {
 }
 for _name, _value in SIMULATED_HOST.items():
     os.environ.setdefault(_name, _value)
+# The suite's parallelism is pytest-xdist's workers, one per core: each worker's BLAS computes
+# on one thread, as OpenBLAS's busy-waiting threads, one per core in every worker, otherwise
+# contend for the same cores (numpy is not loaded yet here; a value already set wins).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The terminal is the host's too: a test that wants a width sets COLUMNS itself; the runner's
 # (a terminal's, or the 80 pytest-xdist's workers are given) never reaches a command's tables.
 for _name in ("COLUMNS", "LINES"):
