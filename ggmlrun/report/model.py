@@ -106,6 +106,8 @@ def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
 
 
 def model_fit_dict(model, result) -> dict:
+    from ggmlrun.models.options.kinds import split_numbers
+
     return {"model": model.name, "ngl": result.ngl, "n_cpu_moe": result.n_cpu_moe,
             "ctx": result.ctx, "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
             "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
@@ -118,26 +120,27 @@ def model_fit_dict(model, result) -> dict:
                          for b in result.backends],
             "probes": [{"ngl": n, "ctx": c,
                         **({"n_cpu_moe": m} if result.n_cpu_moe is not None else {}),
-                        **({"tensor_split": [int(x) if float(x).is_integer() else x
-                                             for x in ts]} if ts else {}),
+                        **({"tensor_split": split_numbers(ts)} if ts else {}),
                         "reserved": r}
                        for (n, c), m, ts, r in zip(
                            result.probes, result.probe_moe or [0] * len(result.probes),
                            result.probe_splits or [None] * len(result.probes),
                            result.probe_reserved or ["pp+tg"] * len(result.probes))],
-            **({"tensor_split": [int(x) for x in result.tensor_split]}
+            **({"tensor_split": split_numbers(result.tensor_split)}
                if getattr(result, "tensor_split", None) else {}),
             "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
 
 
 def fit_table(model, result) -> Table:
+    from ggmlrun.models.options.kinds import split_text
+
     where = (f"-ngl {result.ngl} of {result.n_layer + 1}" if result.fits
              else f"nothing fits; shown: -ngl {result.shown_ngl}")
     if result.n_cpu_moe:
         where += f", --n-cpu-moe {result.n_cpu_moe}"
     if getattr(result, "tensor_split", None):
-        where += f", -ts {','.join(str(int(x)) for x in result.tensor_split)} (layers per device)"
+        where += f", -ts {split_text(result.tensor_split)}"
     rows = result.backends
     unit, size = _unit([b.total_bytes for b in rows])    # the figures read, not the memory
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "
