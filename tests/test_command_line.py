@@ -163,14 +163,14 @@ def _fit(*args):
 def test_fit_line_pasted_back_gives_the_answer():
     """The issue's case: -fa on and a q8_0 cache fit 45 layers, and the line says so (before,
     `-ngl 45 -c 8192` alone overcommitted: with f16 and no flash attention only 42 fit)."""
-    data = _fit("--memory", "SIM0=24GiB", "--ctx", "8192", "--flash-attn", "on",
+    data = _fit("--gpu", "24GiB", "--ctx", "8192", "--flash-attn", "on",
                 "--kv-type", "q8_0")
     assert data["command"] == "-ngl 45 -c 8192 -fa on -ctk q8_0 -ctv q8_0"
     fields = parse_llama_args(data["command"])
-    again = _fit("--memory", "SIM0=24GiB", "--ctx", str(fields["ctx"]), "--flash-attn", "on",
+    again = _fit("--gpu", "24GiB", "--ctx", str(fields["ctx"]), "--flash-attn", "on",
                  "--kv-type", fields["kv_type"])
     assert again["ngl"] == fields["ngl"]
-    plain = _fit("--memory", "SIM0=24GiB", "--ctx", "8192")
+    plain = _fit("--gpu", "24GiB", "--ctx", "8192")
     assert plain["ngl"] < data["ngl"]
 
 
@@ -204,7 +204,8 @@ def test_every_cli_model_option_reaches_the_line():
         assert flag in flags or flag in not_llama, f"{flag} has no case"
     for given, expect in spelled.items():
         model = TINY_MOE if "moe" in given else TINY
-        code, out, err = invoke("measure", model, *given.split(), "--json")
+        device = () if "--gpu" in given else ("--gpu", "16GiB")   # (no GPU here otherwise)
+        code, out, err = invoke("measure", model, *given.split(), *device, "--json")
         assert code == 0, (given, err)
         assert expect in json.loads(out)["command"], given
 
