@@ -191,3 +191,11 @@ def test_a_bad_devices_variable_is_one_line_exit_2(value, monkeypatch):
     code, out, err = invoke("fit", TINY)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "GGMLRUN_DEVICES" in err and "Traceback" not in err
+
+
+def test_the_default_sim0_is_named_when_it_is_not_there():
+    """`--memory SIM0=...` on fit/measure of a model, which no longer plan for SIM0 by
+    default: exit 2, one line saying why."""
+    code, _, err = invoke("measure", TINY, "--memory", "SIM0=4GiB")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "SIM0" in err and "this machine's GPUs" in err and "--gpu" in err

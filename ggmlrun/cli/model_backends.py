@@ -56,7 +56,7 @@ def planned_backends(backends_file, model_kw: dict, overrides, this_machine: boo
         if cpu in memory:
             raise InputError(f"--ram and --memory {cpu}=... both set the host's memory: give one")
         memory[cpu] = memory_size(ram, "--ram")
-    backends = _with_memory(backends, memory)
+    backends = _with_memory(backends, memory, machine is not None)
     if overrides is not None and overrides.threads is not None:
         backends = backends[:-1] + [replace(backends[-1], threads=overrides.threads)]
     for name in memory:
@@ -94,7 +94,7 @@ def _file_memory_keys(backends_file) -> set[str]:
             and "memory" in item}
 
 
-def _with_memory(backends, memory: dict[str, int]):
+def _with_memory(backends, memory: dict[str, int], this_machine: bool = False):
     """--memory NAME=SIZE on a model's backends (the default set when no file is given)."""
     from dataclasses import replace
 
@@ -104,5 +104,9 @@ def _with_memory(backends, memory: dict[str, int]):
     names = [b.name for b in backends]
     for name in memory:
         if name not in names:
-            raise InputError(f"--memory {name}=...: no backend '{name}'; backends: {', '.join(names)}")
+            why = ("; fit and measure of a model plan for this machine's GPUs (GPU0, ...) "
+                   "unless --gpu or --backends says otherwise, not for the default SIM0"
+                   if this_machine else "")
+            raise InputError(f"--memory {name}=...: no backend '{name}'; backends: "
+                             f"{', '.join(names)}{why}")
     return [replace(b, memory=memory[b.name]) if b.name in memory else b for b in backends]
