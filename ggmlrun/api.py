@@ -6,8 +6,10 @@ The options are the option table's names (models/options/table.py, the ModelOpti
 `ctx=8192, flash_attn=True, kv_type="q8_0", overrides=["ffn_.*=CPU"], tensor_split=(3, 1)`),
 each taking a Python value or the text the command line takes ("on", "3,1"). The devices are
 given as on the command line: `gpu="24GiB,12GiB"` (or a list of sizes), `ram="64GiB"`,
-`backends=PATH` (a backends file). Without `ram` (and without a backends file that gives it)
-the host is this machine's RAM, as for the command. Bad input is an InputError with the
+`backends=PATH` (a backends file). Without `gpu` or `backends` the devices are this machine's
+GPUs with their free memory now (core/util/devices.py; none found: the CPU alone), and without
+`ram` (and without a backends file that gives it) the host is this machine's RAM, as for the
+commands. Bad input is an InputError with the
 command line's message; what does not fit is an answer (`"fits": false`), not an error.
 
 Nothing is imported until a function is called: `import ggmlrun` stays as cheap as the

@@ -168,7 +168,9 @@ def _bar_cells(segments: dict[str, int], scale: int, width: int) -> list[tuple[s
 
 
 def memory_bar_lines(bars: list[dict], width: int) -> list:
-    """One line per backend (`GPU0 24.00 GiB ████▓▒░···`) fitting `width`, and a legend."""
+    """One line per backend (`GPU0 24.00 GiB ▕████▓▒░···▏`) and a legend, none wider than
+    `width`: a label too long to leave a bar of 8 cells beside it goes on a line of its own
+    above its bar, and the legend folds between its items."""
     from rich.text import Text
 
     if not bars:
@@ -177,10 +179,15 @@ def memory_bar_lines(bars: list[dict], width: int) -> list:
     size_w = max(len(human_bytes(b["memory_bytes"])) for b in bars)
     notes = [f" over by {human_bytes(b['over'])}" if b["over"] else "" for b in bars]
     note_w = max(len(n) for n in notes)
-    bar_w = max(8, width - name_w - size_w - note_w - 4)
+    label_w = name_w + size_w + 2                 # `NAME SIZE `
+    apart = width - label_w - note_w - 2 < 8      # the label above its bar
+    bar_w = max(8, width - note_w - 2 - (0 if apart else label_w))
     lines = []
     for b, note in zip(bars, notes):
-        line = Text(f"{plain(b['name']).ljust(name_w)} {human_bytes(b['memory_bytes']).rjust(size_w)} ")
+        label = f"{plain(b['name']).ljust(name_w)} {human_bytes(b['memory_bytes']).rjust(size_w)} "
+        if apart:
+            lines.append(Text(label.rstrip()))
+        line = Text("" if apart else label)
         scale = b["memory_bytes"] + b["over"]
         cells = [(BAR_MARKS[key], n) for key, n in _bar_cells(b["segments"], scale, bar_w)]
         marks = [(mark, style) for (mark, style), n in cells for _ in range(n)]
@@ -194,15 +201,31 @@ def memory_bar_lines(bars: list[dict], width: int) -> list:
         if note:
             line.append(note, style="bold red")
         lines.append(line)
-    legend = Text(" " * (name_w + size_w + 2))
-    for key in BAR_MARKS:
-        mark, style = BAR_MARKS[key]
-        legend.append(mark, style=style)
-        legend.append(f" {key}  ")
+    keys = [(*BAR_MARKS[key], key) for key in BAR_MARKS]
     if any(b["over"] for b in bars):
-        legend.append("┃", style="bold red")
-        legend.append(" memory ends")
-    lines.append(legend)
+        keys.append(("┃", "bold red", "memory ends"))
+    return lines + _legend(keys, 0 if apart else label_w, width)
+
+
+def _legend(keys: list[tuple[str, str, str]], indent: int, width: int) -> list:
+    """`█ weights  ▓ KV  ...` under the bars (from `indent`, or from the left edge when the
+    whole legend would not fit there), folded between items to the width."""
+    from rich.text import Text
+
+    items = [(mark, style, f" {key}") for mark, style, key in keys]
+    total = sum(1 + len(key) for _, _, key in items) + 2 * (len(items) - 1)
+    indent = indent if indent + total <= width else 0
+    lines, line = [], Text(" " * indent)
+    for mark, style, key in items:
+        wide = len(line.plain) + (2 if line.plain.strip() else 0) + 1 + len(key)
+        if line.plain.strip() and wide > width:
+            lines.append(line)
+            line = Text(" " * indent)
+        if line.plain.strip():
+            line.append("  ")
+        line.append(mark, style=style)
+        line.append(key)
+    lines.append(line)
     return lines
 
 

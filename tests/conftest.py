@@ -29,6 +29,10 @@ for _name, _value in SIMULATED_HOST.items():
 # on one thread, as OpenBLAS's busy-waiting threads, one per core in every worker, otherwise
 # contend for the same cores (numpy is not loaded yet here; a value already set wins).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# This machine's GPUs (core/util/devices.py), read by `fit` and `measure` of a model without
+# --gpu/--backends: none, unless a test injects a list (or a fake NVML/AMD SMI module); a
+# test that reaches a real reader fails (no_real_devices).
+os.environ.setdefault("GGMLRUN_DEVICES", "none")
 # The terminal is the host's too: a test that wants a width sets COLUMNS itself; the runner's
 # (a terminal's, or the 80 pytest-xdist's workers are given) never reaches a command's tables.
 for _name in ("COLUMNS", "LINES"):
@@ -70,4 +74,24 @@ def no_real_host(request, monkeypatch):
     for name in ("read_meminfo", "read_sysconf_ram", "read_limit", "read_address_space_used",
                  "read_cores", "read_cpu_flags", "read_load"):
         monkeypatch.setattr(host, name, refuse(name, getattr(host, name)))
+    yield
+
+
+@pytest.fixture(autouse=True)
+def no_real_devices(monkeypatch):
+    """A test that reaches this machine's GPU readers (NVML, AMD SMI, Metal) without handing
+    them a fake module fails, naming the reader."""
+    from ggmlrun.core.util import devices
+
+    def refuse(name, real):
+        def guarded(modules=None, **kwargs):
+            if modules is not None:
+                return real(modules=modules, **kwargs)
+            raise AssertionError(f"this test read the real GPUs (devices.{name}); inject them "
+                                 f"with GGMLRUN_DEVICES or fake modules")
+        return guarded
+
+    readers = tuple((label, refuse(reader.__name__, reader))
+                    for label, reader in devices.READERS)
+    monkeypatch.setattr(devices, "READERS", readers)
     yield

@@ -102,11 +102,11 @@ def test_line_reproduces_the_figures(name):
 def test_line_spelling():
     backends = two_devices()
     opts = ModelOptions(flash_attn=True, kv_type="q8_0", no_kv_offload=True, ubatch=2048,
-                        tensor_split=split_proportions((24, 12)), overrides=(("ffn_.*", "CPU"),),
+                        tensor_split=(24, 12), overrides=(("ffn_.*", "CPU"),),
                         op_offload=False)
     assert llama_cpp_args(opts, backends, ngl=45, ctx=8192) == [
         "-ngl", "45", "-c", "8192", "-fa", "on", "-ub", "2048", "-ctk", "q8_0", "-ctv", "q8_0",
-        "-nkvo", "-ts", "2,1", "-ot", "ffn_.*=CPU", "--no-op-offload"]
+        "-nkvo", "-ts", "24,12", "-ot", "ffn_.*=CPU", "--no-op-offload"]
     # the default split is by device memory: written out, since llama.cpp splits by free memory
     assert "-ts 3,1" in llama_cpp_line(ModelOptions(), backends, ngl=5, ctx=256)
     assert "-ts" not in llama_cpp_line(ModelOptions(), one_device(), ngl=5, ctx=256)
@@ -118,16 +118,23 @@ def test_line_spelling():
 
 
 def test_split_text_is_exact():
-    """The written proportions give llama.cpp's float32 split points exactly."""
+    """-ts is printed as given (issue 30: `24,12` is `24,12`, never `2,1`), and the written
+    proportions give llama.cpp's float32 split points exactly; only proportions llama.cpp's
+    stof could not read are rescaled, into ones it reads."""
     from ggmlrun.models.memory.placement import split_points
+    from ggmlrun.models.options.kinds import _llama_reads
 
-    for parts in ((3, 1), (24, 12), (0.3, 0.7), (1e-300, 1e-300), (5, 0), (1, 2, 3),
-                  (16777215, 1), (0.1, 0.2, 0.3)):
+    for parts, shown in (((3, 1), "3,1"), ((24, 12), "24,12"), ((0.3, 0.7), "0.3,0.7"),
+                         ((80, 15), "80,15"), ((5, 0), "5,0"), ((1, 2, 3), "1,2,3"),
+                         ((16777215, 1), "16777215,1"), ((0.1, 0.2, 0.3), "0.1,0.2,0.3"),
+                         ((1e-300, 1e-300), None), ((1e300, 3e300), None),
+                         ((2.0**-140, 2.0**-141), "2,1")):
         devices = [None] * len(parts)
-        scaled = split_proportions(parts)
-        again = split_proportions(tuple(float(x) for x in split_text(scaled).split(",")))
-        assert split_points(devices, again) == split_points(devices, scaled), parts
-    assert split_text(split_proportions((3, 1))) == "3,1"
+        text = split_text(parts)
+        again = tuple(float(x) for x in text.split(","))
+        assert shown is None or text == shown, parts
+        assert _llama_reads(again), parts
+        assert split_points(devices, again) == split_points(devices, split_proportions(parts))
 
 
 def test_parse_reads_what_other_options_write():
@@ -156,14 +163,14 @@ def _fit(*args):
 def test_fit_line_pasted_back_gives_the_answer():
     """The issue's case: -fa on and a q8_0 cache fit 45 layers, and the line says so (before,
     `-ngl 45 -c 8192` alone overcommitted: with f16 and no flash attention only 42 fit)."""
-    data = _fit("--memory", "SIM0=24GiB", "--ctx", "8192", "--flash-attn", "on",
+    data = _fit("--gpu", "24GiB", "--ctx", "8192", "--flash-attn", "on",
                 "--kv-type", "q8_0")
     assert data["command"] == "-ngl 45 -c 8192 -fa on -ctk q8_0 -ctv q8_0"
     fields = parse_llama_args(data["command"])
-    again = _fit("--memory", "SIM0=24GiB", "--ctx", str(fields["ctx"]), "--flash-attn", "on",
+    again = _fit("--gpu", "24GiB", "--ctx", str(fields["ctx"]), "--flash-attn", "on",
                  "--kv-type", fields["kv_type"])
     assert again["ngl"] == fields["ngl"]
-    plain = _fit("--memory", "SIM0=24GiB", "--ctx", "8192")
+    plain = _fit("--gpu", "24GiB", "--ctx", "8192")
     assert plain["ngl"] < data["ngl"]
 
 
@@ -197,7 +204,8 @@ def test_every_cli_model_option_reaches_the_line():
         assert flag in flags or flag in not_llama, f"{flag} has no case"
     for given, expect in spelled.items():
         model = TINY_MOE if "moe" in given else TINY
-        code, out, err = invoke("measure", model, *given.split(), "--json")
+        device = () if "--gpu" in given else ("--gpu", "16GiB")   # (no GPU here otherwise)
+        code, out, err = invoke("measure", model, *given.split(), *device, "--json")
         assert code == 0, (given, err)
         assert expect in json.loads(out)["command"], given
 

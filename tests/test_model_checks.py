@@ -387,8 +387,8 @@ def test_override_patterns_take_linear_time():
 
 
 def test_override_tensor_still_matches_as_a_search():
-    code, out, err = invoke("measure", TINY, "--json", "--ngl", "0",
-                            "--override-tensor", "blk\\.[0-9]+\\.ffn_(up|down)=SIM0")
+    code, out, err = invoke("measure", TINY, "--json", "--ngl", "0", "--gpu", "16GiB",
+                            "--override-tensor", "blk\\.[0-9]+\\.ffn_(up|down)=GPU0")
     assert code == 0, err
     sim = json.loads(out)["backends"][0]
     assert sim["weights_bytes"] > 0
@@ -431,11 +431,11 @@ def test_fit_context_bounds(args):
 
 # --- measure exits 1 when something does not fit, as plan does --------------------------------
 def test_measure_model_exits_1_when_it_does_not_fit():
-    code, out, err = invoke("measure", TINY, "--memory", "CPU=1B", "--json")
+    code, out, err = invoke("measure", TINY, "--gpu", "16GiB", "--memory", "CPU=1B", "--json")
     assert code == 1 and "backend CPU needs" in err and "--memory CPU=SIZE" in err, err
     data = json.loads(out)                           # the figures are still printed
     assert data["fits"] is False and {b["name"]: b["fits"] for b in data["memory"]} == \
-        {"SIM0": True, "CPU": False}
+        {"GPU0": True, "CPU": False}
     assert data["backends"][1]["memory_bytes"] == 1
     plan = invoke("plan", TINY, "--memory", "CPU=1B")
     assert plan[0] == 1
@@ -445,13 +445,13 @@ def test_measure_model_exits_1_when_it_does_not_fit():
 
 def test_measure_model_fits_counts_kv_and_compute():
     """The verdict is on llama.cpp's figures: model + KV + compute buffers per backend."""
-    data = json.loads(invoke("measure", TINY, "--json")[1])
+    data = json.loads(invoke("measure", TINY, "--json", "--gpu", "16GiB")[1])
     sim = data["backends"][0]
     need = sim["weights_bytes"] + sim["kv_bytes"] + sim["arena_bytes"]
-    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need}B")
+    code, out, err = invoke("measure", TINY, "--json", "--gpu", f"{need}B")
     assert code == 0, err
-    code, out, err = invoke("measure", TINY, "--json", "--memory", f"SIM0={need - 1}B")
-    assert code == 1 and "backend SIM0 needs" in err
+    code, out, err = invoke("measure", TINY, "--json", "--gpu", f"{need - 1}B")
+    assert code == 1 and "backend GPU0 needs" in err
 
 
 def test_fit_auto_context_of_a_uint32_trained_gguf_is_quick(tmp_path):
@@ -460,8 +460,8 @@ def test_fit_auto_context_of_a_uint32_trained_gguf_is_quick(tmp_path):
     vt = _vt()
     path = write_gguf(tmp_path / "long.gguf", context_length=(2**32 - 1, vt.UINT32))
     with no_hang("fit --ctx auto of a uint32-trained GGUF"):
-        code, out, err = invoke("fit", path, "--ctx", "auto", "--json", "--memory",
-                                "SIM0=4096GiB", "--memory", "CPU=4096GiB")
+        code, out, err = invoke("fit", path, "--ctx", "auto", "--json", "--gpu",
+                                "4096GiB", "--ram", "4096GiB")
     assert code == 0, err
     data = json.loads(out)
     assert (data["ngl"], data["ctx"]) == (3, 418918656)      # the walk's answer, the same edge

@@ -287,7 +287,8 @@ weights: q8_0
 
 def test_measure_and_plan_a_card_json(tmp_path):
     card = write(tmp_path, SMALL_CARD)
-    code, out, err = invoke("measure", card, "--json", "--ngl", "2", "--ubatch", "64")
+    code, out, err = invoke("measure", card, "--json", "--ngl", "2", "--ubatch", "64",
+                            "--gpu", "16GiB")
     assert code == 0, err
     data = json.loads(out)
     assert data["ngl"] == 2 and data["ctx"] == 1024 and data["ubatch"] == 64
@@ -296,14 +297,15 @@ def test_measure_and_plan_a_card_json(tmp_path):
     for b in (sim, cpu):
         assert {"name", "kind", "arena_bytes", "weights_bytes", "kv_bytes", "lower_bound_bytes",
                 "memory_bytes"} <= set(b)
-    # ngl 2: the last layer and the output layer on SIM0; two layers' KV stay on the CPU
+    # ngl 2: the last layer and the output layer on GPU0; two layers' KV stay on the CPU
     assert cpu["kv_bytes"] == 2 * sim["kv_bytes"] > 0
-    code, out, err = invoke("plan", card, "--json", "--ngl", "2", "--ubatch", "64")
+    code, out, err = invoke("plan", card, "--json", "--ngl", "2", "--ubatch", "64",
+                            "--gpu", "16GiB")
     assert code == 0, err
     plan = json.loads(out)
     assert plan["n_splits"] == data["n_splits"] == len(plan["splits"])
     assert len(plan["nodes"]) == data["n_nodes"]
-    assert {s["backend"] for s in plan["splits"]} == {"SIM0", "CPU"}
+    assert {s["backend"] for s in plan["splits"]} == {"GPU0", "CPU"}
 
 
 def test_run_a_gguf_outputs_the_last_token_logits(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from clikit import invoke
+from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.report.table import MAX_TOKEN, Table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,3 +132,58 @@ def test_bar_marks_where_memory_ends_when_over(monkeypatch):
     gpu = next(line for line in out.splitlines() if line.startswith("GPU0"))
     assert "┃" in gpu and gpu.endswith("over by 1.49 GiB") and len(gpu) <= 80
     assert "┃ memory ends" in out
+
+
+def _rows(name: str, memory: int, over: int):
+    """A device row of `memory` bytes short by `over` (0: it fits), and a large host."""
+    from types import SimpleNamespace
+
+    def row(name, kind, memory, weights, kv, compute, margin):
+        used = weights + kv + compute
+        return SimpleNamespace(name=name, kind=kind, weights_bytes=weights, kv_bytes=kv,
+                               state_bytes=0, arena_bytes=compute, memory_bytes=memory,
+                               margin_bytes=margin, total_bytes=used,
+                               free_bytes=memory - used - margin, fits=used + margin <= memory,
+                               mapped_bytes=weights, repack_bytes=0, output_bytes=2**20)
+    return [row(name, "sim", memory, memory // 2 + over, memory // 8, memory // 16, 2**30),
+            row("CPU", "cpu", 512 * 2**30, 2**30, 0, 2**30, 0)]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_memory_picture_fits_80_and_120_columns(width):
+    """Issue 30: fit's and measure's memory picture (the table, each backend's bar, the legend,
+    the host's line) drawn on a console of that width, whatever the names and sizes: no line
+    wider, every name, size and legend item whole."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from ggmlrun import visual
+    from ggmlrun.report import model as report
+
+    GiB = 2**30
+    for name in ("GPU0", "RPC1", "NVIDIA_GeForce_RTX_4090_0", "D" * 40):
+        for memory in (GiB, 24 * GiB, 1000 * GiB, 3 * 2**40):
+            for over in (0, 5 * GiB, 900 * GiB):
+                rows = _rows(name, memory, over)
+                result = SimpleNamespace(ngl=81, n_layer=80, fits=not over, shown_ngl=81,
+                                         n_cpu_moe=None, tensor_split=(80, 15), backends=rows,
+                                         ctx=8192, probes=[(81, 8192)], probe_reserved=None,
+                                         seconds=0.5)
+                console = Console(width=width, file=io.StringIO(), record=True)
+                console.print(report.fit_table(SimpleNamespace(name="Llama-3-70B Q4_K_M"),
+                                               result))
+                bars = report.memory_bars(rows)
+                visual.print_memory_bars(console, bars)
+                for line in report.host_lines(rows, False, width):
+                    console.print(line, soft_wrap=True, highlight=False)
+                lines = console.export_text().splitlines()
+                case = (name, memory, over)
+                assert all(len(line) <= width for line in lines), (case, max(lines, key=len))
+                for b in bars:
+                    shown = f"{b['name']} {human_bytes(b['memory_bytes'])}"
+                    assert any(" ".join(line.split()).startswith(shown) for line in lines), case
+                legend = " ".join(lines)
+                for key in ("█ weights", "▓ KV", "▒ compute", "░ margin", "· free"):
+                    assert key in legend, (case, key)
+                assert ("┃ memory ends" in legend) == any(b["over"] for b in bars)

@@ -77,13 +77,13 @@ def test_a_switch_set_back_by_its_other_spelling():
 
 
 def test_two_devices_pin_the_memory_split():
-    """Without -ts, ggmlrun splits by device memory; the line writes that split, since
+    """Without -ts, ggmlrun splits by device memory; the line writes that split (the sizes in GiB), since
     llama.cpp would split by the free memory it finds."""
     two = [BackendSpec.of_kind("GPU0", "sim"), BackendSpec.of_kind("GPU1", "sim"),
            BackendSpec.of_kind("CPU", "cpu")]
     two[1] = type(two[1])(**{**vars(two[1]), "memory": two[1].memory // 2})
     again = options_from_line(llama_cpp_line(ModelOptions(), two, ngl=3, ctx=256))
-    assert again.tensor_split == check_values({"tensor_split": (2, 1)})["tensor_split"]
+    assert again.tensor_split == check_values({"tensor_split": (16, 8)})["tensor_split"]
 
 
 @pytest.mark.parametrize("line,named", [

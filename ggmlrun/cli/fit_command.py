@@ -71,7 +71,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
 
     if isinstance(model_path, Path):
         open_regular(model_path, "model", limit=None).close()   # "no such file", a directory
-    model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides)
+    model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides,
+                         this_machine=True)
     if model is None:
         raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
                          "YAML file with `architecture:`); this is neither", file=str(model_path))

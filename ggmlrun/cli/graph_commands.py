@@ -117,7 +117,8 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
     from ggmlrun import visual
     from ggmlrun.core.observe.occupancy import occupancy
 
-    model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
+    model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides,
+                         this_machine=True)
     if model:
         return _measure_model(model, as_json)
     phases = phase_timer(show_progress)

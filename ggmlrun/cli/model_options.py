@@ -86,7 +86,7 @@ def model_options(skip=()):
 
 
 def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: str = "0.25",
-                 policy: str = "ggml", overrides=None):
+                 policy: str = "ggml", overrides=None, this_machine: bool = False):
     """(model, backends, options) when GRAPH is a GGUF file or a card; None for a graph file,
     which must then not carry model options. A model is placed as llama.cpp places it, so
     only ggml's policy applies."""
@@ -112,7 +112,8 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
                          f"llama.cpp places it", file=str(path))
     from ggmlrun.models.options.table import from_cli
 
-    backends, sources = planned_backends(backends_file, model_kw, overrides)
+    backends, sources, machine = planned_backends(backends_file, model_kw, overrides,
+                                                  this_machine)
     if overrides is not None:
         if overrides.remap:
             raise InputError("--remap applies to graph files; place a model's weights with "
@@ -123,22 +124,27 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
                              file=str(path))
         model_kw = {**model_kw, "no_op_offload": not overrides.op_offload}
     return ModelInput((model, *_model_setup(model, backends,
-                                            from_cli({**model_kw, "ggml": ggml}))), sources)
+                                            from_cli({**model_kw, "ggml": ggml}))), sources,
+                      machine)
 
 
 def model_input(model, backends_file, model_kw: dict, values: dict, overrides=None):
     """A loaded model, the backends it is planned for (--gpu/--ram in `model_kw`, a
-    backends file) and its options from checked values by name: the Python API's way in."""
-    backends, sources = planned_backends(backends_file, model_kw, overrides)
-    return ModelInput((model, *_model_setup(model, backends, values)), sources)
+    backends file, else this machine's GPUs as `measure` and `fit` find them) and its
+    options from checked values by name: the Python API's way in."""
+    backends, sources, machine = planned_backends(backends_file, model_kw, overrides,
+                                                  this_machine=True)
+    return ModelInput((model, *_model_setup(model, backends, values)), sources, machine)
 
 
 class ModelInput(tuple):
-    """(model, backends, options), and where each backend's memory size came from."""
+    """(model, backends, options), where each backend's memory size came from, and what was
+    read of this machine's GPUs (core/util/devices.py's Found; None when not read)."""
 
-    def __new__(cls, items, sources: dict[str, str]):
+    def __new__(cls, items, sources: dict[str, str], machine=None):
         self = super().__new__(cls, items)
         self.sources = sources
+        self.machine = machine
         return self
 
 def _model_setup(model, backends, values: dict):
@@ -191,13 +197,14 @@ def print_planned_for(model_input) -> None:
     """The header of a model command: the devices and host it planned for, and where each
     size came from."""
     _, backends, _ = model_input
-    for line in report.planned_for_lines(backends, model_input.sources, stdout().width):
+    for line in report.planned_for_lines(backends, model_input.sources, stdout().width,
+                                         model_input.machine):
         stdout().print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def planned_for_dict(model_input) -> dict:
     _, backends, _ = model_input
-    return {"planned_for": report.planned_for_dict(backends, model_input.sources)}
+    return report.planned_for_dict(backends, model_input.sources, model_input.machine)
 
 
 def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: str) -> None:

@@ -26,23 +26,59 @@ def model_summary(model) -> dict:
             "tied_embeddings": "output.weight" not in model.tensors}
 
 
-def planned_for_dict(backends, sources: dict[str, str]) -> list[dict]:
-    return [{"name": b.name, "kind": b.kind, "memory_bytes": b.memory,
-             "source": sources.get(b.name, "default")} for b in backends]
+def planned_for_dict(backends, sources: dict[str, str], machine=None) -> dict:
+    """`planned_for` [{name, kind, memory_bytes, source}], a GPU found here with its
+    `device` name and `total_bytes` (memory_bytes: its free memory then); and when this
+    machine's GPUs were read, `gpus_read`: what each reader said."""
+    found = {f"GPU{i}": d for i, d in enumerate(machine.devices)} if machine else {}
+    planned = [{"name": b.name, "kind": b.kind, "memory_bytes": b.memory,
+                "source": sources.get(b.name, "default"),
+                **({"device": found[b.name].name, "total_bytes": found[b.name].total}
+                   if b.name in found else {})} for b in backends]
+    return {"planned_for": planned, **({"gpus_read": machine.said} if machine else {})}
 
 
-def planned_for_lines(backends, sources: dict[str, str], width: int = 80) -> list[str]:
+def planned_for_lines(backends, sources: dict[str, str], width: int = 80,
+                      machine=None) -> list[str]:
     """`planned for: GPU0 24.00 GiB (--gpu), ...; host CPU 32.00 GiB (--ram)`, folded between
-    items (never inside one) to the width."""
-    devices = [f"{plain(b.name)} {human_bytes(b.memory)} ({sources.get(b.name, 'default')})"
-               for b in backends if b.kind != "cpu"]
+    items (never inside one) to the width. A GPU found here reads `GPU0 20.50 GiB free of
+    24.00 GiB (NVIDIA GeForce RTX 4090, NVML)`; none found, `no GPU found (what each reader
+    said): the CPU alone`."""
+    found = {f"GPU{i}": d for i, d in enumerate(machine.devices)} if machine else {}
+
+    def device(b) -> list[str]:
+        d = found.get(b.name)
+        if d is None or b.memory != d.free:          # (--memory resized it)
+            return [f"{plain(b.name)} {human_bytes(b.memory)} ({sources.get(b.name, 'default')})"]
+        return [f"{plain(b.name)} {human_bytes(d.free)} free", f"of {human_bytes(d.total)}",
+                f"({plain(d.name)}, {d.source})"]
+
+    groups = [device(b) for b in backends if b.kind != "cpu"]
     host = [f"host {plain(b.name)} {human_bytes(b.memory)} ({sources.get(b.name, 'default')})"
             for b in backends if b.kind == "cpu"]
-    items = [d + ("," if i < len(devices) - 1 else ";" if host else "")
-             for i, d in enumerate(devices)] + host
-    if not devices:
-        items = ["no device;"] + host
-    return pack_line("planned for:", items, width)
+    items = []
+    for i, group in enumerate(groups):
+        items += group[:-1] + [group[-1] + ("," if i < len(groups) - 1 else ";" if host else "")]
+    if not groups and machine is not None:
+        why = _why_none(machine.said)
+        items = ["no GPU found"] + why
+        items[-1] += ":"
+        items.append("the CPU alone;")
+    elif not groups:
+        items = ["no device;"]
+    return pack_line("planned for:", items + host, width)
+
+
+def _why_none(said: list[str]) -> list[str]:
+    """`(NVML: not installed, AMD SMI: not installed; pip install ... reads them):` as items."""
+    hint = (["pip", "install", "'ggmlrun[gpu]'", "reads", "them"]
+            if any(s.endswith("not installed") for s in said) else [])
+    words = [s + ("," if i < len(said) - 1 else ";" if hint else "")
+             for i, s in enumerate(said)] + hint
+    if words:
+        words[0] = "(" + words[0]
+        words[-1] += ")"
+    return words
 
 
 def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
@@ -106,6 +142,8 @@ def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
 
 
 def model_fit_dict(model, result) -> dict:
+    from ggmlrun.models.options.kinds import split_numbers
+
     return {"model": model.name, "ngl": result.ngl, "n_cpu_moe": result.n_cpu_moe,
             "ctx": result.ctx, "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
             "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
@@ -118,26 +156,27 @@ def model_fit_dict(model, result) -> dict:
                          for b in result.backends],
             "probes": [{"ngl": n, "ctx": c,
                         **({"n_cpu_moe": m} if result.n_cpu_moe is not None else {}),
-                        **({"tensor_split": [int(x) if float(x).is_integer() else x
-                                             for x in ts]} if ts else {}),
+                        **({"tensor_split": split_numbers(ts)} if ts else {}),
                         "reserved": r}
                        for (n, c), m, ts, r in zip(
                            result.probes, result.probe_moe or [0] * len(result.probes),
                            result.probe_splits or [None] * len(result.probes),
                            result.probe_reserved or ["pp+tg"] * len(result.probes))],
-            **({"tensor_split": [int(x) for x in result.tensor_split]}
+            **({"tensor_split": split_numbers(result.tensor_split)}
                if getattr(result, "tensor_split", None) else {}),
             "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
 
 
 def fit_table(model, result) -> Table:
+    from ggmlrun.models.options.kinds import split_text
+
     where = (f"-ngl {result.ngl} of {result.n_layer + 1}" if result.fits
              else f"nothing fits; shown: -ngl {result.shown_ngl}")
     if result.n_cpu_moe:
         where += f", --n-cpu-moe {result.n_cpu_moe}"
     if getattr(result, "tensor_split", None):
-        where += f", -ts {','.join(str(int(x)) for x in result.tensor_split)} (layers per device)"
+        where += f", -ts {split_text(result.tensor_split)}"
     rows = result.backends
     unit, size = _unit([b.total_bytes for b in rows])    # the figures read, not the memory
     table = Table(title=f"fit {model.name}: {where}, ctx {result.ctx} "

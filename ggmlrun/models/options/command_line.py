@@ -29,15 +29,13 @@ from ggmlrun.models.options.table import BY_NAME, OPTIONS, Option
 GiB, MiB, KiB = 2**30, 2**20, 2**10
 
 
-def memory_split(devices) -> str:
+def memory_split(devices) -> tuple[float, ...]:
     """ggmlrun's default split (by each device's memory) as `-ts` proportions, in the largest
     unit that divides every size (24GiB,12GiB -> 24,12): a power-of-two scale, so the split
     points are the same."""
     sizes = [d.memory for d in devices]
-    for unit in (GiB, MiB, KiB, 1):
-        if all(s % unit == 0 for s in sizes):
-            return ",".join(str(s // unit) for s in sizes)
-    return ",".join(str(s) for s in sizes)  # pragma: no cover - unit 1 always divides
+    unit = next(u for u in (GiB, MiB, KiB, 1) if all(s % u == 0 for s in sizes))
+    return tuple(float(s // unit) for s in sizes)
 
 
 def _words(option: Option, value) -> list[str]:
@@ -67,11 +65,7 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -
     args: list[str] = []
     for option in OPTIONS:
         if option.llama:
-            value = values[option.name]
-            if isinstance(value, str) and option.name == "tensor_split":
-                args += [option.llama[0][0], value]
-            else:
-                args += _words(option, value)
+            args += _words(option, values[option.name])
     return args
 
 

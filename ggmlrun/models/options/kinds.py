@@ -151,12 +151,34 @@ def _number(x: float) -> str:
     return repr(float(x))
 
 
+FLT_MIN, FLT_MAX = 2.0**-126, (2 - 2.0**-23) * 2.0**127
+
+
+def _llama_reads(parts) -> bool:
+    """Whether llama.cpp takes these proportions as written: its -ts reads each with
+    std::stof, which refuses a number past float32's range or below its smallest normal (0 is
+    fine), and its float32 running sum must stay finite for the split points to mean anything."""
+    from ggmlrun.core.util.float32 import f32
+
+    acc = 0.0
+    for p in parts:
+        if p != 0 and not FLT_MIN <= p <= FLT_MAX:
+            return False
+        acc = f32(acc + f32(p))
+    return math.isfinite(acc)
+
+
 def split_text(parts) -> str:
-    """Proportions as small integers where a power-of-two scale makes them integers
-    (0.75,0.375 -> 6,3 -> 2,1): scaling by a power of two leaves llama.cpp's float32 split
-    points exactly as they were, and so does dividing integers whose sums float32 holds
-    exactly (below 2**24) by their common divisor (the same ratios, rounded once)."""
+    """-ts as ggmlrun prints it everywhere (the title, the JSON, the line to paste): the
+    proportions as given (`--tensor-split 24,12` is `24,12`; fit's searched split is layers
+    per device, `80,15`), each the shortest text that reads back to the same number. Only
+    proportions llama.cpp could not read (past float32's range: 1e300,1e300) are rescaled, to
+    small integers where a power-of-two scale makes them integers (those leave llama.cpp's
+    float32 split points exactly as they were), else to a power-of-two scale."""
     parts = [float(p) for p in parts]
+    if _llama_reads(parts):
+        return ",".join(_number(p) for p in parts)
+    parts = list(split_proportions(parts))
     for k in range(0, 64):
         scaled = [math.ldexp(p, k) for p in parts]
         if all(s == int(s) for s in scaled) and sum(scaled) < 2**24:
@@ -166,10 +188,18 @@ def split_text(parts) -> str:
     return ",".join(_number(p) for p in parts)
 
 
+def split_numbers(parts) -> list[int | float] | None:
+    """split_text's proportions as JSON numbers (whole ones as integers: [24, 12])."""
+    if parts is None:
+        return None
+    return [int(w) if w.lstrip("-").isdigit() else float(w)
+            for w in split_text(parts).split(",")]
+
+
 @dataclass(frozen=True)
 class Split(Kind):
-    """-ts proportions, kept as the line writes them (split_text's form, scaled by
-    split_proportions), so that 6,3 and 2,1 are one value, as they are one placement."""
+    """-ts proportions, kept as given (split_text's form: only proportions llama.cpp could not
+    read are rescaled), so that a line written and read back is the same value."""
     metavar = "A,B,..."
 
     def read(self, text: str) -> tuple[float, ...]:
@@ -184,16 +214,16 @@ class Split(Kind):
         if value is None or isinstance(value, str):
             return value if value is None else self.read(value)
         try:
-            once = split_proportions(value)
+            split_proportions(value)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{value!r}: {err}") from None
-        return split_proportions(float(x) for x in split_text(once).split(","))
+        return tuple(float(x) for x in split_text(value).split(","))
 
     def write(self, value) -> str:
         return split_text(value)
 
     def json(self, value):
-        return None if value is None else [float(x) for x in split_text(value).split(",")]
+        return split_numbers(value)
 
 
 @dataclass(frozen=True)
