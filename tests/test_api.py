@@ -26,7 +26,7 @@ DEVICES = {"gpu": "2GiB,1GiB", "ram": "64GiB"}         # never this machine's RA
 BACKENDS = ("GPU0", "GPU1", "CPU")
 # a quantized cache needs flash attention and a head size its blocks divide: measured apart
 # (tests/test_kv_q8_0.py); the cards' options stay small so a measure takes a moment
-SKIP = ("kv_type",)
+SKIP = ("type_k", "type_v")
 
 
 def _cli_args(values: dict) -> list[str]:

@@ -54,8 +54,8 @@ def test_the_graph_views_exactly_the_memory_sized_before_it(path):
     model = _model(path)
     hp = model.hparams
     for opts in OPTIONS:
-        if opts.kv_type == "q8_0" and (hp.n_embd_head_k % 32 or hp.n_embd_head_v % 32
-                                       or hp.is_mla):
+        if opts.type_k == "q8_0" and (hp.n_embd_head_k % 32 or hp.n_embd_head_v % 32
+                                      or hp.is_mla):
             continue
         memory = model_memory(hp, opts)
         mg = reserve.model_graph(model, memory, 8, 8)

@@ -182,7 +182,8 @@ def test_model_options_on_a_graph_file_exit_2(args, words):
 
 @pytest.mark.parametrize("args,words", [
     (["--ngl", "x"], "--ngl"), (["--ngl", "-1"], "--ngl"), (["--ctx", "0"], "--ctx"),
-    (["--ubatch", "0"], "--ubatch"), (["--kv-type", "q4_0"], "--kv-type"),
+    (["--ubatch", "0"], "--ubatch"), (["--kv-type", "q3_K"], "--kv-type"),
+    (["-ctk", "q4_K"], "-ctk"), (["--cache-type-v", "f8"], "--cache-type-v"),
     (["--flash-attn", "maybe"], "--flash-attn"), (["--tensor-split", "1,x"], "--tensor-split"),
     (["--tensor-split", "0,0"], "--tensor-split"), (["--tensor-split", "1,1"], "--tensor-split"),
     (["--override-tensor", "ffn"], "--override-tensor"),

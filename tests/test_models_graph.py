@@ -170,7 +170,7 @@ def test_tied_output_is_duplicated_on_the_device(tmp_path):
 def test_bad_options(gqa):
     with pytest.raises(InputError, match="needs --flash-attn on"):
         measure_model(gqa, rpc_backends(), ModelOptions(kv_type="q8_0"))
-    with pytest.raises(InputError, match="--kv-type q4"):
+    with pytest.raises(InputError, match="--cache-type-k q4"):
         measure_model(gqa, rpc_backends(), ModelOptions(kv_type="q4"))
 
 

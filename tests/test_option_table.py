@@ -93,7 +93,7 @@ def test_two_devices_pin_the_memory_split():
     ("--fit-ctx 4096", "--fit-ctx"), ("--cache-ram 8192", "--cache-ram"),
     ("--no-repack", "--no-repack"), ("-nr", "-nr"),
     ("-ngl 3 --temp 0.5", "--temp"), ("-c", "-c"), ("-np 0", "-np"), ("-fa auto", "auto"),
-    ("-ctk q8_0 -ctv f16", "differ"), ("-ot ffn", "REGEX=BACKEND"),
+    ("-ctk q3_K", "q3_K"), ("-ot ffn", "REGEX=BACKEND"),
     ("-lm mlock", "mlock"), ("-lm dio", "dio"),
 ])
 def test_what_the_parser_does_not_model_is_named(line, named):

@@ -39,7 +39,7 @@ def _click_option(option):
     if not option.kind.takes_value:
         return click.option(option.flag, dest, is_flag=True, default=False,
                             help=option.help_text())
-    return click.option(option.flag, dest, type=_TableType(option),
+    return click.option(option.flag, *option.aliases, dest, type=_TableType(option),
                         multiple=option.kind.repeatable,
                         default=() if option.kind.repeatable else None,
                         metavar=option.kind.metavar or None, help=option.help_text())

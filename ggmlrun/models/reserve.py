@@ -134,23 +134,39 @@ def check_options(model: ModelFile, backends: list[BackendSpec], opts: ModelOpti
         check_fields(opts)
     except ValueError as err:
         raise InputError(str(err)) from None
-    if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block and not opts.flash_attn:
-        raise InputError(f"--kv-type {opts.kv_type} needs --flash-attn on (llama.cpp: a "
-                         f"quantized V cache requires flash attention)")
-    if opts.kv_type in TYPES and TYPES[opts.kv_type].is_block:
-        block = TYPES[opts.kv_type].block_size      # llama_init_from_model refuses the same
-        hp = model.hparams
-        heads = {("k", hp.n_embd_head_k), ("v", hp.n_embd_head_v)}
-        for il in range(hp.n_layer):                 # the sliding layers' own head sizes too
-            heads |= {("k", hp.head(il)), ("v", hp.head_v(il))}
-        for kind, head in sorted(heads):
-            if head % block:
-                raise InputError(f"--kv-type {opts.kv_type}: its {block}-value blocks do not divide "
-                                 f"the model's head size {head} (llama.cpp: {kind.upper()} cache "
-                                 f"type {opts.kv_type} with block size {block} does not divide "
-                                 f"n_embd_head_{kind}={head}); use --kv-type f16")
+    check_kv_types(model.hparams, opts)
     if not backends or backends[-1].kind != "cpu":
         raise InputError("the last backend must be a CPU")
+
+
+def check_kv_types(hp, opts: ModelOptions) -> None:
+    """llama_init_from_model's refusals of -ctk/-ctv, in its order and words: an MLA model's
+    K and V of one type; a quantized (block) V only with flash attention; with flash
+    attention, a block type's size dividing every layer's head size on its side. Without
+    flash attention llama.cpp checks no quantized K's block against the head size (the views
+    of K would split blocks, ggml_row_size's assert being compiled out): refused here."""
+    k, v = opts.type_k, opts.type_v
+    said = f"--cache-type-k {k} --cache-type-v {v}"
+    if hp.is_mla and k != v:
+        raise InputError(f"{said}: an MLA model takes one type for K and V (llama.cpp: model "
+                         f"does not support different K ({k}) and V ({v}) cache types)")
+    if TYPES[v].is_block and not opts.flash_attn:
+        raise InputError(f"--cache-type-v {v} needs --flash-attn on (llama.cpp: quantized V "
+                         f"cache requires flash_attn to be enabled)")
+    for side, gtype, head_of in (("k", TYPES[k], hp.head), ("v", TYPES[v], hp.head_v)):
+        head = next((head_of(il) for il in range(hp.n_layer)
+                     if head_of(il) % gtype.block_size), None)
+        if not gtype.is_block or head is None:
+            continue
+        flag = f"--cache-type-{side} {gtype.name}"
+        if not opts.flash_attn:     # side "k": a quantized V was refused above
+            raise InputError(f"{flag}: its {gtype.block_size}-value blocks do not divide the "
+                             f"head size {head}; without flash attention llama.cpp takes it "
+                             f"unchecked and reads K through views that split its blocks")
+        raise InputError(f"{flag}: its {gtype.block_size}-value blocks do not divide the "
+                         f"model's head size {head} (llama.cpp: {side.upper()} cache type "
+                         f"{gtype.name} with block size {gtype.block_size} does not divide "
+                         f"n_embd_head_{side}={head}); use f16")
 
 
 def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions) -> int:

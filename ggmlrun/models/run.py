@@ -22,12 +22,13 @@ from ggmlrun.core.run.exec import RunResult
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.errors import InputError, RunError
 from ggmlrun.core.util.fmt import human_bytes
-from ggmlrun.models.arch.build import build_graph
+from ggmlrun.models.arch.build import graph_over
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.gguf.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, kv_size, swa_kv_size,
                                      ubatch_size)
+from ggmlrun.models.memory.caches import create_memory
 from ggmlrun.models.memory.placement import place
 from ggmlrun.models.reserve import check_options, placed_tensors
 
@@ -151,14 +152,16 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
     if not model.files:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
+    kv_memory = create_memory(hp, type_k=opts.type_k, type_v=opts.type_v, cells=cells,
+                              flash_attn=opts.flash_attn, swa_cells=swa)
+
     def prepare(i: int):
         """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""
         p0, n_tok = i * step, len(chunks[i])
         used = (p0 + n_tok + KV_PAD - 1) // KV_PAD * KV_PAD
         n_kv = min(cells, max(KV_PAD, used))                                       # get_n_kv
-        mg = build_graph(model, n_tok, 1, n_kv, cells, opts.flash_attn, opts.kv_type,
-                         placement.shared_copies(), swa_size=swa,
-                         swa_n_kv=min(swa, max(KV_PAD, used)), rs_zero=0 if i == 0 else -1)
+        mg = graph_over(model, kv_memory, n_tok, 1, n_kv, swa_n_kv=min(swa, max(KV_PAD, used)),
+                        shared=placement.shared_copies(), rs_zero=0 if i == 0 else -1)
         writes = cache_writes(mg) if i < len(chunks) - 1 else {}   # what the next one reads
         sched = scheduler.schedule(mg.graph, placed=placed_tensors(mg, placement, backends))
         plan, memory = plan_memory(sched, "ggml")

@@ -282,7 +282,9 @@ EXTRAS += [
                          ("np3", {"ngl": "all", "parallel": 3, "flash_attn": True, "ubatch": 512}),
                          ("np4", {"ngl": 0, "parallel": 4, "ctx": 1024}))
 ]
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
+# ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)
+KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,
+            "q5_0": 6, "q5_1": 7}
 
 
 def config_id(model: str, ctx: int, ubatch: int, flash_attn: bool, ngl: int | str,
@@ -412,7 +414,8 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     cparams.n_threads = cparams.n_threads_batch = N_THREADS
     cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
     cparams.offload_kqv = not cfg["no_kv_offload"]
-    cparams.type_k = cparams.type_v = KV_TYPES[cfg["kv_type"]]
+    cparams.type_k = KV_TYPES[cfg.get("type_k", cfg["kv_type"])]   # -ctk (record_kv_types.py:
+    cparams.type_v = KV_TYPES[cfg.get("type_v", cfg["kv_type"])]   # -ctv   K and V apart)
     cparams.swa_full = cfg["swa_full"]        # llama-cpp-python's default is true: always given
     cparams.n_seq_max = cfg.get("parallel", 1)             # -np
     cparams.kv_unified = cfg.get("kv_unified", False)      # -kvu (llama.cpp's CLI default: off)

@@ -123,7 +123,14 @@ def decode_blocks(raw: np.ndarray, name: str) -> np.ndarray:
 
 
 def encode_blocks(values: np.ndarray, name: str) -> np.ndarray:
-    """f32 rows -> their bytes as type `name` (the last axis a multiple of the block)."""
+    """f32 rows -> their bytes as type `name` (the last axis a multiple of the block), as
+    ggml-cpu writes them: blockencode's encoders where gguf has none or rounds otherwise
+    (iq4_nl, q8_0), else gguf's (checked byte for byte against ggml-cpu's from_float)."""
+    from ggmlrun.core.ir.blockencode import encode_fast
+
+    fast = encode_fast(values, name)
+    if fast is not None:
+        return fast
     from gguf import quants
     from gguf.constants import GGMLQuantizationType
 

@@ -30,7 +30,8 @@ class KVCache:
 
     def __init__(self, memory, state=None):
         self.memory, self.state = memory, state
-        self.kv_type, self.kv_size = memory.kv_type, memory.cells
+        self.type_k, self.type_v, self.kv_size = memory.type_k, memory.type_v, memory.cells
+        self.kv_type = memory.type_k     # an MLA cache's one type (K only; K and V are one)
         self.v_trans, self.n_stream = memory.v_trans, memory.n_stream
         self.k: dict[int, Tensor] = {}
         self.v: dict[int, Tensor] = {}
@@ -112,32 +113,44 @@ class KVCache:
 
 
 def attn_inputs(b: GraphBuilder, hp, n_tokens: int, n_kv: int, n_stream: int,
-                flash_attn: bool, kv_type: str) -> dict[str, Tensor]:
+                flash_attn: bool, cache) -> dict[str, Tensor]:
     """build_attn_inp_kv_impl: the cells K and V are stored to (V's per element when it is
     stored transposed, without flash attention), the mask over the `n_kv` cells attended
-    over (f16 for flash attention), and a quantized cache's rotations. An iSWA model makes
-    a second set for its sliding-window cache, named as the first."""
+    over (f16 for flash attention), and the rotations of `cache` (the memory's KVCache) where
+    its K or V type is quantized. An iSWA model makes a second set for its sliding-window
+    cache, named as the first."""
     v_rows = n_tokens if flash_attn else n_tokens * hp.n_embd_v_gqa
     out = {"k_idxs": b.leaf("attn_inp_k_idxs", (n_tokens,), "i64"),
            "v_idxs": b.leaf("attn_inp_v_idxs", (v_rows,), "i64"),
            "kq_mask": b.leaf("attn_inp_kq_mask", (n_stream, 1, n_tokens // n_stream, n_kv),
                              "f16" if flash_attn else "f32")}
-    out.update(rotation_inputs(b, hp, kv_type))
+    out.update(rotation_inputs(b, hp, cache))
     return out
 
 
-def rotation_inputs(b: GraphBuilder, hp, kv_type: str) -> dict[str, Tensor]:
-    """llama_kv_cache's Hadamard rotations for a quantized cache (attn_rot_k / attn_rot_v): K
-    rotates by the largest power of two from 64 up dividing the head size, V by 64."""
-    if not TYPES[kv_type].is_block:
+def _one_head(sizes: set[int]) -> int:
+    """llama_kv_cache's n_embd_head_{k,v}_all: the cache's layers' one head size, 0 for no
+    layer, -1 when they differ."""
+    return sizes.pop() if len(sizes) == 1 else (-1 if sizes else 0)
+
+
+def rotation_inputs(b: GraphBuilder, hp, cache) -> dict[str, Tensor]:
+    """llama_kv_cache's Hadamard rotations (attn_rot_k / attn_rot_v), each on where its side's
+    type is quantized (a block type; bf16 is not), the model's head size is a multiple of 64
+    and the cache's layers share one head size: K rotates by the largest power of two from 64
+    up dividing that size, V by 64. MLA's K-only cache is read without them."""
+    if hp.is_mla:
         return {}
+    layers = list(cache.widths)
     out = {}
-    if hp.n_embd_head_k % 64 == 0:
+    head_k = _one_head({hp.head(il) for il in layers})
+    if TYPES[cache.type_k].is_block and head_k > 0 and hp.n_embd_head_k % 64 == 0:
         nrot = 64
-        while hp.n_embd_head_k % (nrot * 2) == 0:
+        while head_k % (nrot * 2) == 0:
             nrot *= 2
         out["k_rot"] = b.leaf("attn_inp_k_rot", (nrot, nrot), "f32")
-    if hp.n_embd_head_v % 64 == 0:
+    head_v = _one_head({hp.head_v(il) for il in layers})
+    if TYPES[cache.type_v].is_block and head_v > 0 and hp.n_embd_head_v % 64 == 0:
         out["v_rot"] = b.leaf("attn_inp_v_rot", (64, 64), "f32")
     return out
 

@@ -38,7 +38,7 @@ class Decoder:
         flash attention) is the graph's."""
         hp = self.hp = model.hparams
         kv = memory.kv
-        kv_size, kv_type, n_stream, flash_attn = kv.cells, kv.kv_type, kv.n_stream, not kv.v_trans
+        kv_size, n_stream, flash_attn = kv.cells, kv.n_stream, not kv.v_trans
         self.model, self.arch = model, arch
         self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
         b = self.b = GraphBuilder()
@@ -73,7 +73,7 @@ class Decoder:
             "tokens": tokens, "embd": inp_embd,
             "pos": b.leaf("inp_pos", (n_tokens * arch.n_pos_per_embd,), "i32"),
             "out_ids": b.leaf("out_ids", (n_outputs,), "i32")}
-        self.inputs.update(attn_inputs(b, hp, n_tokens, n_kv, n_stream, flash_attn, kv_type))
+        self.inputs.update(attn_inputs(b, hp, n_tokens, n_kv, n_stream, flash_attn, kv))
         self.rope = dict(n_dims=hp.n_rot, mode=arch.rope_type, **rope_params(hp))
         if arch.n_pos_per_embd == 4:       # ggml_rope_multi: the sections pick each pair's position
             self.rope["sections"] = list(hp.rope_sections)
@@ -89,7 +89,7 @@ class Decoder:
             self.swa_n_kv = swa_n_kv or n_kv
             self.swa_cache = KVCache(self.memory.swa)
             self.swa_inputs = attn_inputs(b, hp, n_tokens, self.swa_n_kv, n_stream, flash_attn,
-                                          kv_type)
+                                          self.memory.swa)
 
     # --- weights by gguf's names --------------------------------------------------------------
     def _lists(self, t) -> bool:

@@ -14,6 +14,9 @@ answers (as llama_hparams does):
   ([TAG_V_CACHE_VARIABLE]);
 - `is_mla`: K rows only, V being a view of them (llama_hparams::is_mla).
 
+K and V each have their type (-ctk / -ctv: llama_context_params' type_k and type_v), so a
+block type's bytes are its blocks': rows of `width` values in width / block_size blocks.
+
 Each cache lists its tensors (name, NumPy-order shape, type) and so its bytes on each backend
 once placement has put each layer somewhere; models/graph/attention.py makes the graph's
 leaves from the same list.
@@ -43,9 +46,11 @@ class CacheTensor:
 
 @dataclass(frozen=True)
 class KVCache:
-    """llama_kv_cache: per layer cache_k_l{il} and (unless MLA) cache_v_l{il}, each
-    [n_stream, cells, width]; `widths[il]` = (K width, V width or 0 for K only)."""
-    kv_type: str
+    """llama_kv_cache: per layer cache_k_l{il} (of type_k) and (unless MLA) cache_v_l{il}
+    (of type_v), each [n_stream, cells, width]; `widths[il]` = (K width, V width or 0 for K
+    only)."""
+    type_k: str
+    type_v: str
     cells: int                    # per stream (kv_size)
     n_stream: int
     v_trans: bool                 # V read transposed (no flash attention)
@@ -56,10 +61,10 @@ class KVCache:
         out = []
         for il, (k, v) in self.widths.items():
             out.append(CacheTensor(il, f"cache_k_l{il}", (self.n_stream, self.cells, k),
-                                   self.kv_type))
+                                   self.type_k))
             if v:
                 out.append(CacheTensor(il, f"cache_v_l{il}", (self.n_stream, self.cells, v),
-                                       self.kv_type))
+                                       self.type_v))
         return out
 
 
@@ -92,7 +97,7 @@ class Memory:
         """What the memory was made from, beside the model's hyperparameters: equal keys for
         one model are equal memories (a graph cache's key)."""
         kv, swa, rec = self.kv, self.swa, self.recurrent
-        return (kv.kv_type, kv.cells, kv.n_stream, kv.v_trans, swa.cells if swa else 0,
+        return (kv.type_k, kv.type_v, kv.cells, kv.n_stream, kv.v_trans, swa.cells if swa else 0,
                 rec.rows if rec else 0, self.swa_full)
 
     @property
@@ -116,12 +121,15 @@ class Memory:
         return self.recurrent.tensors() if self.recurrent is not None else []
 
 
-def create_memory(hp, *, kv_type: str, cells: int, flash_attn: bool, n_stream: int = 1,
+def create_memory(hp, *, cells: int, flash_attn: bool, kv_type: str = "f16",
+                  type_k: str | None = None, type_v: str | None = None, n_stream: int = 1,
                   swa_cells: int = 0, n_seq_max: int = 1, swa_full: bool = False) -> Memory:
-    """llama_model::create_memory for explicit sizes (`cells`, `swa_cells` per stream)."""
+    """llama_model::create_memory for explicit sizes (`cells`, `swa_cells` per stream); K's
+    and V's types `type_k` and `type_v`, each `kv_type` unless given (as --kv-type)."""
     v_trans = not flash_attn
-    full = KVCache(kv_type, cells, n_stream, v_trans)
-    swa = KVCache(kv_type, swa_cells or cells, n_stream, v_trans, swa=True) if hp.has_swa \
+    types = (type_k or kv_type, type_v or kv_type)
+    full = KVCache(*types, cells, n_stream, v_trans)
+    swa = KVCache(*types, swa_cells or cells, n_stream, v_trans, swa=True) if hp.has_swa \
         else None
     state = RecurrentState(max(1, n_seq_max))
     for il in range(hp.n_layer):
@@ -139,7 +147,8 @@ def create_memory(hp, *, kv_type: str, cells: int, flash_attn: bool, n_stream: i
 def model_memory(hp, opts: ModelOptions) -> Memory:
     """The memory a context with these options makes (llama_context's cparams: the padded
     context per stream, the streams, the SWA cache's cells, the sequences)."""
-    return create_memory(hp, kv_type=opts.kv_type, cells=kv_size(opts, hp.n_ctx_train),
+    return create_memory(hp, type_k=opts.type_k, type_v=opts.type_v,
+                         cells=kv_size(opts, hp.n_ctx_train),
                          flash_attn=opts.flash_attn, n_stream=kv_streams(opts),
                          swa_cells=swa_kv_size(opts, hp), n_seq_max=opts.parallel,
                          swa_full=opts.swa_full)

@@ -91,12 +91,12 @@ SPELLINGS = _spellings()
 
 def parse_llama_args(line: str | list[str]) -> dict:
     """llama.cpp's spelling back into ModelOptions' fields (and `ngl`, `ctx`, `rpc`), in any
-    of the table's spellings, the last use of an option winning as in llama.cpp; `kv_type`
-    and `ubatch` always (-ub clamped to -b). Anything else is a ValueError naming it."""
+    of the table's spellings, the last use of an option winning as in llama.cpp; `ubatch`
+    always (-ub clamped to -b). Anything else is a ValueError naming it."""
     words = shlex.split(line) if isinstance(line, str) else list(line)
     if words and words[0] == "llama.cpp:":
         words = words[1:]
-    given: dict[str, dict[int, object]] = {}
+    out: dict = {}
     i = 0
     while i < len(words):
         word = words[i]
@@ -113,24 +113,12 @@ def parse_llama_args(line: str | list[str]) -> dict:
             except ValueError as err:
                 raise ValueError(f"{word} {words[i + 1]}: {err}") from None
             i += 2
-        seen = given.setdefault(option.name, {})
         if option.kind.repeatable:
-            seen[0] = (*seen.get(0, ()), *value)
-        else:
-            seen[index or 0] = value
-    out: dict = {}
-    for name, seen in given.items():
-        option = BY_NAME[name]
-        values = [seen.get(k, option.default) for k in range(len(option.llama))]
-        if any(v != values[0] for v in values):
-            said = " and ".join(f"{s[0]} {option.kind.write(v)}"
-                                for s, v in zip(option.llama, values))
-            raise ValueError(f"{said} differ; ggmlrun's {option.flag} sets both")
-        out[name] = values[0]
+            value = (*out.get(option.name, ()), *value)
+        out[option.name] = value
     if out.get("load_mode") is not None:
         out["no_mmap"] = out.pop("load_mode")
     out.pop("load_mode", None)
-    out["kv_type"] = out.get("kv_type", BY_NAME["kv_type"].default)
     batch = out.pop("batch", BY_NAME["batch"].default)
     out["ubatch"] = min(batch, out.get("ubatch", BY_NAME["ubatch"].default))
     return out

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 from ggmlrun.models.hparams.keys import U32_MAX   # n_ctx, n_ubatch, n_batch: uint32_t
 
-KV_TYPES = ("f16", "f32", "q8_0")
+# common/arg.cpp's kv_cache_types, in its order: what -ctk and -ctv take
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 KV_PAD = 256          # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256)
 
 
@@ -18,7 +19,8 @@ class ModelOptions:
     flash_attn: bool = False
     ngl: int | None = None        # None: all (n_layer + 1)
     no_kv_offload: bool = False
-    kv_type: str = "f16"          # f16 | f32 | q8_0
+    type_k: str = "f16"           # -ctk: the K cache's type (KV_TYPES)
+    type_v: str = "f16"           # -ctv: the V cache's
     overrides: tuple[tuple[str, str], ...] = ()   # (regex, backend name), in order
     tensor_split: tuple[float, ...] | None = None # over non-CPU backends in order
     op_offload: bool = True
@@ -30,6 +32,14 @@ class ModelOptions:
     kv_unified: bool = False      # -kvu: one KV cache for all sequences (else one per sequence)
     cpu_moe: bool = False         # --cpu-moe: every expert tensor on the CPU
     n_cpu_moe: int = 0            # --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
+    # --kv-type: K and V both, when given (replace(opts, kv_type=T) too); never read back
+    # (opts.kv_type is None): read type_k and type_v
+    kv_type: InitVar[str | None] = None
+
+    def __post_init__(self, kv_type: str | None) -> None:
+        if kv_type is not None:
+            object.__setattr__(self, "type_k", kv_type)
+            object.__setattr__(self, "type_v", kv_type)
 
 
 SCHED_MAX_COPIES = 4              # ggml-backend.h: GGML_SCHED_MAX_COPIES

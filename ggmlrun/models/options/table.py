@@ -41,6 +41,9 @@ class Option:
     always: bool = False                    # written even at its default (llama.cpp's differs)
     shared: bool = False                    # its flag is declared with the graph files' options
     own_default: object = _FROM_FIELD       # only for a row ModelOptions has no field for
+    aliases: tuple[str, ...] = ()           # ggmlrun's other spellings of `flag` (-ctk)
+    sets: tuple[str, ...] = ()              # a row setting other rows' fields, which, given
+                                            # too, win (--kv-type: type_k and type_v)
 
     @property
     def field(self) -> bool:
@@ -85,8 +88,15 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
     Option("ubatch", Count(1, U32_MAX, "llama.cpp's uint32"), "context",
            "Tokens the graph is reserved for, at most --ctx", flag="--ubatch",
            llama=(("-ub", "--ubatch-size"),)),
-    Option("kv_type", Choice(KV_TYPES), "context", "KV cache type, K and V", flag="--kv-type",
-           llama=(("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v"))),
+    Option("type_k", Choice(KV_TYPES), "context", "K cache type; a block type needs a head "
+           "size its blocks divide (with --flash-attn on)", flag="--cache-type-k",
+           aliases=("-ctk",), llama=(("-ctk", "--cache-type-k"),)),
+    Option("type_v", Choice(KV_TYPES), "context", "V cache type; a block type needs "
+           "--flash-attn on and a head size its blocks divide", flag="--cache-type-v",
+           aliases=("-ctv",), llama=(("-ctv", "--cache-type-v"),)),
+    Option("kv_type", Choice(KV_TYPES), "context", "K and V cache type both (-ctk and -ctv); "
+           "--cache-type-k/-v, given too, win", flag="--kv-type", own_default=None,
+           default_text="f16", sets=("type_k", "type_v")),
     Option("no_kv_offload", Switch(), "context", "Keep the KV cache on the CPU",
            flag="--no-kv-offload", llama=(("-nkvo", "--no-kv-offload"),),
            llama_off=("-kvo", "--kv-offload")),
@@ -136,8 +146,8 @@ def check_values(given: dict) -> dict:
     out = {}
     for name, value in given.items():
         option = BY_NAME.get(name)
-        if option is None or not option.field:
-            known = ", ".join(o.name for o in OPTIONS if o.field)
+        if option is None or not (option.field or option.sets):
+            known = ", ".join(o.name for o in OPTIONS if o.field or o.sets)
             raise ValueError(f"no option {name!r}; the options: {known}")
         try:
             out[name] = option.default if value is None else option.kind.check(value)
@@ -147,9 +157,15 @@ def check_values(given: dict) -> dict:
 
 
 def make_options(values: dict) -> ModelOptions:
-    """ModelOptions from checked values by name; a value left out or None is the default."""
-    return ModelOptions(**{name: value for name, value in values.items()
-                           if value is not None and BY_NAME[name].field})
+    """ModelOptions from checked values by name; a value left out or None is the default. A
+    row that sets others (--kv-type) gives their value where they are not given."""
+    fields = {name: value for name, value in values.items()
+              if value is not None and BY_NAME[name].field}
+    for name, value in values.items():
+        if value is not None:
+            for target in BY_NAME[name].sets:
+                fields.setdefault(target, value)
+    return ModelOptions(**fields)
 
 
 def given(value, takes_value: bool = True) -> bool:
@@ -171,8 +187,11 @@ def from_cli(kw: dict) -> dict:
 
 
 def options_json(opts: ModelOptions) -> dict:
-    """The options as JSON, by name (the API's keywords)."""
-    return {o.name: o.kind.json(getattr(opts, o.name)) for o in OPTIONS if o.field}
+    """The options as JSON, by name (the API's keywords); `kv_type` is K's and V's type when
+    they are one, else null."""
+    out = {o.name: o.kind.json(getattr(opts, o.name)) for o in OPTIONS if o.field}
+    out["kv_type"] = opts.type_k if opts.type_k == opts.type_v else None
+    return out
 
 
 def check_fields(opts: ModelOptions) -> None:

@@ -14,7 +14,8 @@ from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.ir.ops.common import (
     F32, fmt, need_dtype, need_ndim, need_rows, quiet, store, want_number, who)
 from ggmlrun.core.ir.ops.nn import alibi_slopes, need_mask_fits, need_sinks
-from ggmlrun.core.ir.ops.quant import round_like_vec_dot, to_f32, type_of
+from ggmlrun.core.ir.ops.quant import (MIN_TYPES, block_mins, q8_1_sum_error,
+                                       round_like_vec_dot, to_f32, type_of)
 from ggmlrun.core.ir.ops.registry import REQUIRED, OpResult, OpSpec, register
 
 
@@ -133,6 +134,32 @@ def _online_f16(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
     return acc * inv
 
 
+def _online_f32(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
+    """ggml-cpu's per-row flash attention over any other v (f32 after ggml_cast, bf16,
+    quantized: decoded by its to_float): the same online softmax with an f32 accumulator,
+    each key's v added by a fused multiply-add (ggml_vec_mad_f32), f32 rounding once."""
+    rows = scores.shape[:-1] + (1,)
+    best = np.full(rows, -np.inf, F32)
+    total = np.zeros(rows, F32)
+    acc = np.zeros(scores.shape[:-1] + (v32.shape[-1],), F32)
+    live = ~np.all(np.isneginf(scores), axis=tuple(range(scores.ndim - 1)))
+    for ic in np.flatnonzero(live):
+        s = scores[..., ic:ic + 1]
+        masked = np.isneginf(s)
+        new_max = (s > best) & ~masked
+        ms = np.where(new_max, _expf(best - s), F32(1)).astype(F32)
+        vs = np.where(new_max, F32(1), _expf(s - best)).astype(F32)
+        vs[masked] = 0
+        best = np.where(new_max, s, best)
+        if new_max.any():
+            acc = acc * ms
+        acc = (acc.astype(np.float64) + v32[ic].astype(np.float64) * vs).astype(F32)
+        total = total * ms + vs
+    acc, total = _with_sinks(acc, best, total, sinks)
+    inv = np.where(total > 0, F32(1) / np.where(total > 0, total, F32(1)), F32(0))
+    return acc * inv
+
+
 def _softmax_f32(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
     top = np.max(scores, axis=-1, keepdims=True)
     if sinks is not None:
@@ -157,7 +184,10 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
     group = h_n // hkv
     tiled = _fa_tiled(q, k, v)
     q32 = to_f32(q) if tiled else round_like_vec_dot(to_f32(q), type_of(k))
-    accumulate = _softmax_f32 if tiled or type_of(v) != "f16" else _online_f16
+    # a q4_1/q5_1 cache's dot with q8_1 adds each block's min times q8_1's stored (rounded)
+    # sum: the decoded values miss that rounding, added back per block (as mul_mat does)
+    sum_error = q8_1_sum_error(to_f32(q)) if type_of(k) in MIN_TYPES else None
+    accumulate = _softmax_f32 if tiled else _online_f16 if type_of(v) == "f16" else _online_f32
     slopes = alibi_slopes(h_n, max_bias)
     mask32 = None
     if mask is not None:            # 2-D, 3-D or 4-D: [(M3), (M2), Tpad, KV], as ggml pads it
@@ -169,7 +199,11 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
             k32 = to_f32(k[si, g])                                      # [KV, D]
             v32 = to_f32(v[si, g])                                      # [KV, Dv]
             heads = slice(g * group, (g + 1) * group)
-            scores = _dot(q32[si, heads], k32, tiled) * kq_scale        # [G, T, KV]
+            scores = _dot(q32[si, heads], k32, tiled)                   # [G, T, KV]
+            if sum_error is not None:
+                mins = block_mins(np.asarray(k[si, g]).view(np.ndarray), type_of(k))
+                scores = scores + np.matmul(sum_error[si, heads], mins.T)
+            scores = scores * kq_scale
             if logit_softcap:
                 scores = F32(logit_softcap) * np.tanh(scores)
             if mask32 is not None:

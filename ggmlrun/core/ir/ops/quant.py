@@ -8,8 +8,8 @@ a model's weights are never all held in f32 at once.
 
 Decoding goes through types.decode_blocks: NumPy decoders of its own for the hot types
 (core/ir/blockdecode.py, bit-identical to gguf.quants and several times faster) and
-`gguf.quants` (the reference code llama.cpp publishes) for the rest; encoding uses gguf where it
-has an encoder. `round_like_vec_dot` reproduces what ggml does to mul_mat's `b` before the dot
+`gguf.quants` (the reference code llama.cpp publishes) for the rest; encoding is ggml-cpu's
+(core/ir/blockencode.py for q8_0 and iq4_nl, gguf's encoders for the others). `round_like_vec_dot` reproduces what ggml does to mul_mat's `b` before the dot
 products: it converts b to the weight's "vec_dot type" (f16, bf16, q8_0 or q8_K) and back.
 """
 
@@ -107,8 +107,8 @@ def from_f32(values: np.ndarray, name: str) -> np.ndarray:
     try:
         return encode_blocks(np.ascontiguousarray(values), name)
     except NotImplementedError:
-        raise InputError(f"cannot write values as {name}: gguf.quants has no encoder "
-                         f"for it") from None
+        raise InputError(f"cannot write values as {name}: no encoder for it (gguf.quants "
+                         f"has none)") from None
 
 
 def can_encode(name: str) -> bool:
@@ -128,7 +128,7 @@ def can_encode(name: str) -> bool:
 # ggml-cpu's type_traits_cpu[type].vec_dot_type for the weight types
 _VEC_DOT = {"f16": "f16", "bf16": "bf16", "q4_0": "q8_0", "q4_1": "q8_1", "q5_0": "q8_0",
             "q5_1": "q8_1", "q8_0": "q8_0", "q2_K": "q8_K", "q3_K": "q8_K", "q4_K": "q8_K",
-            "q5_K": "q8_K", "q6_K": "q8_K", "mxfp4": "q8_0"}
+            "q5_K": "q8_K", "q6_K": "q8_K", "mxfp4": "q8_0", "iq4_nl": "q8_0"}
 
 
 def vec_dot_type(weight_type: str) -> str:
