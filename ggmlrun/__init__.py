@@ -4,7 +4,7 @@ import os as _os
 import signal as _signal
 import sys as _sys
 
-__version__ = "0.1.0"
+from ggmlrun.version import __version__  # noqa: E402,F401
 
 # the Python API (docs/models.md, "ggmlrun as a library"): both import their machinery when
 # called, so `import ggmlrun` loads two small modules more

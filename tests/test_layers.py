@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "ggmlrun"
 
 # Stages in pipeline order; a module may import its own stage and any earlier one.
-STAGES = ["core.util", "core.ir", "core.backends", "core.frontend", "core.sched", "core.memory",
+STAGES = ["version", "core.util", "core.ir", "core.backends", "core.frontend", "core.sched", "core.memory",
           "core.run", "core.observe", "core.engine",
           "models.gguf", "models.hparams", "models.options", "models.memory", "models.graph",
           "models.arch", "models.modelfile", "models.cards", "models.load", "models.reserve",

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from ggmlrun import __version__, report
+from ggmlrun import report
+from ggmlrun.version import __version__
 from ggmlrun.models.options.table import BY_NAME
 
 
