@@ -8,6 +8,8 @@ Shapes are NumPy order (ggml's ne reversed).
 
 from __future__ import annotations
 
+import functools
+
 from ggmlrun.core.util.lazynumpy import np
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.core.ir.types import TYPES
@@ -108,14 +110,16 @@ def _with_sinks(acc: np.ndarray, best: np.ndarray, total: np.ndarray, sinks):
     return acc * ms, total * ms + vs
 
 
-def _online_f16(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
-    """ggml-cpu's per-row flash attention over an f16 v: an online softmax whose V
-    accumulator is f16, rounded at every key (ggml_vec_scale_f16, ggml_vec_mad_f16).
-    Vectorised over heads and tokens, one key at a time; keys masked for every row skip."""
+def _online(scores: np.ndarray, v32: np.ndarray, sinks=None, *, f16_acc: bool) -> np.ndarray:
+    """ggml-cpu's per-row flash attention: an online softmax, vectorised over heads and tokens,
+    one key at a time (keys masked for every row skip). Over an f16 v (`f16_acc`) the V
+    accumulator is f16, rounded at every key (ggml_vec_scale_f16, ggml_vec_mad_f16); over any
+    other v (f32 after ggml_cast, bf16, quantized: decoded by its to_float) it is f32, each
+    key's v added by a fused multiply-add (ggml_vec_mad_f32), f32 rounding once."""
     rows = scores.shape[:-1] + (1,)
     best = np.full(rows, -np.inf, F32)
     total = np.zeros(rows, F32)
-    acc = np.zeros(scores.shape[:-1] + (v32.shape[-1],), np.float16)
+    acc = np.zeros(scores.shape[:-1] + (v32.shape[-1],), np.float16 if f16_acc else F32)
     live = ~np.all(np.isneginf(scores), axis=tuple(range(scores.ndim - 1)))
     for ic in np.flatnonzero(live):
         s = scores[..., ic:ic + 1]
@@ -126,36 +130,13 @@ def _online_f16(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
         vs[masked] = 0
         best = np.where(new_max, s, best)
         if new_max.any():
-            acc = (acc.astype(F32) * ms).astype(np.float16)
-        acc = (acc.astype(F32) + v32[ic] * vs).astype(np.float16)
+            acc = (acc.astype(F32) * ms).astype(acc.dtype)
+        if f16_acc:
+            acc = (acc.astype(F32) + v32[ic] * vs).astype(np.float16)
+        else:
+            acc = (acc.astype(np.float64) + v32[ic].astype(np.float64) * vs).astype(F32)
         total = total * ms + vs
     acc, total = _with_sinks(acc.astype(F32), best, total, sinks)
-    inv = np.where(total > 0, F32(1) / np.where(total > 0, total, F32(1)), F32(0))
-    return acc * inv
-
-
-def _online_f32(scores: np.ndarray, v32: np.ndarray, sinks=None) -> np.ndarray:
-    """ggml-cpu's per-row flash attention over any other v (f32 after ggml_cast, bf16,
-    quantized: decoded by its to_float): the same online softmax with an f32 accumulator,
-    each key's v added by a fused multiply-add (ggml_vec_mad_f32), f32 rounding once."""
-    rows = scores.shape[:-1] + (1,)
-    best = np.full(rows, -np.inf, F32)
-    total = np.zeros(rows, F32)
-    acc = np.zeros(scores.shape[:-1] + (v32.shape[-1],), F32)
-    live = ~np.all(np.isneginf(scores), axis=tuple(range(scores.ndim - 1)))
-    for ic in np.flatnonzero(live):
-        s = scores[..., ic:ic + 1]
-        masked = np.isneginf(s)
-        new_max = (s > best) & ~masked
-        ms = np.where(new_max, _expf(best - s), F32(1)).astype(F32)
-        vs = np.where(new_max, F32(1), _expf(s - best)).astype(F32)
-        vs[masked] = 0
-        best = np.where(new_max, s, best)
-        if new_max.any():
-            acc = acc * ms
-        acc = (acc.astype(np.float64) + v32[ic].astype(np.float64) * vs).astype(F32)
-        total = total * ms + vs
-    acc, total = _with_sinks(acc, best, total, sinks)
     inv = np.where(total > 0, F32(1) / np.where(total > 0, total, F32(1)), F32(0))
     return acc * inv
 
@@ -187,7 +168,8 @@ def _fa_kernel(out, q, k, v, mask=None, sinks=None, *, scale, max_bias, logit_so
     # a q4_1/q5_1 cache's dot with q8_1 adds each block's min times q8_1's stored (rounded)
     # sum: the decoded values miss that rounding, added back per block (as mul_mat does)
     sum_error = q8_1_sum_error(to_f32(q)) if type_of(k) in MIN_TYPES else None
-    accumulate = _softmax_f32 if tiled else _online_f16 if type_of(v) == "f16" else _online_f32
+    accumulate = (_softmax_f32 if tiled
+                  else functools.partial(_online, f16_acc=type_of(v) == "f16"))
     slopes = alibi_slopes(h_n, max_bias)
     mask32 = None
     if mask is not None:            # 2-D, 3-D or 4-D: [(M3), (M2), Tpad, KV], as ggml pads it
