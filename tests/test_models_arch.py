@@ -38,7 +38,7 @@ def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
                                   "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
-                                  "qwen35moe", "deepseek2"}
+                                  "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -65,6 +65,9 @@ def test_unknown_architecture_exits_2_listing_the_supported_ones(tmp_path):
 # keys an architecture requires beyond the common ones (its load_arch_hparams reads them
 # without a default)
 REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
+                 "qwen3vl": {"rope.dimension_sections": [3, 3, 2, 0]},
+                 "qwen3vlmoe": {"expert_count": 8, "expert_used_count": 2,
+                                "rope.dimension_sections": [3, 3, 2, 0]},
                  "qwen35moe": {"expert_count": 8, "expert_used_count": 2},
                  "glm4moe": {"expert_count": 8, "expert_used_count": 2,
                              "expert_feed_forward_length": 32, "expert_shared_count": 1},

@@ -66,6 +66,7 @@ class TinyModel:
     # the routers' selection bias (exp_probs_b)
     mla: tuple = ()
     probs_b: bool = False
+    sections: tuple = ()       # rope.dimension_sections of an IMROPE model without SSM (qwen3vl)
 
     @property
     def n_embd_head(self) -> int:
@@ -238,6 +239,25 @@ MODELS = [
               seed=19, arch="deepseek2", n_expert=8, n_expert_used=2, n_ff_exp=32,
               n_expert_shared=2, dense_lead=1, n_rot=16, mla=(0, 32, 32, 32),
               metadata=(("expert_gating_func", 1),)),
+    # qwen3vl (Qwen3-VL's text model): qwen3's layers with IMROPE over the whole head of 32
+    # (sections 6,5,5,0 as Qwen3-VL's 24,20,20,0 of 128) and deepstack inputs: the f16 file
+    # has 3 deepstack layers of its 4 (inp_embd 4 n_embd wide, as Qwen3-VL-8B's 3 of 36), the
+    # q8_0 one 1, other sections and a tied output (as the 2B / 4B)
+    TinyModel("tiny-qwen3vl-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=20,
+              arch="qwen3vl", head_dim=32, qk_norm=True, sections=(6, 5, 5, 0),
+              metadata=(("n_deepstack_layers", 3),)),
+    TinyModel("tiny-qwen3vl-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=21,
+              arch="qwen3vl", head_dim=32, qk_norm=True, sections=(4, 6, 6, 0), tied=True,
+              metadata=(("n_deepstack_layers", 1),)),
+    # qwen3vlmoe (Qwen3-VL-30B-A3B in miniature): qwen3moe's 8 experts of 32 (2 used) with
+    # qwen3vl's IMROPE and 3 (f16) / 2 (q8_0) deepstack layers
+    TinyModel("tiny-qwen3vlmoe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=64, seed=22,
+              arch="qwen3vlmoe", head_dim=32, qk_norm=True, n_expert=8, n_expert_used=2,
+              n_ff_exp=32, sections=(6, 5, 5, 0), metadata=(("n_deepstack_layers", 3),)),
+    TinyModel("tiny-qwen3vlmoe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=64,
+              seed=23, arch="qwen3vlmoe", head_dim=32, qk_norm=True, n_expert=8,
+              n_expert_used=2, n_ff_exp=32, sections=(6, 5, 5, 0),
+              metadata=(("n_deepstack_layers", 2),)),
 ]
 
 # gpt-oss (gpt-oss-20b in miniature): Q/K/V/O biases, attention sinks, every other layer
@@ -625,6 +645,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_ssm_inner_size(d_inner)
         if m.interval:
             writer.add_full_attention_interval(m.interval)
+    elif m.sections:
+        writer.add_rope_dimension_sections(list(m.sections))
     if "rope.freq_base" not in dict(m.metadata):
         writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)

@@ -37,6 +37,8 @@ _MODULES = {
     "gpt-oss": "ggmlrun.models.arch.gpt_oss",
     "qwen35moe": "ggmlrun.models.arch.qwen35moe",
     "deepseek2": "ggmlrun.models.arch.deepseek2",
+    "qwen3vl": "ggmlrun.models.arch.qwen3vl",
+    "qwen3vlmoe": "ggmlrun.models.arch.qwen3vlmoe",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -147,6 +147,8 @@ RULES: dict[str, Rule] = {
     "full_attention_interval": Rule("u32", 1, LLAMA_MAX_LAYERS),
     "rope.dimension_sections": Rule("u32arr", 0, MAX_DIM, why="up to 4 section sizes"),
     "attention.recurrent_layers": Rule("boolarr", why="one per layer: recurrent or not"),
+    # qwen3vl(moe): the vision encoder's deepstack features, added after the first layers
+    "n_deepstack_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="0: none"),
     "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="MTP / NextN blocks"),
     # deepseek2's multi-head latent attention: the low-rank Q (0: none, the lite variant) and
     # KV compressions, and the per-head sizes Q/K and V decompress to

@@ -46,7 +46,10 @@ class HParams:
     yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0
     yarn_mscale_all_dims: bool = False   # deepseek2's YaRN mscale (hparams/rope.py)
-    rope_sections: tuple = ()       # M-RoPE / IMROPE sections (the qwen35 family)
+    rope_sections: tuple = ()       # M-RoPE / IMROPE sections (the qwen35 family, qwen3vl)
+    # qwen3vl(moe): layers 0..n-1 each add one more n_embd slice of the input embeddings (the
+    # vision encoder's deepstack features), so an embeddings input is n_embd_inp wide
+    n_deepstack_layers: int = 0
     # NextN (multi-token prediction) layers at the end of block_count (glm4moe): counted by
     # -ngl and in the layer split, never loaded nor run; n_layer is the trunk (llama.cpp's
     # n_layer(), n_layer_all being block_count)
@@ -187,6 +190,12 @@ class HParams:
     def n_embd_s(self) -> int:
         """The delta state per sequence: d_state * d_inner."""
         return self.ssm_d_state * self.ssm_d_inner
+
+    @property
+    def n_embd_inp(self) -> int:
+        """llama_hparams::n_embd_inp: the input embeddings' width (the token rows and, for a
+        deepstack model, one more n_embd per deepstack layer)."""
+        return self.n_embd * (1 + self.n_deepstack_layers)
 
     @property
     def n_layer_all(self) -> int:
