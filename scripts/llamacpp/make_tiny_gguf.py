@@ -240,14 +240,15 @@ MODELS = [
               n_expert_shared=2, dense_lead=1, n_rot=16, mla=(0, 32, 32, 32),
               metadata=(("expert_gating_func", 1),)),
     # qwen3vl (Qwen3-VL's text model): qwen3's layers with IMROPE over the whole head of 32
-    # (sections 6,5,5,0 as Qwen3-VL's 24,20,20,0 of 128) and deepstack inputs: the f16 file
-    # has 3 deepstack layers of its 4 (inp_embd 4 n_embd wide, as Qwen3-VL-8B's 3 of 36), the
-    # q8_0 one 1, other sections and a tied output (as the 2B / 4B)
+    # (sections 6,5,5,0 as Qwen3-VL's 24,20,20,0 of 128: the only split of 16 pairs whose
+    # interleaving gives every pair t, h or w, none the fourth stream) and deepstack inputs:
+    # the f16 file has 3 deepstack layers of its 4 (inp_embd 4 n_embd wide, as Qwen3-VL-8B's
+    # 3 of 36), the q8_0 one 1 and a tied output (as the 2B / 4B)
     TinyModel("tiny-qwen3vl-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=20,
               arch="qwen3vl", head_dim=32, qk_norm=True, sections=(6, 5, 5, 0),
               metadata=(("n_deepstack_layers", 3),)),
     TinyModel("tiny-qwen3vl-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=21,
-              arch="qwen3vl", head_dim=32, qk_norm=True, sections=(4, 6, 6, 0), tied=True,
+              arch="qwen3vl", head_dim=32, qk_norm=True, sections=(6, 5, 5, 0), tied=True,
               metadata=(("n_deepstack_layers", 1),)),
     # qwen3vlmoe (Qwen3-VL-30B-A3B in miniature): qwen3moe's 8 experts of 32 (2 used) with
     # qwen3vl's IMROPE and 3 (f16) / 2 (q8_0) deepstack layers
