@@ -67,6 +67,8 @@ class TinyModel:
     mla: tuple = ()
     probs_b: bool = False
     sections: tuple = ()       # rope.dimension_sections of an IMROPE model without SSM (qwen3vl)
+    l_cache: int = 0           # lfm2: shortconv.l_cache; attention.head_count_kv per layer
+    kv_layers: tuple = ()      # (0: a short-conv layer)
 
     @property
     def n_embd_head(self) -> int:
@@ -259,6 +261,15 @@ MODELS = [
               seed=23, arch="qwen3vlmoe", head_dim=32, qk_norm=True, n_expert=8,
               n_expert_used=2, n_ff_exp=32, sections=(6, 5, 5, 0),
               metadata=(("n_deepstack_layers", 2),)),
+    # lfm2 (LFM2-1.2B in miniature: short-conv layers with attention every few): 0 KV heads
+    # make a short-conv layer (kernel 3: 2 columns of state per channel), heads of 16; the
+    # f16 file has layers conv, conv, attention, conv (the last layer a conv: its output rows
+    # after the conv), the q8_0 one conv, attention, conv, attention with 1 KV head and a
+    # tied output (the real files tie it)
+    TinyModel("tiny-lfm2-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=24,
+              arch="lfm2", qk_norm=True, l_cache=3, kv_layers=(0, 0, 2, 0)),
+    TinyModel("tiny-lfm2-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=192, seed=25,
+              arch="lfm2", qk_norm=True, l_cache=3, kv_layers=(0, 1, 0, 1), tied=True),
 ]
 
 # gpt-oss (gpt-oss-20b in miniature): Q/K/V/O biases, attention sinks, every other layer
@@ -457,8 +468,33 @@ def deepseek2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def lfm2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """lfm2's tensors (llama_model_lfm2::load_arch_tensors order); the conv kernel is 2-D
+    (the converter squeezes it) and stays f32 (add_weight)."""
+    n, hd = m.n_embd, m.n_embd_head
+    shapes = {"token_embd.weight": (N_VOCAB, n), "token_embd_norm.weight": (n,)}
+    for i, kv in enumerate(m.kv_layers):
+        b = f"blk.{i}."
+        shapes.update({b + "ffn_norm.weight": (n,), b + "ffn_gate.weight": (m.n_ff, n),
+                       b + "ffn_down.weight": (n, m.n_ff), b + "ffn_up.weight": (m.n_ff, n),
+                       b + "attn_norm.weight": (n,)})
+        if kv == 0:
+            shapes.update({b + "shortconv.conv.weight": (n, m.l_cache),
+                           b + "shortconv.in_proj.weight": (3 * n, n),
+                           b + "shortconv.out_proj.weight": (n, n)})
+        else:
+            shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,),
+                           b + "attn_q.weight": (n, n), b + "attn_k.weight": (kv * hd, n),
+                           b + "attn_v.weight": (kv * hd, n), b + "attn_output.weight": (n, n)})
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    return shapes
+
+
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    if m.arch == "lfm2":
+        return lfm2_shapes(m)
     if m.arch == "deepseek2":
         return deepseek2_shapes(m)
     if m.arch in ("qwen35", "qwen35moe"):
@@ -597,7 +633,7 @@ def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str
     """Stores 1-D tensors and an expert router (ffn_gate_inp) as f32 always, as llama.cpp's
     converters do (and its quantizer never quantizes the router)."""
     if (data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name
-            or ".ssm_conv1d." in name                   # ggml's f32-only conv
+            or ".ssm_conv1d." in name or ".shortconv.conv." in name   # ggml's f32-only conv
             or name.endswith(".bias")):                 # gpt-oss's 2-D expert biases
         writer.add_tensor(name, data)
     elif weight_type == "f16":
@@ -622,7 +658,10 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     if "feed_forward_length" not in arrays and m.n_ff:    # qwen35moe's real files lack it
         writer.add_feed_forward_length(m.n_ff)
     writer.add_head_count(m.n_head)
-    if "attention.head_count_kv" not in arrays:
+    if m.kv_layers:                 # lfm2: one per layer, 0 for a short-conv layer
+        writer.add_head_count_kv(list(m.kv_layers))
+        writer.add_shortconv_l_cache(m.l_cache)
+    elif "attention.head_count_kv" not in arrays:
         writer.add_head_count_kv(m.n_head_kv)
     if m.head_dim:
         writer.add_key_length(m.head_dim)

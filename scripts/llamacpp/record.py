@@ -50,7 +50,8 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0",
           "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0",
           "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16",
-          "tiny-qwen3vl-f16", "tiny-qwen3vl-q8_0", "tiny-qwen3vlmoe-f16", "tiny-qwen3vlmoe-q8_0"]
+          "tiny-qwen3vl-f16", "tiny-qwen3vl-q8_0", "tiny-qwen3vlmoe-f16", "tiny-qwen3vlmoe-q8_0",
+          "tiny-lfm2-f16", "tiny-lfm2-q8_0"]
 GPT_OSS_MODELS = ["tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4"]
 MODELS += GPT_OSS_MODELS
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
@@ -92,7 +93,9 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  # deepseek2: MLA's K-only cache, v_cont / kqv_mla and fattn_mla
                  "tiny-deepseek2-f16/c256/ub32/fa0/nglall", "tiny-deepseek2-q8_0/c256/ub32/fa1/ngl2",
                  # qwen3vl(moe): the padded token rows, deepstack views, IMROPE
-                 "tiny-qwen3vl-f16/c256/ub32/fa0/ngl2", "tiny-qwen3vlmoe-f16/c256/ub32/fa1/nglall"}
+                 "tiny-qwen3vl-f16/c256/ub32/fa0/ngl2", "tiny-qwen3vlmoe-f16/c256/ub32/fa1/nglall",
+                 # lfm2: the short-conv state (concat, ssm_conv, the state's copy) beside KV
+                 "tiny-lfm2-f16/c256/ub32/fa0/ngl2", "tiny-lfm2-q8_0/c256/ub32/fa1/nglall"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -306,6 +309,21 @@ EXTRAS += [
                                           "ubatch": 512}),
                          ("cpu-moe", {"cpu_moe": True}),
                          ("n-cpu-moe2", {"n_cpu_moe": 2}))
+]
+# lfm2: the short-conv state under -np (a row per sequence, a KV stream per sequence unless
+# -kvu) and -nkvo, carried across two ubatches (t40), -ngl splitting conv and attention layers,
+# -ot moving the conv weights (not their state)
+EXTRAS += [
+    (model, suffix, opts)
+    for model in ("tiny-lfm2-f16", "tiny-lfm2-q8_0")
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("np2-kvu", {"ngl": "all", "parallel": 2, "kv_unified": True}),
+                         ("np3", {"ngl": "all", "parallel": 3, "flash_attn": True, "ubatch": 512}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": "all", "tokens": TOKENS_2UB, "flash_attn": True}),
+                         ("nkvo", {"ngl": "all", "no_kv_offload": True}),
+                         ("", {"ngl": 3}),
+                         ("ot-conv-cpu", {"ngl": "all", "overrides": [["shortconv", "CPU"]]}))
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 

@@ -39,6 +39,7 @@ _MODULES = {
     "deepseek2": "ggmlrun.models.arch.deepseek2",
     "qwen3vl": "ggmlrun.models.arch.qwen3vl",
     "qwen3vlmoe": "ggmlrun.models.arch.qwen3vlmoe",
+    "lfm2": "ggmlrun.models.arch.lfm2",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -193,8 +193,8 @@ def check(values: dict, *, prefix: str = "", types: dict | None = None,
                 raise HParamError(key, f"{name} has {len(items)} per-layer values but "
                                        f"block_count is {out.get('block_count')}")
             elem = (types.get(full) or "")[6:-1] or None
-            one = Rule(rule.kind, rule.lo, rule.hi, rule.lo_open, False, False, rule.choices,
-                       rule.why, rule.or_zero)
+            one = Rule(rule.kind, 0 if rule.zero_layers else rule.lo, rule.hi, rule.lo_open,
+                       False, False, rule.choices, rule.why, rule.or_zero)
             out[key] = tuple(_one(key, one, int(v) if isinstance(v, bool) else v,
                                   None if elem in (None, "INT32", "BOOL") else elem,
                                   f"{name}[{i}]", None) for i, v in enumerate(items))
@@ -224,7 +224,7 @@ def check_heads(arch: str, *, n_embd: int, n_head: int, n_head_kv: int, head_k: 
         raise HParamError("attention.head_count",
                           f"{name('attention.head_count')} {n_head} is more than "
                           f"{name('embedding_length')} {n_embd}: the head size would be 0")
-    if n_head % n_head_kv:
+    if n_head_kv < 1 or n_head % n_head_kv:
         raise HParamError("attention.head_count_kv",
                           f"{name('attention.head_count')} {n_head} is not a multiple of "
                           f"{name('attention.head_count_kv')} {n_head_kv}")
