@@ -90,3 +90,39 @@ def test_zero_kv_heads_stay_refused_where_every_layer_has_attention():
     base = {k.replace("lfm2.", "qwen3."): v for k, v in fields().items() if "shortconv" not in k}
     with pytest.raises(InputError):
         from_metadata(base, "qwen3")
+
+
+# --- lfm2moe: lfm2's loop with experts after the leading dense layers ------------------------
+
+def moe_fields(**extra) -> dict:
+    base = {k.replace("lfm2.", "lfm2moe."): v for k, v in fields().items()}
+    base.update({f"lfm2moe.{k}": v for k, v in dict(
+        expert_count=8, expert_used_count=2, expert_feed_forward_length=32,
+        expert_gating_func=2, leading_dense_block_count=1).items()})
+    base.update({f"lfm2moe.{k}": v for k, v in extra.items()})
+    return {k: v for k, v in base.items() if v is not None}
+
+
+@pytest.mark.parametrize("lead", [0, 1, 4])
+def test_lfm2moe_layers_past_the_leading_dense_ones_route_to_experts(lead):
+    hp = from_metadata(moe_fields(leading_dense_block_count=lead), "lfm2moe")
+    from ggmlrun.models.arch import get_arch
+
+    table = get_arch("lfm2moe").tensors(hp)
+    routed = [il for il in range(4) if f"blk.{il}.ffn_gate_inp.weight" in table]
+    dense = [il for il in range(4) if f"blk.{il}.ffn_gate.weight" in table]
+    assert (routed, dense) == (list(range(lead, 4)), list(range(lead)))
+    assert all(table[f"blk.{il}.exp_probs_b.bias"].required is True for il in routed)
+    assert hp.gating == "sigmoid" and hp.n_ff_exp == 32
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"expert_gating_func": None}, "expert_gating_func"),
+    ({"expert_gating_func": 0}, "not built"),
+    ({"expert_gating_func": 3}, "not built"),
+    ({"expert_feed_forward_length": None}, "expert_feed_forward_length"),
+    ({"expert_used_count": 9}, "more than"),
+])
+def test_lfm2moe_files_without_what_its_loader_requires_are_input_errors(extra, message):
+    with pytest.raises(InputError, match=message):
+        from_metadata(moe_fields(**extra), "lfm2moe")

@@ -270,6 +270,17 @@ MODELS = [
               arch="lfm2", qk_norm=True, l_cache=3, kv_layers=(0, 0, 2, 0)),
     TinyModel("tiny-lfm2-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=192, seed=25,
               arch="lfm2", qk_norm=True, l_cache=3, kv_layers=(0, 1, 0, 1), tied=True),
+    # lfm2moe (LFM2-8B-A1B in miniature): lfm2's layers, layer 0 dense (leading_dense_block_count
+    # 1), then 8 experts of 32 (2 used) with sigmoid gates and a selection bias; the q8_0 file
+    # softmax gates, 2 dense layers, tied output
+    TinyModel("tiny-lfm2moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=26,
+              arch="lfm2moe", qk_norm=True, l_cache=3, kv_layers=(0, 2, 0, 2), n_expert=8,
+              n_expert_used=2, n_ff_exp=32, dense_lead=1, probs_b=True,
+              metadata=(("expert_gating_func", 2),)),
+    TinyModel("tiny-lfm2moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=27,
+              arch="lfm2moe", qk_norm=True, l_cache=3, kv_layers=(0, 0, 2, 0), n_expert=8,
+              n_expert_used=2, n_ff_exp=32, dense_lead=2, probs_b=True, tied=True,
+              metadata=(("expert_gating_func", 1),)),
 ]
 
 # gpt-oss (gpt-oss-20b in miniature): Q/K/V/O biases, attention sinks, every other layer
@@ -475,9 +486,18 @@ def lfm2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     shapes = {"token_embd.weight": (N_VOCAB, n), "token_embd_norm.weight": (n,)}
     for i, kv in enumerate(m.kv_layers):
         b = f"blk.{i}."
-        shapes.update({b + "ffn_norm.weight": (n,), b + "ffn_gate.weight": (m.n_ff, n),
-                       b + "ffn_down.weight": (n, m.n_ff), b + "ffn_up.weight": (m.n_ff, n),
-                       b + "attn_norm.weight": (n,)})
+        shapes[b + "ffn_norm.weight"] = (n,)
+        if m.n_expert and i >= m.dense_lead:      # lfm2moe
+            e = m.n_expert
+            shapes.update({b + "ffn_gate_inp.weight": (e, n),
+                           b + "ffn_gate_exps.weight": (e, m.n_ff_exp, n),
+                           b + "ffn_down_exps.weight": (e, n, m.n_ff_exp),
+                           b + "ffn_up_exps.weight": (e, m.n_ff_exp, n),
+                           b + "exp_probs_b.bias": (e,)})
+        else:
+            shapes.update({b + "ffn_gate.weight": (m.n_ff, n), b + "ffn_down.weight": (n, m.n_ff),
+                           b + "ffn_up.weight": (m.n_ff, n)})
+        shapes[b + "attn_norm.weight"] = (n,)
         if kv == 0:
             shapes.update({b + "shortconv.conv.weight": (n, m.l_cache),
                            b + "shortconv.in_proj.weight": (3 * n, n),
@@ -493,7 +513,7 @@ def lfm2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
 
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
-    if m.arch == "lfm2":
+    if m.arch in ("lfm2", "lfm2moe"):
         return lfm2_shapes(m)
     if m.arch == "deepseek2":
         return deepseek2_shapes(m)
@@ -703,6 +723,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_leading_dense_block_count(m.dense_lead)
     if m.arch == "glm4moe":
         writer.add_expert_shared_count(m.n_expert_shared)
+        writer.add_leading_dense_block_count(m.dense_lead)
+    if m.arch == "lfm2moe":
         writer.add_leading_dense_block_count(m.dense_lead)
     if m.nextn:
         writer.add_nextn_predict_layers(m.nextn)

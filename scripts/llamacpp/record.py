@@ -51,7 +51,7 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0",
           "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16",
           "tiny-qwen3vl-f16", "tiny-qwen3vl-q8_0", "tiny-qwen3vlmoe-f16", "tiny-qwen3vlmoe-q8_0",
-          "tiny-lfm2-f16", "tiny-lfm2-q8_0"]
+          "tiny-lfm2-f16", "tiny-lfm2-q8_0", "tiny-lfm2moe-f16", "tiny-lfm2moe-q8_0"]
 GPT_OSS_MODELS = ["tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4"]
 MODELS += GPT_OSS_MODELS
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
@@ -324,6 +324,18 @@ EXTRAS += [
                          ("nkvo", {"ngl": "all", "no_kv_offload": True}),
                          ("", {"ngl": 3}),
                          ("ot-conv-cpu", {"ngl": "all", "overrides": [["shortconv", "CPU"]]}))
+]
+# lfm2moe: its experts on the CPU (-ot exps=CPU, --cpu-moe, --n-cpu-moe), -np 2, two ubatches
+EXTRAS += [
+    (model, suffix, opts)
+    for model in ("tiny-lfm2moe-f16", "tiny-lfm2moe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]],
+                                          "flash_attn": True, "ubatch": 512}),
+                         ("cpu-moe", {"ngl": "all", "cpu_moe": True}),
+                         ("n-cpu-moe3", {"ngl": "all", "n_cpu_moe": 3}),
+                         ("np2", {"ngl": 2, "parallel": 2}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}))
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 

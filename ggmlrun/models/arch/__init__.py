@@ -40,6 +40,7 @@ _MODULES = {
     "qwen3vl": "ggmlrun.models.arch.qwen3vl",
     "qwen3vlmoe": "ggmlrun.models.arch.qwen3vlmoe",
     "lfm2": "ggmlrun.models.arch.lfm2",
+    "lfm2moe": "ggmlrun.models.arch.lfm2moe",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}
