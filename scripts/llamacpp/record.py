@@ -91,7 +91,8 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-qwen35moe-f16/c256/ub32/fa0/ngl2",
                  "tiny-qwen35moe-q8_0/c256/ub32/fa0/nglall/ot-exps-cpu",
                  # deepseek2: MLA's K-only cache, v_cont / kqv_mla and fattn_mla
-                 "tiny-deepseek2-f16/c256/ub32/fa0/nglall", "tiny-deepseek2-q8_0/c256/ub32/fa1/ngl2",
+                 "tiny-deepseek2-f16/c256/ub32/fa0/nglall",
+                 "tiny-deepseek2-q8_0/c256/ub32/fa1/ngl2",
                  # qwen3vl(moe): the padded token rows, deepstack views, IMROPE
                  "tiny-qwen3vl-f16/c256/ub32/fa0/ngl2", "tiny-qwen3vlmoe-f16/c256/ub32/fa1/nglall",
                  # lfm2: the short-conv state (concat, ssm_conv, the state's copy) beside KV

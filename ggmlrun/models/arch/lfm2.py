@@ -123,4 +123,5 @@ def build(d):
 
 
 ARCH = Arch(name=NAME, rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
-            read_hparams=read_hparams, hybrid=True, per_layer=frozenset({"attention.head_count_kv"}))
+            read_hparams=read_hparams, hybrid=True,
+            per_layer=frozenset({"attention.head_count_kv"}))
