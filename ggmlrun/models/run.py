@@ -95,7 +95,7 @@ def attn_input_values(inp: dict, n_tok: int, n_kv: int, kv_cells: int, n_embd_v_
 
 
 def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
-                 n_embd: int, n_embd_v_gqa: int, p0: int = 0) -> dict[Tensor, np.ndarray]:
+                 n_embd_v_gqa: int, p0: int = 0) -> dict[Tensor, np.ndarray]:
     """One ubatch of `tokens` at positions p0.. (cells p0.., after p0 cells in use)."""
     n_tok = len(tokens)
     inp = mg.inputs
@@ -107,7 +107,7 @@ def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
     if inp["pos"].shape[0] == 4 * n_tok:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
         pos = np.concatenate([pos, pos, pos, np.zeros(n_tok, np.int32)])
     values.update({inp["tokens"]: np.asarray(tokens, dtype=np.int32),
-                   inp["embd"]: np.zeros((n_tok, n_embd), np.float32),
+                   inp["embd"]: np.zeros(inp["embd"].shape, np.float32),
                    inp["pos"]: pos,
                    inp["out_ids"]: np.array([n_tok - 1], dtype=np.int32)})
     if "s_copy" in inp:               # the recurrent state: sequence 0 reads its own row
@@ -187,7 +187,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
             values = weight_values(model, mg, [w.bytes for w in weights])
             values.update((leaf, caches[leaf.name]) for leaf in cache_leaves(mg)
                           if leaf.name in caches)
-            values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa, p0))
+            values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd_v_gqa, p0))
             values.update((leaf, fill(range(p0, p0 + n_tok))) for leaf, fill in mg.extra_inputs.items())
             with sigbus_guard(model.path):
                 result = execute(sched, plan, values, repeat=repeat if last else 1,

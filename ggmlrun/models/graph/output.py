@@ -49,17 +49,18 @@ def output_head(d, inpL: Tensor, softcap: float | None = None,
     graph."""
     b = d.b
     outputs = []
+    norm_w = d.weights[d.hp.output_norm]      # output_norm (lfm2: token_embd_norm)
     if rows_after_norm:    # gemma4: every row normed (h_nextn, an output), then out_ids'
-        h = b.cb(d.norm(inpL, d.weight(T.OUTPUT_NORM), -1), "h_nextn", -1)
+        h = b.cb(d.norm(inpL, norm_w, -1), "h_nextn", -1)
         outputs.append(h)
         cur = b.cb(b.op("get_rows", [h, d.inputs["out_ids"]], (d.n_outputs, h.shape[-1])),
                    "result_norm", -1)
     elif rows_before_norm:    # gpt-oss: every row out of the last layer (t_h_nextn, an
         outputs.append(inpL)  # output), then out_ids' rows, then the norm
         cur = b.op("get_rows", [inpL, d.inputs["out_ids"]], (d.n_outputs, inpL.shape[-1]))
-        cur = b.cb(d.norm(cur, d.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
+        cur = b.cb(d.norm(cur, norm_w, -1), "result_norm", -1)
     else:
-        cur = b.cb(d.norm(inpL, d.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
+        cur = b.cb(d.norm(inpL, norm_w, -1), "result_norm", -1)
     result_norm = cur
     cur = d.ctx.mul_mat(d.output_w, cur)
     bias = d.optional(T.OUTPUT, None, "bias")
