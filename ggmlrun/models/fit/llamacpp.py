@@ -255,7 +255,8 @@ def _layers(fit, answer, hp_ngl, hp_nex, nd, full):
     if hp_nex > 0 and surplus_cpu_moe > 0:
         per, to = _whole_layers(fit, per, to, mem, targets, hp_ngl, nd)
     answer.ngl, split, rules = fit.layers(per, to, hp_ngl)
-    answer.tensor_split = [int(s) for s in split] if split else None
+    # llama-fit-params prints -ts only when a device has a layer
+    answer.tensor_split = [int(s) for s in split] if split and any(split) else None
     answer.override_tensor = [f"{p}={b}" for p, b in rules]
 
 

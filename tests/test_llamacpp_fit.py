@@ -1,0 +1,91 @@
+"""ggmlrun's prediction of llama.cpp's own --fit (models/fit/llamacpp.py) against llama.cpp's
+common_fit_params, recorded by scripts/llamacpp/record_fit_params.py on the tiny models (dense,
+SWA, hybrid, MoE; one and two RPC devices whose reported memory a shim sets; the CPU alone)
+into tests/data/llamacpp/fit_params.json: the context, -ngl, -ts and -ot rules it picks, or
+its refusal."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ggmlrun.core.frontend.backends_file import load_backends
+from ggmlrun.models.fit.llamacpp import llamacpp_fit
+from ggmlrun.models.modelfile import read_gguf
+from ggmlrun.models.options.params import ModelOptions
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDED = json.loads((REPO / "tests/data/llamacpp/fit_params.json").read_text())
+CASES = RECORDED["cases"]
+BACKENDS = load_backends(REPO / "graphs" / "backends" / "llamacpp_rpc2.yaml")
+
+
+def predict(case: dict):
+    o = case["options"]
+    model = read_gguf(REPO / "examples" / "models" / f"{case['model']}.gguf")
+    devices = [replace(b, memory=size) for b, size in zip(BACKENDS[:2], case["devices"])]
+    cpu = BACKENDS[2]
+    if case["cpu_bytes"] is not None:
+        cpu = replace(cpu, memory=case["cpu_bytes"])
+    overrides = tuple(tuple(rule.rsplit("=", 1)) for rule in o.get("ot", []))
+    opts = ModelOptions(ctx=o.get("ctx"), flash_attn=o.get("flash_attn") == "on",
+                        parallel=o.get("parallel", 1), kv_unified=o.get("kv_unified", False),
+                        tensor_split=tuple(o["ts"]) if "ts" in o else None,
+                        overrides=overrides, n_cpu_moe=o.get("n_cpu_moe", 0))
+    return model, llamacpp_fit(model, devices + [cpu], opts, ctx_auto="ctx" not in o,
+                               user_ngl=o.get("ngl"), fit_ctx=o.get("fit_ctx", 4096),
+                               split_mode=o.get("split_mode", "layer"))
+
+
+def case_id(case: dict) -> str:
+    sizes = ",".join(f"{(d - 2**30) / 2**20:.1f}" for d in case["devices"]) or "cpu"
+    extra = ",".join(f"{k}={v}" for k, v in case["options"].items() if k != "flash_attn")
+    return f"{case['model']}[{sizes}]{extra}"
+
+
+# Known gaps (the steps agree; the bytes they are taken on do not): llama.cpp's no_alloc
+# measure of the SWA models (gemma3, gpt-oss) with flash attention on an RPC device is larger
+# than ggmlrun's (gemma3 at every layer: 8 MiB against 5.8), and with -np 2 and a KV stream per
+# sequence the shortened context is 512, not 1024.
+GAPS = {"tiny-gemma3-f16[4.7]", "tiny-gemma3-f16[7.0]", "tiny-gemma3-f16[4.7,4.7]",
+        "tiny-gpt-oss-f16[5.1]", "tiny-gpt-oss-f16[3.8,3.2]",
+        "tiny-qwen3moe-f16[6.8]fit_ctx=256,parallel=2"}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="known gap (GAPS)"))
+    if case_id(c) in GAPS else c for c in CASES], ids=case_id)
+def test_prediction_equals_llamacpp(case):
+    model, got = predict(case)
+    if case["refused"] is not None:
+        assert got.refused == case["refused"]
+        return
+    assert got.refused is None
+    all_layers = model.hparams.n_layer_all + 1
+    assert (got.ctx, got.ngl) == (case["ctx"], all_layers if case["ngl"] == -1 else case["ngl"])
+    assert got.tensor_split == case["tensor_split"]
+    assert got.override_tensor == case["override_tensor"]
+
+
+def test_the_recording_reaches_every_step():
+    """Layers lowered, the context shortened, experts moved (to the CPU and to the next
+    device), a split written, no change at all, and each refusal."""
+    answers = [c for c in CASES if c["refused"] is None]
+    assert any(c["ngl"] not in (-1,) for c in answers)
+    assert any(c["ngl"] == -1 for c in answers)
+    assert any(c["ctx"] < 2048 for c in answers if "ctx" not in c["options"])
+    assert any(c["tensor_split"] for c in answers)
+    assert any(r.endswith("=CPU") for c in answers for r in c["override_tensor"])
+    refusals = {c["refused"] for c in CASES if c["refused"]}
+    assert len(refusals) >= 5
+
+
+def test_row_split_over_two_devices_is_refused():
+    """-sm row: llama.cpp refuses to move weights (RPC devices have no split buffers, so this
+    one is not recorded)."""
+    case = {"model": "tiny-llama-f16", "devices": [2**30 + 2**20] * 2, "cpu_bytes": None,
+            "options": {"split_mode": "row", "flash_attn": "on"}}
+    _, got = predict(case)
+    assert got.refused == ("changing weight allocation for LLAMA_SPLIT_MODE_ROW not "
+                           "implemented, abort")
