@@ -49,14 +49,6 @@ class LlamaCppFit:
         return {"ctx": self.ctx, "ngl": self.ngl, "override_tensor": self.override_tensor,
                 "tensor_split": self.tensor_split, "refused": self.refused}
 
-    def command(self) -> str:
-        parts = [f"-c {self.ctx}", f"-ngl {self.ngl}"]
-        if self.tensor_split:
-            parts.append("-ts " + ",".join(map(str, self.tensor_split)))
-        if self.override_tensor:
-            parts.append('-ot "' + ",".join(self.override_tensor) + '"')
-        return " ".join(parts)
-
 
 @dataclass
 class _Ngl:                        # common_params_fit_impl's ngl_t
