@@ -125,14 +125,16 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
 def fit_targets(text: str | None, backends) -> list[int] | None:
     """--fit-target MiB0,MiB1,...: bytes per device, as common/arg.cpp reads it (one value
     for every device; a device past the list keeps the default 1024)."""
+    from ggmlrun.models.options.table import BY_NAME
+
     if text is None:
         return None
     n = max(1, sum(1 for b in backends if b.kind != "cpu"))
     try:
-        values = [int(v) * 2**20 for v in text.replace("/", ",").split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"--fit-target {text!r}: MiB as whole numbers, e.g. 1024 or 2048,512")
-    if not values or any(v < 0 for v in values) or len(values) > n:
+        values = [v * 2**20 for v in BY_NAME["fit_target"].kind.read(text)]
+    except ValueError as err:
+        raise InputError(f"--fit-target {err}") from None
+    if len(values) > n:
         raise InputError(f"--fit-target {text!r}: one value, or one per device ({n})")
     if len(values) == 1:
         return values * n
