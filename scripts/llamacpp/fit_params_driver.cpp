@@ -56,6 +56,7 @@ int main(int argc, char ** argv) {
     cparams.n_batch = 2048;
     cparams.n_ubatch = 512;
     cparams.n_seq_max = 1;
+    cparams.swa_full = false;             // common_params: swa_full false (llama's own default: true)
     float tensor_split[128] = {0};
     std::vector<size_t> margins(128, size_t(1) << 30);
     uint32_t fit_ctx = 4096;

@@ -43,6 +43,10 @@ CASES = (
     + [(m, [a, b], FA) for m in MOE for a, b in ((0.2, 0.2), (0.4, 0.3), (0.6, 0.5))]
     + [("tiny-llama-f16", [0.5], {}),                  # flash attention off
        ("tiny-qwen3moe-f16", [0.4], {}),
+       # MoE over two devices, flash attention off: a layer's FFN overflowing to the next device
+       ("tiny-glm4moe-f16", [0.6, 0.5], {}),
+       ("tiny-qwen3moe-f16", [0.6, 0.5], {}),
+       ("tiny-gpt-oss-f16", [0.6, 0.5], {}),
        ("tiny-llama-f16", [0.5], {"fit_ctx": 256}),
        ("tiny-llama-f16", [0.3, 0.3], {"fit_ctx": 256}),
        ("tiny-qwen3moe-f16", [0.5], {"fit_ctx": 256, "parallel": 2}),
