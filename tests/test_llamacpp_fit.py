@@ -104,3 +104,30 @@ def test_fit_target_and_fit_ctx_are_read_in_llamacpps_spellings():
     got = parse_llama_args("-c 100 -fitt 512/256 --fit-ctx 1024")
     assert (got["fit_target"], got["fit_ctx"]) == ((512, 256), 1024)
     assert parse_llama_args("--fit-target 2048")["fit_target"] == (2048,)
+
+
+def test_fit_prints_and_reports_llamacpps_pick(tmp_path):
+    """`fit --json` carries `llamacpp_fit` (as the prediction's own answer, with --fit-target in
+    MiB and --fit-ctx reaching it); the text says it beside ggmlrun's answer; a bad
+    --fit-target is exit 2."""
+    from tests.clikit import invoke
+
+    model = REPO / "examples" / "models" / "tiny-qwen3moe-f16.gguf"
+    two = tmp_path / "two.yaml"
+    two.write_text("backends:\n"
+                   "  - {name: GPU0, kind: sim, alignment: 32, memory: 1078000000}\n"
+                   "  - {name: GPU1, kind: sim, alignment: 32, memory: 1078000000}\n"
+                   "  - {name: CPU, kind: cpu, alignment: 32, threads: 2, memory: 8GiB}\n")
+    code, out, _ = invoke("fit", model, "--backends", two, "--flash-attn", "on", "--json",
+                          "--fit-target", "1020", "--fit-ctx", "512")
+    got = json.loads(out)["llamacpp_fit"]
+    m = read_gguf(model)
+    backends = load_backends(two)
+    want = llamacpp_fit(m, backends, ModelOptions(flash_attn=True), ctx_auto=True, fit_ctx=512,
+                        margins=[1020 * 2**20] * 2).as_dict()
+    assert (code, set(got)) == (0, {"ctx", "ngl", "override_tensor", "tensor_split", "refused"})
+    assert got == want
+    code, out, _ = invoke("fit", model, "--backends", two, "--flash-attn", "on")
+    assert code == 0 and "llama-server would pick: -c " in out and "ggmlrun's answer" in out
+    code, _, err = invoke("fit", model, "--backends", two, "--fit-target", "1,2,3")
+    assert code == 2 and "--fit-target" in err
