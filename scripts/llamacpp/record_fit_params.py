@@ -72,8 +72,10 @@ def build(workdir: Path) -> tuple[Path, Path]:
     inc = lib.parents[1] / "include"
     driver, shim = workdir / "fit_driver", workdir / "fit_mem_shim.so"
     common = VENDOR / "common"
-    subprocess.run(["g++", "-O1", "-DNDEBUG", "-std=c++17", f"-I{inc}", f"-I{common}", f"-I{VENDOR / 'src'}",
-                    f"-I{VENDOR / 'vendor'}", "-o", str(driver), str(HERE / "fit_params_driver.cpp"),
+    # -DNDEBUG as in a release build (llama-server's): fit.cpp's asserts are off there
+    subprocess.run(["g++", "-O1", "-DNDEBUG", "-std=c++17", f"-I{inc}", f"-I{common}",
+                    f"-I{VENDOR / 'src'}", f"-I{VENDOR / 'vendor'}", "-o", str(driver),
+                    str(HERE / "fit_params_driver.cpp"),
                     str(common / "fit.cpp"), str(common / "log.cpp"), str(common / "json.cpp"),
                     f"-L{lib}", "-lllama", "-lggml", "-lggml-base", "-lggml-cpu", "-lggml-rpc",
                     f"-Wl,-rpath,{lib}"], check=True)
@@ -101,7 +103,8 @@ def needs(model: str, opts: dict) -> tuple[int, int]:
 def model_options(opts: dict, n_ctx_train: int):
     from ggmlrun.models.options.params import ModelOptions
 
-    return ModelOptions(ctx=opts.get("ctx", n_ctx_train), flash_attn=opts.get("flash_attn") == "on",
+    return ModelOptions(ctx=opts.get("ctx", n_ctx_train),
+                        flash_attn=opts.get("flash_attn") == "on",
                         parallel=opts.get("parallel", 1), kv_unified=opts.get("kv_unified", False))
 
 

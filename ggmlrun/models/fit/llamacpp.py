@@ -96,6 +96,11 @@ class _Fit:
             self.seen[key] = [used[d.name] for d in self.devices] + [used.get(self.cpu, 0)]
         return self.seen[key]
 
+    def model_bytes(self, ngl: int | None, split, overrides, user_moe=False) -> int:
+        """The devices' model bytes at a placement (sum_projected_model)."""
+        self.measure(ngl, split, overrides, user_moe)
+        return self.weights[(self.n_ctx, ngl, split, overrides, user_moe)]
+
     def layers(self, per_device: list[_Ngl], overflow_to: list[str], hp_ngl: int):
         """set_ngl_tensor_split_tbo: -ngl, -ts (layers per device) and the -ot rules of the
         partial layers (the first of a device overflows by its fraction to `overflow_to`, the
@@ -133,16 +138,16 @@ def llamacpp_fit(model: ModelFile, backends: list[BackendSpec], opts: ModelOptio
     n_streams = 1 if opts.kv_unified else max(1, opts.parallel)
     n_ctx_max = min(hp_nct * n_streams, U32 - 1)
     n_ctx_min_total = min(fit_ctx * n_streams, U32 - 1)
+    ctx_auto = ctx_auto or opts.ctx is None
     n_ctx = n_ctx_max if ctx_auto else opts.ctx
-    ngl0 = user_ngl
-    answer = LlamaCppFit(ctx=n_ctx, ngl=hp.n_layer_all + 1 if ngl0 is None else ngl0)
+    answer = LlamaCppFit(ctx=n_ctx, ngl=hp.n_layer_all + 1 if user_ngl is None else user_ngl)
     if split_mode == "tensor":
         answer.refused = "llama_params_fit is not implemented for SPLIT_MODE_TENSOR, abort"
         return answer
     fit = _Fit(model, backends, opts, margins, n_ctx)
     try:
         _fit(fit, answer, opts, hp_ngl, hp_nex, nd, n_ctx_max, n_ctx_min_total, ctx_auto,
-             user_ngl, split_mode, fit_ctx)
+             user_ngl, split_mode)
     except Refused as err:
         answer.refused = str(err)
     answer.ctx = fit.n_ctx
@@ -150,17 +155,17 @@ def llamacpp_fit(model: ModelFile, backends: list[BackendSpec], opts: ModelOptio
 
 
 def _fit(fit, answer, opts, hp_ngl, hp_nex, nd, n_ctx_max, n_ctx_min_total, ctx_auto,
-         user_ngl, split_mode, fit_ctx):
-    user_overrides = tuple(opts.overrides)
-    full = fit.measure(user_ngl, opts.tensor_split, user_overrides, user_moe=True)
-    model_bytes = fit.weights[next(reversed(fit.weights))]       # sum_projected_model
+         user_ngl, split_mode):
+    """Steps 1 (anything to change?), 2 (a shorter context) and the refusals, then the
+    layers (_layers)."""
+    user = (user_ngl, opts.tensor_split, tuple(opts.overrides))
+    full = fit.measure(*user, user_moe=True)
+    model_bytes = fit.model_bytes(*user, user_moe=True)
     devices = fit.devices
-    # step 1: whether anything needs to change
     if nd == 0:
-        used = full[-1]
-        free = next(b.memory for b in fit.backends if b.kind == "cpu")
-        sum_used, sum_free = used, free
-        if free - used >= fit.margins[0]:
+        sum_used = full[-1]
+        sum_free = next(b.memory for b in fit.backends if b.kind == "cpu")
+        if sum_free - sum_used >= fit.margins[0]:
             return
     else:
         sum_used = sum(full[:nd])
@@ -176,12 +181,12 @@ def _fit(fit, answer, opts, hp_ngl, hp_nex, nd, n_ctx_max, n_ctx_min_total, ctx_
                                                   hp_ngl))
             target -= (nd + 1) * per_layer // (2 if hp_nex == 0 else 6)
         fit.n_ctx = n_ctx_min_total
-        at_min = fit.measure(user_ngl, opts.tensor_split, user_overrides, user_moe=True)
+        at_min = fit.measure(*user, user_moe=True)
         used_min = at_min[-1] if nd == 0 else sum(at_min[:nd])
         if target > used_min:
             n = n_ctx_min_total + (n_ctx_max - n_ctx_min_total) * (target - used_min) \
                 // (sum_used - used_min)
-            align = 256 * _streams(opts)    # CUDA's rounding, whole streams
+            align = 256 * (1 if opts.kv_unified else max(1, opts.parallel))   # whole streams
             fit.n_ctx = max(n - n % align, n_ctx_min_total)
             if nd <= 1:
                 return
@@ -195,13 +200,9 @@ def _fit(fit, answer, opts, hp_ngl, hp_nex, nd, n_ctx_max, n_ctx_min_total, ctx_
         if split_mode == "row":
             raise Refused("changing weight allocation for LLAMA_SPLIT_MODE_ROW not "
                           "implemented, abort")
-    if user_overrides or opts.cpu_moe or opts.n_cpu_moe:
+    if opts.overrides or opts.cpu_moe or opts.n_cpu_moe:
         raise Refused("model_params::tensor_buft_overrides already set by user, abort")
     _layers(fit, answer, hp_ngl, hp_nex, nd, full)
-
-
-def _streams(opts) -> int:
-    return 1 if opts.kv_unified else max(1, opts.parallel)
 
 
 def _layers(fit, answer, hp_ngl, hp_nex, nd, full):
