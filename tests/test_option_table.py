@@ -89,8 +89,8 @@ def test_two_devices_pin_the_memory_split():
 @pytest.mark.parametrize("line,named", [
     ("-m model.gguf", "-m"), ("-hf owner/repo:Q4_K_M", "-hf"), ("-sm row", "-sm"),
     ("--mmproj p.gguf", "--mmproj"), ("-md d.gguf", "-md"), ("-ngld 9", "-ngld"),
-    ("-cd 4096", "-cd"), ("--fit on", "--fit"), ("--fit-target 1024", "--fit-target"),
-    ("--fit-ctx 4096", "--fit-ctx"), ("--cache-ram 8192", "--cache-ram"),
+    ("-cd 4096", "-cd"), ("--fit on", "--fit"), ("--fit-target x", "whole number"),
+    ("--fit-ctx 0", "--fit-ctx"), ("--cache-ram 8192", "--cache-ram"),
     ("--no-repack", "--no-repack"), ("-nr", "-nr"),
     ("-ngl 3 --temp 0.5", "--temp"), ("-c", "-c"), ("-np 0", "-np"), ("-fa auto", "auto"),
     ("-ctk q3_K", "q3_K"), ("-ot ffn", "REGEX=BACKEND"),

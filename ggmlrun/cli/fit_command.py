@@ -50,9 +50,14 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
 @click.option("--ctx", "fit_ctx", type=_CtxType(), default=None,
               help="Context length, or 'auto': the largest (a multiple of 256, up to the "
                    "model's) that fits with the most layers; default the model's, at most 4096.")
-@click.option("--min-ctx", type=click.IntRange(min=1, max=U32_MAX), default=4096,
-              show_default=True,
-              help="With --ctx auto: the context kept while layers are fitted (llama.cpp -fitc).")
+@click.option("--min-ctx", "--fit-ctx", "min_ctx", type=click.IntRange(min=1, max=U32_MAX),
+              default=4096, show_default=True,
+              help="With --ctx auto: the context kept while layers are fitted; also llama.cpp's "
+                   "own --fit minimum context in `llamacpp_fit` (llama.cpp -fitc/--fit-ctx).")
+@click.option("--fit-target", metavar="MiB[,MiB...]", default=None,
+              help="For `llamacpp_fit` (llama.cpp's own --fit predicted): the memory its fit "
+                   "keeps free per device, in MiB, one for all or one per device "
+                   "(llama.cpp -fitt/--fit-target); default 1024.")
 @click.option("--margin", metavar="SIZE", default=None,
               help="Memory left free on every device (default 1GiB) and on the CPU (default 0): "
                    "one SIZE for devices, DEVICES,CPU (e.g. 512MiB,2GiB), or per backend "
@@ -63,8 +68,8 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
 @model_options(skip=("ctx_size", "ngl"))
 @placement_options
 @DEBUG
-def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, overrides,
-        show_progress, **model_kw):
+def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin, ggml,
+        overrides, show_progress, **model_kw):
     """The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."""
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.core.util.inputs import open_regular
@@ -76,23 +81,26 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     if model is None:
         raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
                          "YAML file with `architecture:`); this is neither", file=str(model_path))
-    result, opts, record = fit_answer(model, fit_ctx, min_ctx, margin)
+    result, opts, record = fit_answer(model, fit_ctx, min_ctx, margin, fit_target)
     if as_json:
         emit_json(record)
     else:
         print_model_figures(model, report.fit_table(model[0], result), result.backends,
                             opts.no_mmap, report.fit_line(result))
+        click.echo(report.llamacpp_fit_line(record["llamacpp_fit"], result))
     if not result.fits:
         raise RunError(result.advice)
 
 
-def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
+def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
+               fit_target: str | None = None):
     """fit's answer for a model input: the result, the options it fitted with (--ctx N
     replaces the model's), and the record `--json` prints (the Python API returns it too)."""
     from dataclasses import replace
 
     from ggmlrun.cli.model_options import warn_past_training
     from ggmlrun.models.fit import fit_model
+    from ggmlrun.models.fit.llamacpp import llamacpp_fit
     from ggmlrun.models.options.table import options_json
 
     margin_device, margin_cpu, by_name = parse_margins(margin)
@@ -107,9 +115,30 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
         opts = replace(opts, ctx=fit_ctx)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx, margins=by_name)
+    llama = llamacpp_fit(model_file, backends, opts, ctx_auto=not isinstance(fit_ctx, int),
+                         margins=fit_targets(fit_target, backends), fit_ctx=min_ctx)
     record = {**report.model_fit_dict(model_file, result), "options": options_json(opts),
-              **planned_for_dict(model_input)}
+              "llamacpp_fit": llama.as_dict(), **planned_for_dict(model_input)}
     return result, opts, record
+
+
+def fit_targets(text: str | None, backends) -> list[int] | None:
+    """--fit-target MiB0,MiB1,...: bytes per device, as common/arg.cpp reads it (one value
+    for every device; a device past the list keeps the default 1024)."""
+    from ggmlrun.models.options.table import BY_NAME
+
+    if text is None:
+        return None
+    n = max(1, sum(1 for b in backends if b.kind != "cpu"))
+    try:
+        values = [v * 2**20 for v in BY_NAME["fit_target"].kind.read(text)]
+    except ValueError as err:
+        raise InputError(f"--fit-target {err}") from None
+    if len(values) > n:
+        raise InputError(f"--fit-target {text!r}: one value, or one per device ({n})")
+    if len(values) == 1:
+        return values * n
+    return values + [2**30] * (n - len(values))
 
 
 def _ngl_refused(value) -> None:

@@ -222,6 +222,25 @@ def fit_line(result) -> str:
     return f"llama.cpp: {result.command}"
 
 
+def llamacpp_fit_line(llama: dict, result) -> str:
+    """llama.cpp's own --fit beside ggmlrun's answer: `llama-server would pick: -c 16384 -ngl
+    41 ...; ggmlrun's answer keeps 32768 with --n-cpu-moe 3`."""
+    if llama["refused"]:
+        head = f"llama-server's --fit would refuse ({llama['refused']}) and run -c {llama['ctx']}"
+    else:
+        head = f"llama-server would pick: -c {llama['ctx']} -ngl {llama['ngl']}"
+        if llama["tensor_split"]:
+            head += " -ts " + ",".join(map(str, llama["tensor_split"]))
+        if llama["override_tensor"]:
+            head += " -ot \"" + ",".join(llama["override_tensor"]) + "\""
+    if not result.fits:
+        return head
+    mine = f"ctx {result.ctx}, -ngl {result.ngl}"
+    if result.n_cpu_moe:
+        mine += f" with --n-cpu-moe {result.n_cpu_moe}"
+    return f"{head}; ggmlrun's answer: {mine}"
+
+
 def ran_with_lines(ran: dict, width: int = 80) -> list[str]:
     """`ran 3 tokens: ctx 2048, -ngl 5 of 5; 2 splits: SIM0 148 nodes, CPU 2 nodes`."""
     items = [f"ctx {ran['ctx']},", f"-ngl {ran['ngl']} of {ran['n_layer'] + 1};",

@@ -60,6 +60,8 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -
     if values["tensor_split"] is None and len(devices) > 1:
         values["tensor_split"] = memory_split(devices)
     values["load_mode"] = None                 # --no-mmap is written instead
+    values["fit_target"] = BY_NAME["fit_target"].default    # llama.cpp's --fit: not an answer
+    values["fit_ctx"] = BY_NAME["fit_ctx"].default
     values["rpc"] = tuple(e for e in (getattr(b, "endpoint", None) for b in devices
                                       if b.kind == "rpc") if e)
     args: list[str] = []

@@ -293,3 +293,28 @@ class Endpoints(Kind):
 
     def write(self, value) -> str:
         return ",".join(value)
+
+
+@dataclass(frozen=True)
+class Targets(Kind):
+    """--fit-target MiB0,MiB1,...: what llama.cpp's own --fit keeps free per device, in MiB
+    (common/arg.cpp splits on ',' and '/'; one value is every device's)."""
+    metavar = "MiB,..."
+
+    def read(self, text: str) -> tuple[int, ...]:
+        parts = [p for p in str(text).replace("/", ",").split(",") if p.strip()]
+        values = tuple(_whole(p) for p in parts)
+        if not values or any(v < 0 for v in values):
+            raise ValueError(f"{text!r}: MiB per device as whole numbers >= 0 (e.g. 1024 or "
+                             f"2048,512)")
+        return values
+
+    def check(self, value):
+        return self.read(value) if isinstance(value, str) else self.read(
+            ",".join(str(v) for v in (value if isinstance(value, (tuple, list)) else (value,))))
+
+    def write(self, value) -> str:
+        return ",".join(str(v) for v in value)
+
+    def json(self, value):
+        return list(value)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ggmlrun.models.options.kinds import (Choice, Count, Endpoints, Kind, Layers, LoadMode,
-                                          OnOff, Overrides, Split, Switch)
+                                          OnOff, Overrides, Split, Switch, Targets)
 from ggmlrun.models.options.params import I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelOptions)}
@@ -129,6 +129,12 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
            flag="--no-mmap", llama=(("--no-mmap",),), llama_off=("--mmap",)),
     Option("load_mode", LoadMode(), "model", "-lm none is --no-mmap; read, never written",
            llama=(("-lm", "--load-mode"),), own_default=None),
+    Option("fit_target", Targets(), "server", "llama.cpp's own --fit: MiB it keeps free on "
+           "each device (one value: every device's)", llama=(("-fitt", "--fit-target"),),
+           own_default=(1024,)),
+    Option("fit_ctx", Count(1, U32_MAX, "llama.cpp's uint32"), "server", "llama.cpp's own "
+           "--fit: the shortest context it shrinks -c to", llama=(("-fitc", "--fit-ctx"),),
+           own_default=4096),
     Option("sched_copies", Count(1, 64), "ggml", "ggml's GGML_SCHED_MAX_COPIES, a build "
            "option: the copies of every input the scheduler keeps when llama.cpp turns on "
            "pipeline parallelism (every layer over 2+ devices); 1 turns it off",
