@@ -284,6 +284,23 @@ class LoadMode(Kind):
 
 
 @dataclass(frozen=True)
+class ModelName(Kind):
+    """A MODEL as the command line names one (a path, a URL, hf://OWNER/REPO[:QUANT]): text,
+    read by the loader, not here."""
+    metavar = "MODEL"
+
+    def read(self, text: str) -> str:
+        if not str(text).strip():
+            raise ValueError("give a model: a path, a URL or hf://OWNER/REPO")
+        return str(text)
+
+    def check(self, value) -> str:
+        import os
+
+        return self.read(os.fspath(value) if isinstance(value, os.PathLike) else value)
+
+
+@dataclass(frozen=True)
 class Endpoints(Kind):
     """--rpc HOST:PORT,...: ggml rpc-servers, the devices (SPEC section 3)."""
     metavar = "HOST:PORT,..."

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ggmlrun.models.options.kinds import (Choice, Count, Endpoints, Kind, Layers, LoadMode,
-                                          OnOff, Overrides, Split, Switch)
+                                          ModelName, OnOff, Overrides, Split, Switch)
 from ggmlrun.models.options.params import I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelOptions)}
@@ -125,6 +125,24 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
     Option("kv_unified", Switch(), "context", "One KV cache for all --parallel sequences",
            flag="--kv-unified", llama=(("-kvu", "--kv-unified"),),
            llama_off=("-no-kvu", "--no-kv-unified")),
+    Option("model_draft", ModelName(), "server", "Draft model of speculative decoding (a path, "
+           "URL or hf:// name): its weights, KV cache and compute buffers beside the target's",
+           flag="--model-draft", aliases=("-md",),
+           llama=(("-md", "--model-draft", "--spec-draft-model"),), default_text="none"),
+    Option("ngl_draft", Layers(), "model", "The draft's layers on the devices, or 'all'",
+           flag="--gpu-layers-draft", aliases=("-ngld",),
+           llama=(("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"),),
+           default_text="all", always=True),
+    Option("ctx_draft", Count(1, U32_MAX, "llama.cpp's uint32"), "context", "The draft's "
+           "context; the vendored llama.cpp has no -cd and gives the draft the target's, so "
+           "another value is a what-if the line to paste cannot ask for", flag="--ctx-draft", aliases=("-cd",),
+           default_text="the target's"),
+    Option("type_k_draft", Choice(KV_TYPES), "context", "The draft's K cache type (not the "
+           "target's -ctk)", flag="--cache-type-k-draft", aliases=("-ctkd",),
+           llama=(("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"),)),
+    Option("type_v_draft", Choice(KV_TYPES), "context", "The draft's V cache type (not the "
+           "target's -ctv)", flag="--cache-type-v-draft", aliases=("-ctvd",),
+           llama=(("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"),)),
     Option("no_mmap", Switch(), "model", "CPU weights allocated, not memory-mapped",
            flag="--no-mmap", llama=(("--no-mmap",),), llama_off=("--mmap",)),
     Option("load_mode", LoadMode(), "model", "-lm none is --no-mmap; read, never written",
