@@ -81,7 +81,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
         emit_json(record)
     else:
         print_model_figures(model, report.fit_table(model[0], result), result.backends,
-                            opts.no_mmap, report.fit_line(result))
+                            opts.no_mmap, report.fit_line(result),
+                            draft=result.measure.draft if result.measure else None)
     if not result.fits:
         raise RunError(result.advice)
 
@@ -105,10 +106,17 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
     if isinstance(fit_ctx, int):
         warn_past_training(model_file, fit_ctx)
         opts = replace(opts, ctx=fit_ctx)
+    draft = getattr(model_input, "draft", None)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
-                       min_ctx=min_ctx, margins=by_name)
-    record = {**report.model_fit_dict(model_file, result), "options": options_json(opts),
-              **planned_for_dict(model_input)}
+                       min_ctx=min_ctx, margins=by_name, draft=draft)
+    extra = {}
+    if draft is not None and result.measure is not None and result.measure.draft is not None:
+        from ggmlrun.models.draft import main_backend
+
+        extra["draft"] = report.draft_dict(draft.name, result.measure.draft,
+                                           main_backend(result.measure.draft))
+    record = {**report.model_fit_dict(model_file, result), **extra,
+              "options": options_json(opts), **planned_for_dict(model_input)}
     return result, opts, record
 
 
