@@ -91,6 +91,8 @@ def test_fit_leaves_room_for_the_draft():
     assert both["ngl"] < alone["ngl"]
     assert all(b["fits"] and b["total_bytes"] <= b["memory_bytes"] for b in both["backends"])
     assert both["draft"]["name"] == "tiny-llama-q8_0" and both["draft"]["backend"] == "GPU0"
+    assert (both["draft"]["without"]["ngl"], both["draft"]["without"]["ctx"]) == \
+        (alone["ngl"], alone["ctx"])
     assert f"-md {DRAFT} -ngld 3" in both["command"]
 
 
@@ -153,6 +155,17 @@ def test_draft_options_need_a_draft():
         api.measure(TARGET, gpu="1GiB", ram="4GiB", ngl_draft=2, **PLAIN)
     code, _, err = invoke("measure", TARGET, "-cd", "512", "--gpu", "1GiB")
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_the_drafts_cache_types_are_refused_as_its_own():
+    """-ctkd/-ctvd get llama.cpp's refusals of -ctk/-ctv, on the draft's head size, named as
+    the draft's flags; the target's -ctk does not reach the draft."""
+    code, _, err = invoke("measure", MODELS / "tiny-qwen3-f16.gguf", "-md", TARGET, "-ctkd",
+                          "q8_0", "--flash-attn", "on", "--gpu", "1GiB", "--ram", "4GiB")
+    assert code == 2 and "--cache-type-k-draft q8_0" in err and len(err.splitlines()) == 1
+    got = api.measure(MODELS / "tiny-qwen3-f16.gguf", gpu="1GiB", ram="4GiB",
+                      model_draft=str(TARGET), kv_type="q8_0", **{**PLAIN, "flash_attn": True})
+    assert got["draft"]["kv_bytes"] > 0          # the 16-wide heads' f16 cache, taken
 
 
 def test_ctx_draft_sets_the_drafts_context():

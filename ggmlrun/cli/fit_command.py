@@ -82,7 +82,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, margin, ggml, over
     else:
         print_model_figures(model, report.fit_table(model[0], result), result.backends,
                             opts.no_mmap, report.fit_line(result),
-                            draft=result.measure.draft if result.measure else None)
+                            draft=result.measure.draft if result.measure else None,
+                            without_draft=result.without_draft)
     if not result.fits:
         raise RunError(result.advice)
 
@@ -113,8 +114,17 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
     if draft is not None and result.measure is not None and result.measure.draft is not None:
         from ggmlrun.models.draft import main_backend
 
-        extra["draft"] = report.draft_dict(draft.name, result.measure.draft,
-                                           main_backend(result.measure.draft))
+        # what keeping the draft costs: the same search without it
+        alone = fit_model(model_file, backends, opts, margin_device, margin_cpu,
+                          fit_ctx == "auto", min_ctx=min_ctx, margins=by_name)
+        result.without_draft = alone
+        if not result.fits and alone.fits:
+            result.advice += (f"; without the draft (-md) it fits: -ngl {alone.ngl}, "
+                              f"ctx {alone.ctx}")
+        extra["draft"] = {**report.draft_dict(draft.name, result.measure.draft,
+                                              main_backend(result.measure.draft)),
+                          "without": {"ngl": alone.ngl, "ctx": alone.ctx,
+                                      "n_cpu_moe": alone.n_cpu_moe, "fits": alone.fits}}
     record = {**report.model_fit_dict(model_file, result), **extra,
               "options": options_json(opts), **planned_for_dict(model_input)}
     return result, opts, record

@@ -235,7 +235,7 @@ def planned_for_dict(model_input) -> dict:
 
 
 def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: str,
-                        draft=None) -> None:
+                        draft=None, without_draft=None) -> None:
     """The text report of measure MODEL and fit: where the sizes came from, the figures'
     table, each backend's memory bar, the host's lines, the draft's share (`draft`: its
     ModelMeasure), and the command's own last line."""
@@ -247,6 +247,7 @@ def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: 
     for line in report.host_lines(backends, no_mmap, stdout().width):
         click.echo(line)
     if draft is not None:
-        for line in report.draft_lines(model_input.draft.name, draft, stdout().width):
+        for line in report.draft_lines(model_input.draft.name, draft, stdout().width,
+                                       without_draft):
             click.echo(line)
     click.echo(last_line)

@@ -87,10 +87,16 @@ def draft_outputs(opts: ModelOptions) -> int:
 
 def measure_draft(draft, backends, opts: ModelOptions, target_hp, enough=None):
     """The draft's figures (reserve.ModelMeasure) beside a target with options `opts`."""
+    import re
+
     from ggmlrun.models.reserve import measure_model
 
-    return measure_model(draft, backends, draft_options(opts, target_hp), enough,
-                         outputs_max=draft_outputs(opts))
+    try:
+        return measure_model(draft, backends, draft_options(opts, target_hp), enough,
+                             outputs_max=draft_outputs(opts))
+    except InputError as err:      # reserve names the target's flags: these are the draft's
+        said = re.sub(r"--cache-type-([kv])", r"--cache-type-\1-draft", err.message)
+        raise InputError(f"the draft {draft.name}: {said}", file=err.file) from None
 
 
 # --- the vocabularies ---------------------------------------------------------------------------

@@ -150,9 +150,10 @@ def draft_dict(name: str, figures, main: int) -> dict:
                              if b.kind == "cpu" else {})} for b in rows]}
 
 
-def draft_lines(name: str, figures, width: int = 80) -> list[str]:
+def draft_lines(name: str, figures, width: int = 80, without=None) -> list[str]:
     """`draft M: ctx 4096, -ngld 29; GPU0 weights 1.2 GiB, KV 448 MiB, compute 300 MiB; ...`
-    (the draft's part of the figures above it, which include it)."""
+    (the draft's part of the figures above it, which include it); `without`: fit's answer
+    without the draft (a FitResult), what keeping it costs."""
     items = [f"ctx {figures.ctx}, -ngld {figures.ngl};"]
     used = [b for b in figures.backends
             if b.weights_bytes or b.kv_bytes or b.arena_bytes or b.state_bytes]
@@ -160,7 +161,12 @@ def draft_lines(name: str, figures, width: int = 80) -> list[str]:
         items += [f"{plain(b.name)} weights {human_bytes(b.weights_bytes)},",
                   f"KV {human_bytes(b.kv_bytes + b.state_bytes)},",
                   f"compute {human_bytes(b.arena_bytes)}" + (";" if i < len(used) - 1 else "")]
-    return pack_line(f"draft {plain(name)} (included above):", items, width)
+    lines = pack_line(f"draft {plain(name)} (included above):", items, width)
+    if without is not None:
+        alone = (f"-ngl {without.ngl}, ctx {without.ctx}" if without.fits
+                 else "nothing fits either")
+        lines.append(f"without the draft: {alone}")
+    return lines
 
 
 def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:

@@ -59,6 +59,8 @@ class FitResult:
     # the layer split fit chose over several devices (layers per device: -ts); None: llama.cpp's
     # default (by memory) or the one given
     tensor_split: tuple[float, ...] | None = None
+    # with a draft (-md): the answer of the same search without it (what keeping it costs)
+    without_draft: FitResult | None = None
 
     @property
     def fits(self) -> bool:
