@@ -177,3 +177,18 @@ def test_ctx_draft_sets_the_drafts_context():
     assert (base["draft"]["ctx"], big["draft"]["ctx"]) == (256, 1024)
     assert big["draft"]["kv_bytes"] == 4 * base["draft"]["kv_bytes"]
     assert big["ctx"] == base["ctx"] == 256
+
+
+def test_a_remote_draft_is_the_local_one(tmp_path, monkeypatch):
+    """-md takes MODEL in any form: a URL's headers (served on loopback) give the local
+    file's draft figures."""
+    from hubkit import Server
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    local = api.measure(TARGET, gpu="1GiB", ram="4GiB", model_draft=str(DRAFT), **PLAIN)
+    with Server({"d.gguf": DRAFT.read_bytes()}) as server:
+        remote = api.measure(TARGET, gpu="1GiB", ram="4GiB", model_draft=server.url("d.gguf"),
+                             **PLAIN)
+    assert {k: v for k, v in remote["draft"].items() if k != "name"} == \
+        {k: v for k, v in local["draft"].items() if k != "name"}
+    assert remote["backends"] == local["backends"]
