@@ -74,6 +74,7 @@ CASES = {
     "model_draft": dict(model_draft="d.gguf", ngl_draft=2, type_k_draft="bf16",
                         type_v_draft="f32"),
     "ctx_draft": dict(model_draft="d.gguf", ctx_draft=512),   # not llama.cpp's: not written
+    "devices_draft": dict(model_draft="d.gguf", devices_draft=("GPU1",)),
 }
 MOE_CASES = ("cpu_moe", "n_cpu_moe", "n_cpu_moe_and_ot")
 MODEL_OF = {"swa_full": TINY_SWA}   # a case whose option needs a model that has it
@@ -208,7 +209,8 @@ def test_every_cli_model_option_reaches_the_line():
                f"--model-draft {DRAFT}": f"-md {DRAFT} -ngld all",
                f"--gpu-layers-draft 2 -md {DRAFT}": "-ngld 2",
                f"--cache-type-k-draft f32 -md {DRAFT}": "-ctkd f32",
-               f"--cache-type-v-draft bf16 -md {DRAFT}": "-ctvd bf16"}
+               f"--cache-type-v-draft bf16 -md {DRAFT}": "-ctvd bf16",
+               f"--device-draft none -md {DRAFT}": "-devd none"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N",
                  "--ctx-draft": "the vendored llama.cpp has no -cd: the draft gets the "

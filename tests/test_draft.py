@@ -39,7 +39,7 @@ def _measure(cfg_id: str) -> dict:
                        kv_unified=o["kv_unified"], tensor_split=o["tensor_split"] or None,
                        overrides=[tuple(r) for r in o["overrides"]], type_k=o["type_k"],
                        type_v=o["type_v"], type_k_draft=o["type_k_draft"],
-                       type_v_draft=o["type_v_draft"])
+                       type_v_draft=o["type_v_draft"], devices_draft=o["devices_draft"])
 
 
 CONFIGS = [c["id"] for c in DATA["configs"]]
@@ -59,8 +59,10 @@ def test_draft_buffers_equal_llama_cpp(cfg_id):
     assert (got["draft"]["n_nodes"], got["draft"]["n_splits"], got["draft"]["ctx"]) == \
         (want_d["n_nodes"], want_d["n_splits"], cfg["n_ctx_draft"])
     both = {b["name"]: {k: b[k] for k in FIGURES} for b in got["backends"]}
-    assert both == {n: {k: want_t["backends"][n][k] + want_d["backends"][n][k]
+    none = dict.fromkeys(FIGURES, 0)           # -devd: no buffer on the other devices
+    assert both == {n: {k: want_t["backends"][n][k] + want_d["backends"].get(n, none)[k]
                         for k in FIGURES} for n in want_t["backends"]}
+    assert all(draft[n][k] == 0 for n in draft if n not in want_d["backends"] for k in FIGURES)
 
 
 def test_draft_record_as_spec_names_it():

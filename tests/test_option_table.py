@@ -155,7 +155,7 @@ def test_help_lists_every_option_with_its_default():
 
 LOWEST = {"Count": lambda k: str(k.lo), "Layers": lambda k: "0", "OnOff": lambda k: "off",
           "Choice": lambda k: k.values[0], "Split": lambda k: "1", "Overrides": lambda k: "a=CPU",
-          "ModelName": lambda k: "d.gguf"}
+          "ModelName": lambda k: "d.gguf", "Devices": lambda k: "none"}
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.flag and not o.shared],

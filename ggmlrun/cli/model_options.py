@@ -70,6 +70,7 @@ _DEVICES = {
 _ALL = {**_table_options(), **_DEVICES}
 _SWITCHES = {o.dest or o.name for o in OPTIONS if not o.kind.takes_value} | {"refresh",
                                                                              "download"}
+_SINGLE = {o.dest or o.name for o in OPTIONS if not o.kind.repeatable}   # () is a value
 MODEL_OPTIONS = {key: option for key, (_, option) in _ALL.items()}
 MODEL_FLAGS = {**{key: flag for key, (flag, _) in _ALL.items()}, "tokens": "--tokens",
                "download": "--download"}
@@ -102,7 +103,7 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
             note_read(shard.path)
     if model is None:
         flags = [flag for key, flag in MODEL_FLAGS.items()
-                 if given(model_kw.get(key), key not in _SWITCHES)]
+                 if given(model_kw.get(key), key not in _SWITCHES, key not in _SINGLE)]
         if flags:
             raise InputError(f"{flags[0]} applies to models (GGUF files and model cards), not "
                              f"to graph files", file=str(path))
@@ -187,6 +188,10 @@ def _model_setup(model, backends, values: dict):
         if backend not in names:
             raise InputError(f"--override-tensor {pattern}={backend}: no backend '{backend}'; "
                              f"backends: {', '.join(names)}")
+    for name in values.get("devices_draft") or ():
+        if name not in names[:-1]:
+            raise InputError(f"--device-draft {','.join(values['devices_draft'])}: no device "
+                             f"'{name}'; devices: {', '.join(names[:-1]) or 'none'}")
     split = values.get("tensor_split")
     if split is not None and len(split) != len(devices):
         raise InputError(f"--tensor-split has {len(split)} proportions, one per device, but "

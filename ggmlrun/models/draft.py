@@ -59,7 +59,8 @@ def check_draft_options(opts: ModelOptions) -> None:
         return
     for name, flag in (("ngl_draft", "--gpu-layers-draft"), ("ctx_draft", "--ctx-draft"),
                        ("type_k_draft", "--cache-type-k-draft"),
-                       ("type_v_draft", "--cache-type-v-draft")):
+                       ("type_v_draft", "--cache-type-v-draft"),
+                       ("devices_draft", "--device-draft")):
         if getattr(opts, name) != getattr(ModelOptions(), name):
             raise InputError(f"{flag} applies to a draft model: give --model-draft MODEL (-md)")
 
@@ -72,12 +73,29 @@ def target_n_ctx(opts: ModelOptions, n_ctx_train: int) -> int:
 
 def draft_options(opts: ModelOptions, target_hp) -> ModelOptions:
     """The draft's options from the target's, as common_base_params_to_speculative and
-    common_speculative_init_result derive them (module docstring)."""
+    common_speculative_init_result derive them (module docstring). With -devd the target's
+    -ts is read over the draft's devices as llama.cpp reads its float array: the first
+    proportions, one per device (all 0: by memory, as no -ts)."""
     ctx = opts.ctx_draft if opts.ctx_draft is not None else target_n_ctx(opts,
                                                                           target_hp.n_ctx_train)
+    split = opts.tensor_split
+    if opts.devices_draft is not None and split is not None:
+        split = tuple(split[:len(opts.devices_draft)])
+        split += (0.0,) * (len(opts.devices_draft) - len(split))
+        split = split if any(split) else None
     return replace(opts, ngl=opts.ngl_draft, ctx=ctx, type_k=opts.type_k_draft,
                    type_v=opts.type_v_draft, overrides=(), cpu_moe=False, n_cpu_moe=0,
-                   model_draft=None, ngl_draft=None, ctx_draft=None)
+                   tensor_split=split, model_draft=None, ngl_draft=None, ctx_draft=None,
+                   devices_draft=None)
+
+
+def draft_backends(backends: list, opts: ModelOptions) -> list:
+    """The backends the draft is loaded on: -devd's devices in its order (none: no device),
+    then the CPU; without -devd, the target's."""
+    if opts.devices_draft is None:
+        return backends
+    by_name = {b.name: b for b in backends}
+    return [by_name[name] for name in opts.devices_draft] + [backends[-1]]
 
 
 def draft_outputs(opts: ModelOptions) -> int:
@@ -89,14 +107,21 @@ def measure_draft(draft, backends, opts: ModelOptions, target_hp, enough=None):
     """The draft's figures (reserve.ModelMeasure) beside a target with options `opts`."""
     import re
 
-    from ggmlrun.models.reserve import measure_model
+    from ggmlrun.models.reserve import BackendFigures, measure_model
 
+    own = draft_backends(backends, opts)
     try:
-        return measure_model(draft, backends, draft_options(opts, target_hp), enough,
-                             outputs_max=draft_outputs(opts))
+        m = measure_model(draft, own, draft_options(opts, target_hp), enough,
+                          outputs_max=draft_outputs(opts))
     except InputError as err:      # reserve names the target's flags: these are the draft's
         said = re.sub(r"--cache-type-([kv])", r"--cache-type-\1-draft", err.message)
         raise InputError(f"the draft {draft.name}: {said}", file=err.file) from None
+    if own is backends:
+        return m
+    rows = {r.name: r for r in m.backends}       # -devd: nothing on the others
+    return replace(m, backends=[rows.get(b.name) or BackendFigures(
+        name=b.name, kind=b.kind, weights_bytes=0, kv_bytes=0, arena_bytes=0,
+        memory_bytes=b.memory, kv_linear_bytes=0) for b in backends])
 
 
 # --- the vocabularies ---------------------------------------------------------------------------

@@ -37,7 +37,8 @@ OUT = REPO / "tests" / "data" / "llamacpp" / "draft.json"
 EXAMPLES = REPO / "examples" / "models"
 BASE = {"ctx": 256, "ubatch": 32, "flash_attn": False, "ngl": "all", "ngl_draft": "all",
         "parallel": 1, "kv_unified": False, "tensor_split": [], "overrides": [],
-        "type_k": "f16", "type_v": "f16", "type_k_draft": "f16", "type_v_draft": "f16"}
+        "type_k": "f16", "type_v": "f16", "type_k_draft": "f16", "type_v_draft": "f16",
+        "devices_draft": None}
 # (target, draft, what differs from BASE)
 CONFIGS = [
     ("tiny-llama-f16", "tiny-llama-q8_0", {}),
@@ -57,6 +58,12 @@ CONFIGS = [
     # two devices: the draft splits its layers as the target's -ts
     ("tiny-llama-f16", "tiny-llama-q8_0", {"tensor_split": [3.0, 1.0]}),
     ("tiny-gemma3-f16", "tiny-llama-f16", {"ctx": 512}),
+    # -devd: the draft on its own devices (in its order, the target's -ts read over them)
+    ("tiny-llama-f16", "tiny-llama-q8_0", {"tensor_split": [3.0, 1.0],
+                                           "devices_draft": ["RPC1"]}),
+    ("tiny-llama-f16", "tiny-llama-q8_0", {"tensor_split": [3.0, 1.0],
+                                           "devices_draft": ["RPC1", "RPC0"]}),
+    ("tiny-llama-f16", "tiny-qwen3-f16", {"tensor_split": [1.0, 1.0], "devices_draft": []}),
 ]
 
 
@@ -91,8 +98,23 @@ def run_pair(cfg: dict, endpoints: list[str]) -> dict:
     split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*cfg["tensor_split"])
     overrides = rec.buffer_overrides(ggml, cfg["overrides"])
 
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+    # the RPC devices are named RPC0, RPC1 in their registration order (endpoints' order)
+    by_name = {ggml.ggml_backend_dev_name(dev).decode(): dev for dev in
+               (ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count()))}
+    chosen = cfg["devices_draft"]
+    # -devd: a NULL-terminated list of devices (none: the NULL alone), as parse_device_list
+    devd = None if chosen is None else (ctypes.c_void_p * (len(chosen) + 1))(
+        *[by_name[name] for name in chosen], None)
+
     def model_params(ngl, n_layer, rules: bool):
         mparams = llama_cpp.llama_model_default_params()
+        if not rules and devd is not None:            # the draft's -devd
+            mparams.devices = ctypes.addressof(devd)
         mparams.n_gpu_layers = n_layer + 1 if ngl == "all" else ngl
         if cfg["tensor_split"]:
             mparams.tensor_split = split

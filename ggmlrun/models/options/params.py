@@ -38,6 +38,7 @@ class ModelOptions:
     ctx_draft: int | None = None     # None: the target's context, as llama.cpp sizes it
     type_k_draft: str = "f16"        # -ctkd: the draft's own K type (not the target's -ctk)
     type_v_draft: str = "f16"        # -ctvd
+    devices_draft: tuple[str, ...] | None = None   # -devd: its devices, in order (): none
     # --kv-type: K and V both, when given (replace(opts, kv_type=T) too); never read back
     # (opts.kv_type is None): read type_k and type_v
     kv_type: InitVar[str | None] = None

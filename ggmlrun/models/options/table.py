@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ggmlrun.models.options.kinds import (Choice, Count, Endpoints, Kind, Layers, LoadMode,
-                                          ModelName, OnOff, Overrides, Split, Switch)
+from ggmlrun.models.options.kinds import (Choice, Count, Devices, Endpoints, Kind, Layers,
+                                          LoadMode, ModelName, OnOff, Overrides, Split, Switch)
 from ggmlrun.models.options.params import I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelOptions)}
@@ -143,6 +143,11 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
     Option("type_v_draft", Choice(KV_TYPES), "context", "The draft's V cache type (not the "
            "target's -ctv)", flag="--cache-type-v-draft", aliases=("-ctvd",),
            llama=(("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"),)),
+    Option("devices_draft", Devices(), "server", "The devices the draft's layers go to, in "
+           "order (a backend's name), or none: the CPU alone; -ts's first proportions split "
+           "them", flag="--device-draft", aliases=("-devd",),
+           llama=(("-devd", "--device-draft", "--spec-draft-device"),),
+           default_text="the target's devices"),
     Option("no_mmap", Switch(), "model", "CPU weights allocated, not memory-mapped",
            flag="--no-mmap", llama=(("--no-mmap",),), llama_off=("--mmap",)),
     Option("load_mode", LoadMode(), "model", "-lm none is --no-mmap; read, never written",
@@ -186,10 +191,12 @@ def make_options(values: dict) -> ModelOptions:
     return ModelOptions(**fields)
 
 
-def given(value, takes_value: bool = True) -> bool:
-    """Whether click got the option: not None, no repeat (()) or, for a switch, not False;
-    0 and off are values given (`--ngl 0`, `--flash-attn off`), though 0 == False."""
-    return value is not None and value != () and (takes_value or value is not False)
+def given(value, takes_value: bool = True, repeatable: bool = True) -> bool:
+    """Whether click got the option: not None, no repeat (() of a repeatable option; -devd
+    none is () given) or, for a switch, not False; 0 and off are values given (`--ngl 0`,
+    `--flash-attn off`), though 0 == False."""
+    return (value is not None and (value != () or not repeatable)
+            and (takes_value or value is not False))
 
 
 def from_cli(kw: dict) -> dict:
@@ -198,7 +205,8 @@ def from_cli(kw: dict) -> dict:
     out = {}
     for option in OPTIONS:
         value = kw.get(option.dest or option.name)
-        if not option.flag or not given(value, option.kind.takes_value):
+        if not option.flag or not given(value, option.kind.takes_value,
+                                        option.kind.repeatable):
             continue
         out[option.name] = (not option.default) if not option.kind.takes_value else value
     return out
