@@ -194,3 +194,11 @@ def test_a_remote_draft_is_the_local_one(tmp_path, monkeypatch):
     assert {k: v for k, v in remote["draft"].items() if k != "name"} == \
         {k: v for k, v in local["draft"].items() if k != "name"}
     assert remote["backends"] == local["backends"]
+
+
+@pytest.mark.parametrize("command", [("plan",), ("dot",), ("run", "--tokens", "1,2")],
+                         ids=lambda c: c[0])
+def test_commands_of_the_target_alone_refuse_a_draft(command):
+    """plan, dot and run take the target's graph alone: -md there is refused, not ignored."""
+    code, out, err = invoke(*command, TARGET, "-md", DRAFT)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1

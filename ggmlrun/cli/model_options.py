@@ -140,6 +140,14 @@ def model_input(model, backends_file, model_kw: dict, values: dict, overrides=No
                       draft=load_draft(model, setup[1], model_kw))
 
 
+def refuse_draft(model_input, command: str) -> None:
+    """plan, dot and run show the target's own graph: a draft (a second context of its own)
+    would be left out of what they say, so -md is refused there, not ignored."""
+    if model_input is not None and model_input[2].model_draft is not None:
+        raise InputError(f"--model-draft applies to measure and fit (both models' buffers); "
+                         f"{command} takes the target alone: leave -md out")
+
+
 def load_draft(model, opts, model_kw: dict):
     """The draft model -md names (None without -md), read as MODEL is (a path, a URL,
     hf://), refused unless its vocabulary matches the target's (models/draft.py)."""
@@ -151,6 +159,8 @@ def load_draft(model, opts, model_kw: dict):
     check_draft_options(opts)
     if not has_draft(opts):
         return None
+    if "tokens" in model_kw:
+        refuse_draft((model, None, opts), "run")
     name = opts.model_draft if is_remote(opts.model_draft) else Path(opts.model_draft)
     if isinstance(name, Path):
         open_regular(name, "draft model", limit=None).close()
