@@ -9,8 +9,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
-from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
-                                       print_model_figures)
+from ggmlrun.cli.model_options import (draft_of, model_options, _model_input,
+                                       planned_for_dict, print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 from ggmlrun.models.options.params import U32_MAX
 
@@ -107,7 +107,7 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
     if isinstance(fit_ctx, int):
         warn_past_training(model_file, fit_ctx)
         opts = replace(opts, ctx=fit_ctx)
-    draft = getattr(model_input, "draft", None)
+    draft = draft_of(model_input)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx, margins=by_name, draft=draft)
     extra = {}

@@ -10,7 +10,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, emit_json
-from ggmlrun.cli.model_options import planned_for_dict, print_model_figures, print_planned_for
+from ggmlrun.cli.model_options import (draft_of, planned_for_dict, print_model_figures,
+                                       print_planned_for)
 
 
 def _validate_model(model, backends, opts, as_json):
@@ -44,7 +45,7 @@ def measure_answer(model_input):
     model, backends, opts = model_input
     figures = measure_model(model, backends, opts)
     _, memory = engine.plan_memory(figures.schedule, "ggml")
-    draft = getattr(model_input, "draft", None)
+    draft = draft_of(model_input)
     extra = {}
     if draft is not None:       # both models' buffers on each backend (models/draft.py)
         from ggmlrun.models.draft import main_backend, measure_draft, with_draft

@@ -140,6 +140,18 @@ def model_input(model, backends_file, model_kw: dict, values: dict, overrides=No
                       draft=load_draft(model, setup[1], model_kw))
 
 
+def draft_of(model_input):
+    """The draft of a model input: loaded with it, or, for an input made another way whose
+    options name one (a llama.cpp line's -md), loaded now; None without -md."""
+    draft = getattr(model_input, "draft", None)
+    model, _, opts = model_input
+    if draft is None and opts.model_draft is not None:
+        draft = load_draft(model, opts, {})
+        if isinstance(model_input, ModelInput):
+            model_input.draft = draft
+    return draft
+
+
 def refuse_draft(model_input, command: str) -> None:
     """plan, dot and run show the target's own graph: a draft (a second context of its own)
     would be left out of what they say, so -md is refused there, not ignored."""
@@ -262,7 +274,7 @@ def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: 
     for line in report.host_lines(backends, no_mmap, stdout().width):
         click.echo(line)
     if draft is not None:
-        for line in report.draft_lines(model_input.draft.name, draft, stdout().width,
+        for line in report.draft_lines(draft_of(model_input).name, draft, stdout().width,
                                        without_draft):
             click.echo(line)
     click.echo(last_line)
