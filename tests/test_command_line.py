@@ -25,6 +25,7 @@ TINY_SWA = ROOT / "examples/models/tiny-gemma3-f16.gguf"     # sliding-window la
 # (the tiny llama's 16, which llama.cpp refuses)
 TINY_HEAD_32 = ROOT / "examples/models/tiny-qwen3-f16.gguf"
 CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
+DRAFT = ROOT / "examples/models/tiny-llama-q8_0.gguf"           # a draft for the tiny llama
 
 MiB = 2**20
 
@@ -69,6 +70,11 @@ CASES = {
     "parallel_streams": dict(parallel=2, ctx=600),      # a KV stream per sequence
     "kv_unified": dict(kv_unified=True),
     "swa_full": dict(swa_full=True, ctx=1024, ubatch=32),
+    # the draft's (measured beside the target in tests/test_draft.py): the line carries them
+    "model_draft": dict(model_draft="d.gguf", ngl_draft=2, type_k_draft="bf16",
+                        type_v_draft="f32"),
+    "ctx_draft": dict(model_draft="d.gguf", ctx_draft=512),   # not llama.cpp's: not written
+    "devices_draft": dict(model_draft="d.gguf", devices_draft=("GPU1",)),
 }
 MOE_CASES = ("cpu_moe", "n_cpu_moe", "n_cpu_moe_and_ot")
 MODEL_OF = {"swa_full": TINY_SWA}   # a case whose option needs a model that has it
@@ -199,9 +205,16 @@ def test_every_cli_model_option_reaches_the_line():
                "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
                "--no-mmap": "--no-mmap", "--parallel 2 --kv-unified": "-np 2 -kvu",
                "--kv-unified": "-kvu", "--swa-full": "--swa-full",
-               "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2"}
+               "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2",
+               f"--model-draft {DRAFT}": f"-md {DRAFT} -ngld all",
+               f"--gpu-layers-draft 2 -md {DRAFT}": "-ngld 2",
+               f"--cache-type-k-draft f32 -md {DRAFT}": "-ctkd f32",
+               f"--cache-type-v-draft bf16 -md {DRAFT}": "-ctvd bf16",
+               f"--device-draft none -md {DRAFT}": "-devd none"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N",
+                 "--ctx-draft": "the vendored llama.cpp has no -cd: the draft gets the "
+                                "target's context",
                  "--refresh": "where the header comes from (the header cache), not an option "
                               "of the model"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS

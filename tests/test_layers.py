@@ -21,7 +21,7 @@ STAGES = ["version", "core.util", "core.ir", "core.backends", "core.frontend", "
           "core.run", "core.observe", "core.engine",
           "models.gguf", "models.hparams", "models.options", "models.memory", "models.graph",
           "models.arch", "models.modelfile", "models.cards", "models.load", "models.reserve",
-          "models.fit", "models.run",
+          "models.draft", "models.fit", "models.run",
           "report", "visual", "cli", "api"]
 NEVER_IN_CORE = {"click", "rich", "gguf", "yaml"}
 GGUF_ONLY_IN = {"core.ir.types"}      # ggml's type table, as the gguf package publishes it

@@ -32,8 +32,9 @@ def _line(opts: ModelOptions) -> list[str]:
 
 
 def _base(opts: ModelOptions) -> ModelOptions:
-    """What a llama.cpp line cannot say (ggml's version, a build option) comes from here."""
-    return ModelOptions(ggml=opts.ggml, sched_copies=opts.sched_copies)
+    """What a llama.cpp line cannot say (ggml's version, a build option, the draft's context:
+    the vendored llama.cpp has no -cd) comes from here."""
+    return ModelOptions(ggml=opts.ggml, sched_copies=opts.sched_copies, ctx_draft=opts.ctx_draft)
 
 
 def test_a_line_written_and_parsed_back_is_the_same_options():
@@ -88,9 +89,9 @@ def test_two_devices_pin_the_memory_split():
 
 @pytest.mark.parametrize("line,named", [
     ("-m model.gguf", "-m"), ("-hf owner/repo:Q4_K_M", "-hf"), ("-sm row", "-sm"),
-    ("--mmproj p.gguf", "--mmproj"), ("-md d.gguf", "-md"), ("-ngld 9", "-ngld"),
-    ("-cd 4096", "-cd"), ("--fit on", "--fit"), ("--fit-target x", "whole number"),
-    ("--fit-ctx 0", "--fit-ctx"), ("--cache-ram 8192", "--cache-ram"),
+    ("--mmproj p.gguf", "--mmproj"), ("-cd 4096", "-cd"), ("--fit on", "--fit"),
+    ("--fit-target x", "whole number"), ("--fit-ctx 0", "--fit-ctx"),
+    ("--cache-ram 8192", "--cache-ram"),
     ("--no-repack", "--no-repack"), ("-nr", "-nr"),
     ("-ngl 3 --temp 0.5", "--temp"), ("-c", "-c"), ("-np 0", "-np"), ("-fa auto", "auto"),
     ("-ctk q3_K", "q3_K"), ("-ot ffn", "REGEX=BACKEND"),
@@ -154,7 +155,8 @@ def test_help_lists_every_option_with_its_default():
 
 
 LOWEST = {"Count": lambda k: str(k.lo), "Layers": lambda k: "0", "OnOff": lambda k: "off",
-          "Choice": lambda k: k.values[0], "Split": lambda k: "1", "Overrides": lambda k: "a=CPU"}
+          "Choice": lambda k: k.values[0], "Split": lambda k: "1", "Overrides": lambda k: "a=CPU",
+          "ModelName": lambda k: "d.gguf", "Devices": lambda k: "none"}
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.flag and not o.shared],

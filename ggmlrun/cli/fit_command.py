@@ -9,8 +9,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
-from ggmlrun.cli.model_options import (model_options, _model_input, planned_for_dict,
-                                       print_model_figures)
+from ggmlrun.cli.model_options import (draft_of, model_options, _model_input,
+                                       planned_for_dict, print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 from ggmlrun.models.options.params import U32_MAX
 
@@ -86,7 +86,9 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin
         emit_json(record)
     else:
         print_model_figures(model, report.fit_table(model[0], result), result.backends,
-                            opts.no_mmap, report.fit_line(result))
+                            opts.no_mmap, report.fit_line(result),
+                            draft=result.measure.draft if result.measure else None,
+                            without_draft=result.without_draft)
         click.echo(report.llamacpp_fit_line(record["llamacpp_fit"], result))
     if not result.fits:
         raise RunError(result.advice)
@@ -113,12 +115,29 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
     if isinstance(fit_ctx, int):
         warn_past_training(model_file, fit_ctx)
         opts = replace(opts, ctx=fit_ctx)
+    draft = draft_of(model_input)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
-                       min_ctx=min_ctx, margins=by_name)
+                       min_ctx=min_ctx, margins=by_name, draft=draft)
+    extra = {}
+    if draft is not None and result.measure is not None and result.measure.draft is not None:
+        from ggmlrun.models.draft import main_backend
+
+        # what keeping the draft costs: the same search without it
+        alone = fit_model(model_file, backends, opts, margin_device, margin_cpu,
+                          fit_ctx == "auto", min_ctx=min_ctx, margins=by_name)
+        result.without_draft = alone
+        if not result.fits and alone.fits:
+            result.advice += (f"; without the draft (-md) it fits: -ngl {alone.ngl}, "
+                              f"ctx {alone.ctx}")
+        extra["draft"] = {**report.draft_dict(draft.name, result.measure.draft,
+                                              main_backend(result.measure.draft)),
+                          "without": {"ngl": alone.ngl, "ctx": alone.ctx,
+                                      "n_cpu_moe": alone.n_cpu_moe, "fits": alone.fits}}
     llama = llamacpp_fit(model_file, backends, opts, ctx_auto=not isinstance(fit_ctx, int),
                          margins=fit_targets(fit_target, backends), fit_ctx=min_ctx)
-    record = {**report.model_fit_dict(model_file, result), "options": options_json(opts),
-              "llamacpp_fit": llama.as_dict(), **planned_for_dict(model_input)}
+    record = {**report.model_fit_dict(model_file, result), **extra,
+              "options": options_json(opts), "llamacpp_fit": llama.as_dict(),
+              **planned_for_dict(model_input)}
     return result, opts, record
 
 

@@ -11,7 +11,7 @@ from ggmlrun import report
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
 from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_commands import _measure_model, _model_schedule, _run_model, _validate_model
-from ggmlrun.cli.model_options import (MODEL_OPTIONS, model_options, _model_input,
+from ggmlrun.cli.model_options import (MODEL_OPTIONS, model_options, _model_input, refuse_draft,
                                        planned_for_dict, print_planned_for)
 
 
@@ -62,6 +62,7 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
 
     phases = phase_timer(show_progress)
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
+    refuse_draft(model, "plan")
     if model:
         sched = _model_schedule(*model)
     else:
@@ -299,6 +300,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     if out_file is not None:
         check_output(out_file, "--out", inputs=engine.files_read(graph, backends_file))
     model = _model_input(graph, backends_file, model_kw, ggml, policy)
+    refuse_draft(model, "dot")
     if model:
         sched = _model_schedule(*model)
     else:

@@ -10,7 +10,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, emit_json
-from ggmlrun.cli.model_options import planned_for_dict, print_model_figures, print_planned_for
+from ggmlrun.cli.model_options import (draft_of, planned_for_dict, print_model_figures,
+                                       print_planned_for)
 
 
 def _validate_model(model, backends, opts, as_json):
@@ -44,10 +45,18 @@ def measure_answer(model_input):
     model, backends, opts = model_input
     figures = measure_model(model, backends, opts)
     _, memory = engine.plan_memory(figures.schedule, "ggml")
+    draft = draft_of(model_input)
+    extra = {}
+    if draft is not None:       # both models' buffers on each backend (models/draft.py)
+        from ggmlrun.models.draft import main_backend, measure_draft, with_draft
+
+        figures = with_draft(figures, measure_draft(draft, backends, opts, model.hparams))
+        extra["draft"] = report.draft_dict(draft.name, figures.draft,
+                                           main_backend(figures.draft))
     fit = model_fit(figures)
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
     record = {**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
-              "command": command, "options": options_json(opts),
+              **extra, "command": command, "options": options_json(opts),
               **planned_for_dict(model_input)}
     return figures, memory, fit, command, record
 
@@ -61,7 +70,8 @@ def _measure_model(model_input, as_json):
         emit_json(record)
     else:
         print_model_figures(model_input, report.model_measure_table(model, figures),
-                            figures.backends, opts.no_mmap, f"llama.cpp: {command}")
+                            figures.backends, opts.no_mmap, f"llama.cpp: {command}",
+                            draft=figures.draft)
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
 

@@ -71,6 +71,8 @@ class ModelMeasure:
     # the graphs reserved: "pp+tg" (llama.cpp's whole reserve), or, cut short by
     # measure_model's `enough`, "pp" or "none" (arenas a lower bound; "none": no schedule)
     reserved: str = "pp+tg"
+    # the draft model's own figures (models/draft.py), already added into `backends`
+    draft: ModelMeasure | None = None
 
     @property
     def partial(self) -> bool:
@@ -187,20 +189,23 @@ def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOp
 
 
 def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
-                  enough: Callable[[list[BackendFigures], str], bool] | None = None
-                  ) -> ModelMeasure:
+                  enough: Callable[[list[BackendFigures], str], bool] | None = None,
+                  outputs_max: int | None = None) -> ModelMeasure:
     """`enough(figures, reserved)`: asked first with the weights, KV and state alone (reserved
     "none": no compute buffer yet), then with the pp graph's buffers ("pp"): each is a lower
     bound of the whole reserve's (the allocator only grows), so when it says yes the rest is
     left out and the measure is partial (`reserved` says how far it went). fit passes "a
-    device already misses", which nothing left out could undo."""
+    device already misses", which nothing left out could undo. `outputs_max`: the context's
+    n_outputs_max (None: n_batch, llama.cpp's default), which caps the pp graph's outputs (a
+    draft's: -np, models/draft.py)."""
     check_options(model, backends, opts)
     with gc_paused():
-        return _measure(model, backends, opts, enough)
+        return _measure(model, backends, opts, enough, outputs_max)
 
 
 def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
-             enough: Callable[[list[BackendFigures], str], bool] | None) -> ModelMeasure:
+             enough: Callable[[list[BackendFigures], str], bool] | None,
+             outputs_max: int | None = None) -> ModelMeasure:
     hp = model.hparams
     memory = model_memory(hp, opts)       # llama_model::create_memory: before any graph
     n_tokens = min(memory.kv.cells, ubatch_size(opts, hp.n_ctx_train))
@@ -220,7 +225,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     static = _figures(model, opts, backends, placement, memory, wb)  # no compute buffer yet
     figures, arena, reserved, sched, n_nodes = static, [0] * len(backends), "none", None, 0
     if enough is None or not enough(static, "none"):
-        pp = graph(pp_tokens, n_tokens)
+        pp = graph(pp_tokens, n_tokens if outputs_max is None else min(n_tokens, outputs_max))
         n_nodes = len(pp.graph.nodes)
         scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
                               n_copies=n_copies)

@@ -133,6 +133,42 @@ def model_measure_table(model, figures) -> Table:
     return table
 
 
+def draft_dict(name: str, figures, main: int) -> dict:
+    """SPEC section 5's `draft`: the draft's buffers on its main backend (`main`: where most
+    of its bytes are, models/draft.py's main_backend), and under `backends` every backend's
+    (a draft spread over several: -ts, -ngld below all, the CPU's token embeddings)."""
+    rows = figures.backends
+    top = rows[main]
+    return {"name": name, "backend": top.name, "weights_bytes": top.weights_bytes,
+            "kv_bytes": top.kv_bytes, "arena_bytes": top.arena_bytes,
+            "ctx": figures.ctx, "ubatch": figures.ubatch, "ngl": figures.ngl,
+            "n_nodes": figures.n_nodes, "n_splits": figures.n_splits,
+            "backends": [{"name": b.name, "weights_bytes": b.weights_bytes,
+                          "kv_bytes": b.kv_bytes, "state_bytes": b.state_bytes,
+                          "arena_bytes": b.arena_bytes,
+                          **({"mapped_bytes": b.mapped_bytes, "output_bytes": b.output_bytes}
+                             if b.kind == "cpu" else {})} for b in rows]}
+
+
+def draft_lines(name: str, figures, width: int = 80, without=None) -> list[str]:
+    """`draft M: ctx 4096, -ngld 29; GPU0 weights 1.2 GiB, KV 448 MiB, compute 300 MiB; ...`
+    (the draft's part of the figures above it, which include it); `without`: fit's answer
+    without the draft (a FitResult), what keeping it costs."""
+    items = [f"ctx {figures.ctx}, -ngld {figures.ngl};"]
+    used = [b for b in figures.backends
+            if b.weights_bytes or b.kv_bytes or b.arena_bytes or b.state_bytes]
+    for i, b in enumerate(used):
+        items += [f"{plain(b.name)} weights {human_bytes(b.weights_bytes)},",
+                  f"KV {human_bytes(b.kv_bytes + b.state_bytes)},",
+                  f"compute {human_bytes(b.arena_bytes)}" + (";" if i < len(used) - 1 else "")]
+    lines = pack_line(f"draft {plain(name)} (included above):", items, width)
+    if without is not None:
+        alone = (f"-ngl {without.ngl}, ctx {without.ctx}" if without.fits
+                 else "nothing fits either")
+        lines.append(f"without the draft: {alone}")
+    return lines
+
+
 def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
     return {"outputs": summaries,
             "timings": {"repeat": result.repeat,

@@ -54,14 +54,17 @@ __all__ = ["CTX_STEP", "MIN_CTX", "FitBackend", "FitResult", "Prober", "all_fit"
 
 def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
               margin_device: int, margin_cpu: int, ctx_auto: bool, *,
-              min_ctx: int = MIN_CTX, margins: dict[str, int] | None = None) -> FitResult:
-    """`margins`: per backend name, over the device / CPU defaults (--margin GPU0=1GiB,...)."""
+              min_ctx: int = MIN_CTX, margins: dict[str, int] | None = None,
+              draft: ModelFile | None = None) -> FitResult:
+    """`margins`: per backend name, over the device / CPU defaults (--margin GPU0=1GiB,...).
+    `draft`: the draft model (-md), placed by -ngld and measured at each context beside the
+    target, whose search then fits around it (every probe's rows hold both models)."""
     start = time.perf_counter()
     hp = model.hparams
     n_max = hp.n_layer_all + 1         # NextN layers count for -ngl
     margins = [(margins or {}).get(b.name, margin_cpu if b.kind == "cpu" else margin_device)
                for b in backends]
-    probe = Prober(model, backends, opts, margins)
+    probe = Prober(model, backends, opts, margins, draft)
     costs = layer_costs(model)
     top = ctx_top(hp.n_ctx_train)
     if ctx_auto:

@@ -9,7 +9,7 @@ spellings, back into the fields of a ModelOptions; an option the table does not 
 ValueError naming it, never dropped.
 
 Always spelled out, whatever ggmlrun's default: `-ngl` and `-c` (llama.cpp defaults them to
-`auto`/the model's context), and `-fa` (llama.cpp's default is `auto`, which turns flash
+`auto`/the model's context), `-ngld` with a draft (`auto` too), and `-fa` (llama.cpp's default is `auto`, which turns flash
 attention on where the device has it). A device split is written with `-ts` even when ggmlrun
 split by device memory: llama.cpp splits by the *free* memory it finds, which is not the size
 ggmlrun was told. `-b` is written only when `-ub` is past its default, which would clamp it.
@@ -66,6 +66,8 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -
                                       if b.kind == "rpc") if e)
     args: list[str] = []
     for option in OPTIONS:
+        if option.name.endswith("_draft") and opts.model_draft is None:
+            continue                           # a draft's options, only with a draft (-md)
         if option.llama:
             args += _words(option, values[option.name])
     return args

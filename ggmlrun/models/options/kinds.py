@@ -284,6 +284,48 @@ class LoadMode(Kind):
 
 
 @dataclass(frozen=True)
+class ModelName(Kind):
+    """A MODEL as the command line names one (a path, a URL, hf://OWNER/REPO[:QUANT]): text,
+    read by the loader, not here."""
+    metavar = "MODEL"
+
+    def read(self, text: str) -> str:
+        if not str(text).strip():
+            raise ValueError("give a model: a path, a URL or hf://OWNER/REPO")
+        return str(text)
+
+    def check(self, value) -> str:
+        import os
+
+        return self.read(os.fspath(value) if isinstance(value, os.PathLike) else value)
+
+
+@dataclass(frozen=True)
+class Devices(Kind):
+    """-devd DEV,DEV,... or none (no device): backend names, in order; the names are checked
+    against the backends where the model is planned."""
+    metavar = "NAME,...|none"
+
+    def read(self, text: str) -> tuple[str, ...]:
+        text = str(text).strip()
+        if text == "none":
+            return ()
+        names = tuple(n.strip() for n in text.split(","))
+        if not all(names) or len(set(names)) != len(names):
+            raise ValueError(f"{text!r}: give device names separated by commas, each once, "
+                             f"or none")
+        return names
+
+    def check(self, value):
+        if value is None or isinstance(value, str):
+            return value if value is None else self.read(value)
+        return self.read(",".join(value)) if value else ()
+
+    def write(self, value) -> str:
+        return ",".join(value) if value else "none"
+
+
+@dataclass(frozen=True)
 class Endpoints(Kind):
     """--rpc HOST:PORT,...: ggml rpc-servers, the devices (SPEC section 3)."""
     metavar = "HOST:PORT,..."

@@ -32,6 +32,13 @@ class ModelOptions:
     kv_unified: bool = False      # -kvu: one KV cache for all sequences (else one per sequence)
     cpu_moe: bool = False         # --cpu-moe: every expert tensor on the CPU
     n_cpu_moe: int = 0            # --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
+    # the draft model of speculative decoding (models/draft.py derives its options from these)
+    model_draft: str | None = None   # -md MODEL, as given (a path, URL or hf:// name)
+    ngl_draft: int | None = None     # -ngld: None all, as llama.cpp's default (-1) loads it
+    ctx_draft: int | None = None     # None: the target's context, as llama.cpp sizes it
+    type_k_draft: str = "f16"        # -ctkd: the draft's own K type (not the target's -ctk)
+    type_v_draft: str = "f16"        # -ctvd
+    devices_draft: tuple[str, ...] | None = None   # -devd: its devices, in order (): none
     # --kv-type: K and V both, when given (replace(opts, kv_type=T) too); never read back
     # (opts.kv_type is None): read type_k and type_v
     kv_type: InitVar[str | None] = None

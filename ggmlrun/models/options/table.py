@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ggmlrun.models.options.kinds import (Choice, Count, Endpoints, Kind, Layers, LoadMode,
-                                          OnOff, Overrides, Split, Switch, Targets)
+from ggmlrun.models.options.kinds import (Choice, Count, Devices, Endpoints, Kind, Layers,
+                                          LoadMode, ModelName, OnOff, Overrides, Split, Switch,
+                                          Targets)
 from ggmlrun.models.options.params import I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelOptions)}
@@ -125,6 +126,29 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
     Option("kv_unified", Switch(), "context", "One KV cache for all --parallel sequences",
            flag="--kv-unified", llama=(("-kvu", "--kv-unified"),),
            llama_off=("-no-kvu", "--no-kv-unified")),
+    Option("model_draft", ModelName(), "server", "Draft model of speculative decoding (a path, "
+           "URL or hf:// name): its weights, KV cache and compute buffers beside the target's",
+           flag="--model-draft", aliases=("-md",),
+           llama=(("-md", "--model-draft", "--spec-draft-model"),), default_text="none"),
+    Option("ngl_draft", Layers(), "model", "The draft's layers on the devices, or 'all'",
+           flag="--gpu-layers-draft", aliases=("-ngld",),
+           llama=(("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"),),
+           default_text="all", always=True),
+    Option("ctx_draft", Count(1, U32_MAX, "llama.cpp's uint32"), "context", "The draft's "
+           "context; the vendored llama.cpp has no -cd and gives the draft the target's, so "
+           "another value is a what-if the line to paste cannot ask for", flag="--ctx-draft", aliases=("-cd",),
+           default_text="the target's"),
+    Option("type_k_draft", Choice(KV_TYPES), "context", "The draft's K cache type (not the "
+           "target's -ctk)", flag="--cache-type-k-draft", aliases=("-ctkd",),
+           llama=(("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"),)),
+    Option("type_v_draft", Choice(KV_TYPES), "context", "The draft's V cache type (not the "
+           "target's -ctv)", flag="--cache-type-v-draft", aliases=("-ctvd",),
+           llama=(("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"),)),
+    Option("devices_draft", Devices(), "server", "The devices the draft's layers go to, in "
+           "order (a backend's name), or none: the CPU alone; -ts's first proportions split "
+           "them", flag="--device-draft", aliases=("-devd",),
+           llama=(("-devd", "--device-draft", "--spec-draft-device"),),
+           default_text="the target's devices"),
     Option("no_mmap", Switch(), "model", "CPU weights allocated, not memory-mapped",
            flag="--no-mmap", llama=(("--no-mmap",),), llama_off=("--mmap",)),
     Option("load_mode", LoadMode(), "model", "-lm none is --no-mmap; read, never written",
@@ -174,10 +198,12 @@ def make_options(values: dict) -> ModelOptions:
     return ModelOptions(**fields)
 
 
-def given(value, takes_value: bool = True) -> bool:
-    """Whether click got the option: not None, no repeat (()) or, for a switch, not False;
-    0 and off are values given (`--ngl 0`, `--flash-attn off`), though 0 == False."""
-    return value is not None and value != () and (takes_value or value is not False)
+def given(value, takes_value: bool = True, repeatable: bool = True) -> bool:
+    """Whether click got the option: not None, no repeat (() of a repeatable option; -devd
+    none is () given) or, for a switch, not False; 0 and off are values given (`--ngl 0`,
+    `--flash-attn off`), though 0 == False."""
+    return (value is not None and (value != () or not repeatable)
+            and (takes_value or value is not False))
 
 
 def from_cli(kw: dict) -> dict:
@@ -186,7 +212,8 @@ def from_cli(kw: dict) -> dict:
     out = {}
     for option in OPTIONS:
         value = kw.get(option.dest or option.name)
-        if not option.flag or not given(value, option.kind.takes_value):
+        if not option.flag or not given(value, option.kind.takes_value,
+                                        option.kind.repeatable):
             continue
         out[option.name] = (not option.default) if not option.kind.takes_value else value
     return out
