@@ -8,6 +8,7 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
+from ggmlrun.cli.llama_tail import TailCommand
 from ggmlrun.cli.common import MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
 from ggmlrun.cli.model_options import (draft_of, model_options, _model_input,
                                        planned_for_dict, print_model_figures)
@@ -43,8 +44,8 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
             f"{', '.join(ARCHITECTURES)}; each graph as the llama.cpp of {LLAMA_CPP} builds it.")
 
 
-@cli.command(help=FIT_HELP)
-@click.argument("model_path", metavar="MODEL", type=MODEL_ARG)
+@cli.command(help=FIT_HELP, cls=TailCommand)
+@click.argument("model_path", metavar="MODEL", type=MODEL_ARG, required=False)
 @BACKENDS
 @JSON
 @click.option("--ctx", "fit_ctx", type=_CtxType(), default=None,
@@ -71,9 +72,18 @@ FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, th
 def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin, ggml,
         overrides, show_progress, **model_kw):
     """The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."""
+    from ggmlrun.cli import llama_tail
     from ggmlrun.core.util.errors import RunError
     from ggmlrun.core.util.inputs import open_regular
 
+    cmd = llama_tail.tail_command()
+    if cmd is not None:
+        model_path, model_kw, overrides = llama_tail.apply_command(
+            cmd, model_path, model_kw, overrides,
+            own={"ctx": "fit_ctx", "ngl": "ngl", "fit_target": ("margin", "fit_target"),
+                 "fit_ctx": "min_ctx"})
+    elif model_path is None:
+        raise click.UsageError("Missing argument 'MODEL'.")
     if isinstance(model_path, Path):
         open_regular(model_path, "model", limit=None).close()   # "no such file", a directory
     model = _model_input(model_path, backends_file, model_kw, ggml, overrides=overrides,
@@ -81,7 +91,15 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin
     if model is None:
         raise InputError("fit takes a model: a GGUF file (by its GGUF magic) or a model card (a "
                          "YAML file with `architecture:`); this is neither", file=str(model_path))
-    result, opts, record = fit_answer(model, fit_ctx, min_ctx, margin, fit_target)
+    ngl = None
+    if cmd is not None:
+        llama_tail.check_rpc(cmd, model[1])
+        llama_tail.warn_unmodelled(cmd)
+        fit_ctx, min_ctx, margin, fit_target, ngl = command_fit(cmd, model, fit_ctx, min_ctx,
+                                                                margin, fit_target)
+    result, opts, record = fit_answer(model, fit_ctx, min_ctx, margin, fit_target, ngl=ngl)
+    if cmd is not None:
+        record["unmodelled"] = list(cmd.unmodelled)
     if as_json:
         emit_json(record)
     else:
@@ -94,8 +112,40 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin
         raise RunError(result.advice)
 
 
+def command_fit(cmd, model_input, fit_ctx, min_ctx: int, margin: str | None,
+                fit_target: str | None):
+    """How llama.cpp runs a command's --fit, in fit's terms: the context (-c N; -c 0 or none:
+    with --fit on, the longest from --fit-ctx up, else the training context), -ngl pinned
+    (given, or every layer with --fit off) or searched, and --fit-target both as the margins
+    of ggmlrun's answer and as what llama.cpp's own fit keeps free (`llamacpp_fit`; MiB per
+    device, one value for every device; llama.cpp's default 1024 MiB)."""
+    from ggmlrun.models.options.llama_command import FIT_DEFAULT_CTX, MiB
+
+    model, backends, _ = model_input
+    n_max = model.hparams.n_layer_all + 1
+    if "ctx" in cmd.fields:
+        fit_ctx = cmd.fields["ctx"]
+    elif cmd.fit:
+        fit_ctx, min_ctx = "auto", cmd.fit_ctx or FIT_DEFAULT_CTX
+    else:
+        fit_ctx = model.hparams.n_ctx_train
+    ngl = None
+    if not cmd.fit or not cmd.ngl_auto:
+        ngl = cmd.fields.get("ngl")
+        ngl = n_max if ngl is None else ngl
+    if cmd.fit_target is not None:
+        devices = [b.name for b in backends if b.kind != "cpu"]
+        if len(cmd.fit_target) == 1:
+            margin = f"{cmd.fit_target[0] // MiB}MiB"
+        else:
+            margin = ",".join(f"{name}={size // MiB}MiB"
+                              for name, size in zip(devices, cmd.fit_target))
+        fit_target = ",".join(str(size // MiB) for size in cmd.fit_target[:max(1, len(devices))])
+    return fit_ctx, min_ctx, margin, fit_target, ngl
+
+
 def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
-               fit_target: str | None = None):
+               fit_target: str | None = None, ngl: int | None = None):
     """fit's answer for a model input: the result, the options it fitted with (--ctx N
     replaces the model's), and the record `--json` prints (the Python API returns it too)."""
     from dataclasses import replace
@@ -117,14 +167,14 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
         opts = replace(opts, ctx=fit_ctx)
     draft = draft_of(model_input)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
-                       min_ctx=min_ctx, margins=by_name, draft=draft)
+                       min_ctx=min_ctx, margins=by_name, draft=draft, ngl=ngl)
     extra = {}
     if draft is not None and result.measure is not None and result.measure.draft is not None:
         from ggmlrun.models.draft import main_backend
 
         # what keeping the draft costs: the same search without it
         alone = fit_model(model_file, backends, opts, margin_device, margin_cpu,
-                          fit_ctx == "auto", min_ctx=min_ctx, margins=by_name)
+                          fit_ctx == "auto", min_ctx=min_ctx, margins=by_name, ngl=ngl)
         result.without_draft = alone
         if not result.fits and alone.fits:
             result.advice += (f"; without the draft (-md) it fits: -ngl {alone.ngl}, "
@@ -134,7 +184,8 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
                           "without": {"ngl": alone.ngl, "ctx": alone.ctx,
                                       "n_cpu_moe": alone.n_cpu_moe, "fits": alone.fits}}
     llama = llamacpp_fit(model_file, backends, opts, ctx_auto=not isinstance(fit_ctx, int),
-                         margins=fit_targets(fit_target, backends), fit_ctx=min_ctx)
+                         margins=fit_targets(fit_target, backends), fit_ctx=min_ctx,
+                         user_ngl=ngl)
     record = {**report.model_fit_dict(model_file, result), **extra,
               "options": options_json(opts), "llamacpp_fit": llama.as_dict(),
               **planned_for_dict(model_input)}

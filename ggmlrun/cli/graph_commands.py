@@ -9,7 +9,8 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
-from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
+from ggmlrun.cli.llama_tail import TailCommand
+from ggmlrun.cli.common import MODEL_ARG, stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_commands import _measure_model, _model_schedule, _run_model, _validate_model
 from ggmlrun.cli.model_options import (MODEL_OPTIONS, model_options, _model_input, refuse_draft,
                                        planned_for_dict, print_planned_for)
@@ -97,8 +98,8 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
     _raise_unless_fits(sched, memory, fit)
 
 
-@cli.command()
-@GRAPH
+@cli.command(cls=TailCommand)
+@click.argument("graph", type=MODEL_ARG, required=False)
 @BACKENDS
 @JSON
 @POLICY
@@ -118,10 +119,21 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
     from ggmlrun import visual
     from ggmlrun.core.observe.occupancy import occupancy
 
+    from ggmlrun.cli import llama_tail
+
+    cmd = llama_tail.tail_command()
+    if cmd is not None:
+        graph, model_kw, overrides = llama_tail.apply_command(cmd, graph, model_kw, overrides,
+                                                              own={})
+    elif graph is None:
+        raise click.UsageError("Missing argument 'GRAPH'.")
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides,
                          this_machine=True)
+    if cmd is not None and not model:
+        raise InputError("a llama.cpp command after -- runs a model: a GGUF file or a model "
+                         "card, not a graph file", file=str(graph))
     if model:
-        return _measure_model(model, as_json)
+        return _measure_model(model, as_json, cmd)
     phases = phase_timer(show_progress)
     g, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
     with phases("plan"):

@@ -61,11 +61,15 @@ def measure_answer(model_input):
     return figures, memory, fit, command, record
 
 
-def _measure_model(model_input, as_json):
+def _measure_model(model_input, as_json, cmd=None):
     from ggmlrun.core import engine
 
+    if cmd is not None:
+        model_input = _command_input(model_input, cmd)
     model, backends, opts = model_input
     figures, memory, fit, command, record = measure_answer(model_input)
+    if cmd is not None:
+        record["unmodelled"] = list(cmd.unmodelled)
     if as_json:
         emit_json(record)
     else:
@@ -74,6 +78,28 @@ def _measure_model(model_input, as_json):
                             draft=figures.draft)
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
+
+
+def _command_input(model_input, cmd):
+    """measure's options for a llama.cpp command (`-- llama-server ...`): -c absent or 0 is
+    the training context, as llama.cpp allocates it; its --fit (on unless --fit off) would
+    choose the context and -ngl the command leaves to it, which `fit -- ...` answers."""
+    from ggmlrun.cli import llama_tail
+
+    model = model_input[0]
+    llama_tail.check_rpc(cmd, model_input[1])
+    llama_tail.warn_unmodelled(cmd)
+    ctx_given = "ctx" in cmd.fields or llama_tail._given("ctx_size")
+    if not ctx_given:
+        model_input = llama_tail.with_options(model_input, ctx=model.hparams.n_ctx_train)
+    left = [w for w, left in (("-c at the training context", not ctx_given),
+                             ("-ngl at every layer",
+                              cmd.ngl_auto and not llama_tail._given("ngl"))) if left]
+    if cmd.fit and left:
+        click.echo(f"ggmlrun: note: measured with {' and '.join(left)}, as the command leaves "
+                   f"them; llama.cpp's --fit (on) may lower them: `ggmlrun fit -- {cmd.tool} "
+                   f"...` answers what it would need", err=True)
+    return model_input
 
 
 def model_fit(figures):

@@ -39,7 +39,7 @@ from dataclasses import replace
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models.options.command_line import llama_cpp_line
-from ggmlrun.models.fit.advice import advice as nothing_fits_advice
+from ggmlrun.models.fit.advice import advice as nothing_fits_advice, pinned_advice
 from ggmlrun.models.fit.core import (CTX_STEP, MIN_CTX, FitBackend, FitResult, Prober,
                                      all_fit, ctx_top, expert_costs, layer_costs)
 from ggmlrun.models.fit.ctx import kv_bound, largest_ctx
@@ -55,10 +55,13 @@ __all__ = ["CTX_STEP", "MIN_CTX", "FitBackend", "FitResult", "Prober", "all_fit"
 def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
               margin_device: int, margin_cpu: int, ctx_auto: bool, *,
               min_ctx: int = MIN_CTX, margins: dict[str, int] | None = None,
-              draft: ModelFile | None = None) -> FitResult:
+              draft: ModelFile | None = None, ngl: int | None = None) -> FitResult:
     """`margins`: per backend name, over the device / CPU defaults (--margin GPU0=1GiB,...).
     `draft`: the draft model (-md), placed by -ngld and measured at each context beside the
-    target, whose search then fits around it (every probe's rows hold both models)."""
+    target, whose search then fits around it (every probe's rows hold both models).
+    `ngl`: layers the user pinned (a llama.cpp command's -ngl, which llama.cpp's --fit leaves
+    alone): no layer, expert or split search; whether it fits, and with `ctx_auto` the
+    longest context it fits."""
     start = time.perf_counter()
     hp = model.hparams
     n_max = hp.n_layer_all + 1         # NextN layers count for -ngl
@@ -71,8 +74,11 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         ctx = min(top, max(CTX_STEP, min_ctx // CTX_STEP * CTX_STEP))
     else:
         ctx = opts.ctx if opts.ctx is not None else min(hp.n_ctx_train, 4096)
-    experts = expert_costs(model) if not opts.cpu_moe else {}
-    if experts:
+    experts = expert_costs(model) if not opts.cpu_moe and ngl is None else {}
+    pinned = ngl is not None
+    if pinned:
+        dev_ngl = min(ngl, n_max)
+    elif experts:
         dev_ngl, probe = moe_device_fit(probe, ctx, n_max, costs, experts)
     else:
         dev_ngl = device_ngl(probe, ctx, n_max, costs)
@@ -85,7 +91,12 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
             # has the same cache and graph, so the largest of them fits as this one does
             ctx = max(ctx, min(top, streams * kv_size(replace(opts, ctx=ctx), hp.n_ctx_train)))
     shown = ngl if ngl is not None else dev_ngl or 0
-    advice = "" if ngl is not None else nothing_fits_advice(probe, ctx, dev_ngl, n_max, costs)
+    if ngl is not None:
+        advice = ""
+    elif pinned:
+        advice = pinned_advice(probe, ctx, dev_ngl, n_max, costs)
+    else:
+        advice = nothing_fits_advice(probe, ctx, dev_ngl, n_max, costs)
     rows, m = probe.full(shown, ctx, complete=True)
     answer = replace(opts, n_cpu_moe=probe.n_cpu_moe, tensor_split=probe.split)
     command = llama_cpp_line(answer, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""

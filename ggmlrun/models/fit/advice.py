@@ -42,6 +42,18 @@ def advice(probe: Prober, ctx: int, dev_ngl: int | None, n_max: int, costs) -> s
     return message + f"; it needs {need} (or a smaller --margin)"
 
 
+def pinned_advice(probe: Prober, ctx: int, ngl: int, n_max: int, costs) -> str:
+    """-ngl given (a llama.cpp command's, which llama.cpp's --fit leaves alone) and short:
+    who is short and by how much, and the most layers that fit at this context instead."""
+    short = [r for r in probe(ngl, ctx, complete=True) if not r.fits]
+    parts = [f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short]
+    message = f"-ngl {ngl} does not fit at -c {ctx}: it needs " + ", ".join(parts)
+    best = ngl_that_fits(probe, ctx, n_max, costs)
+    if best is not None and best != ngl:
+        return message + f"; -ngl {best} fits (the most layers at that context)"
+    return message
+
+
 def ctx_ceiling(model: ModelFile, rows: list[FitBackend], ctx: int) -> int:
     """A context no -ngl can fit past: every weight is somewhere (the backends' weights add
     up to at least the header's tensor bytes), the KV cache is the same bytes per cell
