@@ -43,6 +43,7 @@ from ggmlrun.models.fit.advice import advice as nothing_fits_advice, pinned_advi
 from ggmlrun.models.fit.core import (CTX_STEP, MIN_CTX, FitBackend, FitResult, Prober,
                                      all_fit, ctx_top, expert_costs, layer_costs)
 from ggmlrun.models.fit.ctx import kv_bound, largest_ctx
+from ggmlrun.models.fit.dense_split import dense_split_fit, longest_split_ctx
 from ggmlrun.models.fit.moe import moe_device_fit
 from ggmlrun.models.fit.ngl import device_ngl
 from ggmlrun.models.modelfile import ModelFile
@@ -82,9 +83,18 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         dev_ngl, probe = moe_device_fit(probe, ctx, n_max, costs, experts)
     else:
         dev_ngl = device_ngl(probe, ctx, n_max, costs)
+        several = probe.split is None and sum(b.kind != "cpu" for b in backends) > 1
+        if several and dev_ngl is not None:
+            found = dense_split_fit(probe, ctx, n_max, costs, dev_ngl)
+            if found is not None:
+                dev_ngl, probe = found[0], probe.fixed(split=found[1])
     ngl = dev_ngl if dev_ngl is not None and all_fit(probe(dev_ngl, ctx)) else None
     if ngl is not None and ctx_auto:
         ctx = largest_ctx(probe, ngl, ctx, top)
+        if probe.split is not None and probe.split != opts.tensor_split and not experts:
+            longer = longest_split_ctx(probe, ngl, ctx, top, n_max, costs)
+            if longer is not None:
+                ctx, probe = longer[0], probe.fixed(split=longer[1])
         streams = kv_streams(opts)
         if streams > 1:
             # a KV stream per sequence: every context up to streams x its per-stream cells
