@@ -200,6 +200,8 @@ def model_fit_dict(model, result) -> dict:
                            result.probe_reserved or ["pp+tg"] * len(result.probes))],
             **({"tensor_split": split_numbers(result.tensor_split)}
                if getattr(result, "tensor_split", None) else {}),
+            "one_more_step": [{"option": st.option, "saves_bytes": st.saves_bytes,
+                               "on": list(st.where)} for st in getattr(result, "steps", [])],
             "seconds": result.seconds, "command": result.command or None,
             **({"advice": result.advice} if result.advice else {})}
 
@@ -253,9 +255,14 @@ def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
 
 
 def fit_line(result) -> str:
+    """The line to paste, and what one more step would free (the steps are in the error when
+    nothing fits)."""
+    from ggmlrun.models.fit.steps import steps_text
+
     if not result.fits:
         return "llama.cpp: nothing fits (see the error below)"
-    return f"llama.cpp: {result.command}"
+    more = steps_text(getattr(result, "steps", []))
+    return f"llama.cpp: {result.command}" + (f"\n{more}" if more else "")
 
 
 def llamacpp_fit_line(llama: dict, result) -> str:

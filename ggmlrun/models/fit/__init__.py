@@ -46,6 +46,7 @@ from ggmlrun.models.fit.ctx import kv_bound, largest_ctx
 from ggmlrun.models.fit.dense_split import dense_split_fit, longest_split_ctx
 from ggmlrun.models.fit.moe import moe_device_fit
 from ggmlrun.models.fit.ngl import device_ngl
+from ggmlrun.models.fit.steps import one_more_step, steps_text
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options.params import ModelOptions, kv_size, kv_streams
 
@@ -108,6 +109,11 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     else:
         advice = nothing_fits_advice(probe, ctx, dev_ngl, n_max, costs)
     rows, m = probe.full(shown, ctx, complete=True)
+    short_of = (ngl is None or ngl < n_max or (probe.n_cpu_moe or 0) > opts.n_cpu_moe
+                or (ctx_auto and ctx < top))
+    steps = one_more_step(probe, shown, ctx) if short_of else []
+    if advice and steps:
+        advice += "; " + steps_text(steps)
     answer = replace(opts, n_cpu_moe=probe.n_cpu_moe, tensor_split=probe.split)
     command = llama_cpp_line(answer, backends, ngl=ngl, ctx=ctx) if ngl is not None else ""
     return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer_all, shown_ngl=shown, backends=rows,
@@ -116,4 +122,5 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                      probe_moe=list(probe.order_moe),
                      probe_reserved=probe.order_reserved, probe_splits=probe.order_splits,
                      n_cpu_moe=probe.n_cpu_moe if experts or opts.n_cpu_moe else None,
+                     steps=steps,
                      tensor_split=probe.split if probe.split != opts.tensor_split else None)

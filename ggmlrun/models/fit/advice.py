@@ -39,7 +39,9 @@ def advice(probe: Prober, ctx: int, dev_ngl: int | None, n_max: int, costs) -> s
             return (message + f"; the largest context that fits is --ctx {best_ctx}, with "
                     f"-ngl {best_ngl} (the most layers at that context)")
     need = ", ".join(f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short)
-    return message + f"; it needs {need} (or a smaller --margin)"
+    # a smaller margin helps only where one is kept (the host keeps none by default)
+    margin = " (or a smaller --margin)" if any(r.margin_bytes > 0 for r in short) else ""
+    return message + f"; it needs {need}{margin}"
 
 
 def pinned_advice(probe: Prober, ctx: int, ngl: int, n_max: int, costs) -> str:

@@ -61,6 +61,9 @@ class FitResult:
     tensor_split: tuple[float, ...] | None = None
     # with a draft (-md): the answer of the same search without it (what keeping it costs)
     without_draft: FitResult | None = None
+    # what one more change of the options frees (fit/steps.py's Step), where the answer
+    # leaves layers on the CPU, falls short of the context or nothing fits
+    steps: list = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
