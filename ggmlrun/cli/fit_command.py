@@ -41,7 +41,11 @@ class _CtxType(click.ParamType):
 
 FIT_HELP = ("The most layers (-ngl), and with --ctx auto the longest context, that fit in memory."
             "\n\nMODEL is a GGUF file or a model card of a supported architecture: "
-            f"{', '.join(ARCHITECTURES)}; each graph as the llama.cpp of {LLAMA_CPP} builds it.")
+            f"{', '.join(ARCHITECTURES)}; each graph as the llama.cpp of {LLAMA_CPP} builds it."
+            "\n\nfit [MODEL] [OPTIONS] -- llama-server ARGS... (or llama-cli): the answer for "
+            "that command line as you run it (the model from -m/-hf when MODEL is not given; "
+            "-ngl and -c it leaves to llama.cpp's --fit are searched); options ggmlrun does not "
+            "model are named on stderr.")
 
 
 @cli.command(help=FIT_HELP, cls=TailCommand)

@@ -113,7 +113,11 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
 def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, overrides,
             show_progress, **model_kw):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound, and
-    whether weights + arena fit each backend's memory and all of them the host's RAM."""
+    whether weights + arena fit each backend's memory and all of them the host's RAM.
+
+    measure [MODEL] [OPTIONS] -- llama-server ARGS... (or llama-cli): a model's buffers for
+    that command line as you run it (the model from -m/-hf when MODEL is not given); options
+    ggmlrun does not model are named on stderr."""
     from ggmlrun.core import engine
 
     from ggmlrun import visual
