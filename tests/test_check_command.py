@@ -101,7 +101,7 @@ def test_pinned_ngl_fits_as_measured():
 VALUES = {"ngl": "3", "ctx": "512", "flash_attn": "on", "batch": "64", "ubatch": "64",
           "type_k": "q8_0", "type_v": "q8_0", "tensor_split": "1", "overrides": "x=CPU",
           "rpc": "h:1", "n_cpu_moe": "2", "parallel": "2", "load_mode": "none",
-          **{w: "on" for w in ("-fit", "--fit")}, **{w: "a/b" for w in ("-hf", "-hfr", "--hf-repo")}}
+          **{w: "on" for w in ("-fit", "--fit")}, **{w: "row" for w in ("-sm", "--split-mode")}, **{w: "a/b" for w in ("-hf", "-hfr", "--hf-repo")}}
 
 
 def test_every_llama_option_is_read_or_named():
@@ -131,6 +131,21 @@ def test_model_names():
     assert read_command(["/opt/bin/llama-server", "-m", "a.gguf"]).model == Path("a.gguf")
 
 
+def test_what_llama_cpp_defaults_spell():
+    """-sm layer is how ggmlrun places a model (the other modes are named), -np -1 is
+    llama-server's auto (the default), -c 0 the training context, -ngl -1 fit's to choose and
+    -ngl -2 every layer; llama-cli plans one sequence unless -np says otherwise."""
+    assert read_command(["llama-server", "-sm", "layer"]).unmodelled == []
+    assert read_command(["llama-server", "-sm", "row"]).unmodelled == ["-sm row"]
+    cmd = read_command(["llama-server", "-np", "-1", "-c", "0", "-ngl", "-1"])
+    assert cmd.fields == {} and cmd.ctx_train and cmd.ngl_auto
+    cmd = read_command(["llama-server", "-ngl", "-2"])
+    assert cmd.fields == {"ngl": None} and not cmd.ngl_auto
+    for words, parallel in ((["llama-cli"], 1), (["llama-cli", "-np", "3"], 3)):
+        data, _ = _json("measure", *DEVICES, "--", *words, "-m", TINY, "-fa", "off")
+        assert data["options"]["parallel"] == parallel
+
+
 def test_unmodelled_named_on_stderr_once():
     data, err = _json("measure", *DEVICES, "--", "llama-server", "-m", TINY, "-c", "512",
                       "-ngl", "2", "--port", "8080", "--temp", "0.5", "-cram", "0")
@@ -153,6 +168,8 @@ def test_unmodelled_named_on_stderr_once():
     (("--ctx", "512", "--", "llama-server", "-m", TINY, "-c", "0"), "--ctx (before --)"),
     (("--", "llama-server", "-m", TINY, "--rpc", "h:1"), "rpc-server h:1"),
     (("--", "llama-server", "-m", TINY, "-fa", "maybe"), "-fa maybe"),
+    (("--", "llama-server", "-m", TINY, "-sm", "rows"), "-sm rows"),
+    (("--no-op-offload", "--", "llama-server", "-m", TINY, "--no-op-offload"), "(before --)"),
 ])
 def test_refusals_are_one_line(args, says):
     for command in ("measure", "fit"):

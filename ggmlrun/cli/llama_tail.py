@@ -80,20 +80,25 @@ def apply_command(cmd, model_path, model_kw: dict, overrides, *, own: dict[str, 
     kw = dict(model_kw)
     for name, value in cmd.fields.items():
         option = BY_NAME[name]
-        if name in own or name == "rpc" or not option.field:
+        if name in own or name == "rpc":          # rpc: check_rpc's
             continue
         param = option.dest or option.name
         clashing = [param] + [o.dest or o.name for o in BY_NAME.values() if name in o.sets]
         for p in clashing:
-            if p in kw and _given(p):
+            if _given(p):
                 _conflict(_flag(p), written[name])
-        if name == "op_offload":
+        if not option.flag:                       # no way in through the command's options
+            cmd.unmodelled.append(written[name])
+        elif name == "op_offload":
             overrides = dataclasses.replace(overrides, op_offload=value)
         elif option.kind.takes_value:
             kw[param] = value
         else:
             kw[param] = value != option.default
+    if cmd.tool == "llama-cli" and "parallel" not in cmd.fields and not _given("parallel"):
+        kw["parallel"] = 1                        # llama-cli's -np default (llama-server: auto)
     return model_path if cmd.model is None else cmd.model, kw, overrides
+
 
 
 def _flag(param: str) -> str:

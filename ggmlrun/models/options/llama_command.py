@@ -8,7 +8,8 @@ argument" (llama-cli has no -kvu, llama-server no -st). What is left is one of t
 
 * the model options of the option table: their words go, unchanged, to the one parser of
   llama.cpp lines (command_line.parse_llama_args), after the values only llama.cpp's own
-  defaults spell (-c 0: the training context; -ngl -1/auto: fit's to choose, -2: every layer);
+  defaults spell (-c 0: the training context; -ngl -1/auto: fit's to choose, -2: every layer;
+  -np -1: llama-server's auto, the default);
 * what says which model and how llama.cpp's --fit runs: -m, -hf (with -hff), -mu, --fit,
   --fit-target, --fit-ctx, read here;
 * everything else llama.cpp takes (sampling, the server's port, threads, --cache-ram, ...):
@@ -35,9 +36,21 @@ _OWN = {"-m": "model", "--model": "model", "-hf": "hf", "-hfr": "hf", "--hf-repo
         "-fitc": "fit_ctx", "--fit-ctx": "fit_ctx"}
 
 
+# -sm/--split-mode: `layer` (llama.cpp's default) is how ggmlrun places a model over devices
+_SPLIT_MODE = ("-sm", "--split-mode")
+SPLIT_MODES = ("none", "layer", "row", "tensor")
+
+
 def _known() -> dict[str, tuple[int, tuple[str, ...]]]:
-    """Every spelling arg.cpp defines: (values it takes, the tools that accept it)."""
-    return {s: (n, tools) for on, off, n, tools in ARGS for s in (*on, *off)}
+    """Every spelling arg.cpp defines: (values it takes, the tools that accept it). A spelling
+    defined twice (-np: llama-server's under `if (ex == LLAMA_EXAMPLE_SERVER)`, everyone
+    else's in the `else`) belongs to the tools of either."""
+    known: dict[str, tuple[int, tuple[str, ...]]] = {}
+    for on, off, n, tools in ARGS:
+        for s in (*on, *off):
+            before = known.get(s, (n, ()))[1]
+            known[s] = (n, tuple(t for t in ("server", "cli") if t in before or t in tools))
+    return known
 
 
 KNOWN = _known()
@@ -114,7 +127,13 @@ def read_command(words: list[str]) -> LlamaCommand:
                              f"argument)")
         values = words[i + 1:i + 1 + n]
         i += 1 + n
-        if word in _OWN:
+        if word in _SPLIT_MODE:
+            if values[0] not in SPLIT_MODES:
+                raise ValueError(f"{word} {values[0]}: choose one of {', '.join(SPLIT_MODES)} "
+                                 f"(llama.cpp: invalid value)")
+            if values[0] != "layer":            # layer, llama.cpp's default, is what is modelled
+                cmd.unmodelled.append(f"{word} {values[0]}")
+        elif word in _OWN:
             own[_OWN[word]] = (word, values[0])
         elif word in SPELLINGS:
             option = SPELLINGS[word][0]
@@ -150,6 +169,11 @@ def _llama_defaults(cmd: LlamaCommand, table: list[str]) -> list[str]:
                 out = _drop(out, "ctx")
                 i += 2
                 continue
+        if option.name == "parallel" and table[i + 1].strip() == "-1":
+            cmd.written.pop("parallel", None)   # llama-server's auto: the default
+            out = _drop(out, "parallel")
+            i += 2
+            continue
         if option.name == "ngl":
             value = table[i + 1].strip().lower()
             cmd.ngl_auto = value in ("auto", "-1")
