@@ -184,3 +184,15 @@ def test_fit_conflicts_with_its_own_options():
                           (("--ctx", "512"), ("-c", "512"))):
         code, _, err = invoke("fit", *DEVICES, *before, "--", "llama-server", "-m", TINY, *words)
         assert code == 2 and before[0] in err and err.count("\n") == 1, err
+
+
+def test_llama_device_names_in_ot_are_the_devices_in_order():
+    """-ot REGEX=CUDA1 (llama.cpp's buffer name: backend and device index; Metal is device 0)
+    is the second device planned for, with a note; the figures are ggmlrun's with GPU1."""
+    plain, _ = _json("measure", TINY, "--ctx", "2048", "--flash-attn", "off", "--parallel",
+                     "1", "--override-tensor", r"blk\.1\..*=GPU1", "--override-tensor",
+                     "output.*=GPU0", *DEVICES)
+    again, err = _json("measure", *DEVICES, "--", "llama-server", "-m", TINY, "-fa", "off",
+                       "-np", "1", "-ot", r"blk\.1\..*=CUDA1,output.*=Metal")
+    assert _figures(again) == _figures(plain)
+    assert "read as GPU1" in err and "read as GPU0" in err

@@ -85,7 +85,7 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin
         model_path, model_kw, overrides = llama_tail.apply_command(
             cmd, model_path, model_kw, overrides,
             own={"ctx": "fit_ctx", "ngl": "ngl", "fit_target": ("margin", "fit_target"),
-                 "fit_ctx": "min_ctx"})
+                 "fit_ctx": "min_ctx"}, backends_file=backends_file)
     elif model_path is None:
         raise click.UsageError("Missing argument 'MODEL'.")
     if isinstance(model_path, Path):

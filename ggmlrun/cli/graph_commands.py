@@ -128,7 +128,7 @@ def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, ov
     cmd = llama_tail.tail_command()
     if cmd is not None:
         graph, model_kw, overrides = llama_tail.apply_command(cmd, graph, model_kw, overrides,
-                                                              own={})
+                                                              own={}, backends_file=backends_file)
     elif graph is None:
         raise click.UsageError("Missing argument 'GRAPH'.")
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides,

@@ -10,6 +10,7 @@ and in the JSON's `unmodelled`.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import click
 from click.core import ParameterSource
@@ -54,7 +55,8 @@ def _conflict(ours: str, theirs: str) -> None:
                      f"same thing: give it once")
 
 
-def apply_command(cmd, model_path, model_kw: dict, overrides, *, own: dict[str, str]):
+def apply_command(cmd, model_path, model_kw: dict, overrides, *, own: dict[str, str],
+                  backends_file=None):
     """The model path and click values with the command's in them. `own`: the command's own
     click parameters (one, or a tuple) that a llama.cpp option sets (fit: ctx -> fit_ctx,
     ...), by command key, for the conflicts; the caller reads those values from `cmd`."""
@@ -91,6 +93,8 @@ def apply_command(cmd, model_path, model_kw: dict, overrides, *, own: dict[str, 
             cmd.unmodelled.append(written[name])
         elif name == "op_offload":
             overrides = dataclasses.replace(overrides, op_offload=value)
+        elif name == "overrides":
+            kw[param] = _device_names(value, backends_file, model_kw, overrides)
         elif option.kind.takes_value:
             kw[param] = value
         else:
@@ -99,6 +103,32 @@ def apply_command(cmd, model_path, model_kw: dict, overrides, *, own: dict[str, 
         kw["parallel"] = 1                        # llama-cli's -np default (llama-server: auto)
     return model_path if cmd.model is None else cmd.model, kw, overrides
 
+
+
+_LLAMA_DEVICE = re.compile(r"^(CUDA|Vulkan|ROCm|SYCL|MUSA|CANN|OpenCL)(\d+)$|^Metal$")
+
+
+def _device_names(rules, backends_file, model_kw: dict, overrides):
+    """-ot's buffer names as llama.cpp spells them (CUDA1, Vulkan0, Metal: its backend's name
+    and the device's index) read as the devices planned for, in order (GPU1, ...), with a
+    note; a name the devices do not have is left for the usual error."""
+    if not any(_LLAMA_DEVICE.match(b) for _, b in rules):
+        return rules
+    from ggmlrun.cli.model_backends import planned_backends
+
+    backends = planned_backends(backends_file, model_kw, overrides, this_machine=True)[0] or []
+    names = {b.name for b in backends}
+    devices = [b.name for b in backends if b.kind != "cpu"]
+    out = []
+    for pattern, backend in rules:
+        match = _LLAMA_DEVICE.match(backend)
+        index = int(match.group(2) or 0) if match else None
+        if match and backend not in names and index < len(devices):
+            click.echo(f"ggmlrun: note: -ot {pattern}={backend} read as {devices[index]} "
+                       f"(device {index} planned for)", err=True)
+            backend = devices[index]
+        out.append((pattern, backend))
+    return tuple(out)
 
 
 def _flag(param: str) -> str:
