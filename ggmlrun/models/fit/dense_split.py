@@ -10,7 +10,9 @@ moe_split's search: for a given -ngl a split that fits exists exactly when the g
 measured, and holding more layers only gets harder, so -ngl is bracketed between llama.cpp's
 own answer (which fits with its split) and the first -ngl no split holds. The guesses come
 from the bytes per layer, so a split that fits costs one reserve and a proof that none does
-about two per device. When no split holds more than llama.cpp's, its split stays (no -ts).
+about two per device; after a few guesses the bracket is bisected, so the rounds stay
+logarithmic whatever the model is worth. When no split holds more than llama.cpp's, its split
+stays (no -ts).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dataclasses import replace
 
 from ggmlrun.models.fit.core import Prober
 from ggmlrun.models.fit.moe_split import _Search, _SplitModel, split_of
+
+GUESSES = 3                       # model guesses of -ngl before the bracket is bisected
 
 
 def dense_split_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
@@ -42,11 +46,12 @@ def dense_split_fit(probe: Prober, ctx: int, n_max: int, costs: dict[int, int],
                  for d in range(len(devices) - 1))
     model.learn(probe.full(ngl, ctx, n, None, complete=True)[0], ends, n)
     search = _Search(probe, ctx, n_max, model)
-    fit_lo, miss_hi, answer = fit_ngl, n_max + 1, None
+    fit_lo, miss_hi, answer, rounds = fit_ngl, n_max + 1, None, 0
     while miss_hi - fit_lo > 1:
-        guess = fit_lo + 1
-        for g in range(miss_hi - 1, fit_lo, -1):     # the most layers the model says fit
-            model.start = n_max - g
+        rounds += 1
+        guess = fit_lo + 1 if rounds <= GUESSES else (fit_lo + miss_hi) // 2
+        for g in range(miss_hi - 1, fit_lo, -1) if rounds <= GUESSES else ():
+            model.start = n_max - g                   # the most layers the model says fit
             if model.greedy(n)[1]:
                 guess = g
                 break
