@@ -39,6 +39,10 @@ def test_dense_split_searched_in_a_bounded_number_of_reserves():
     assert (fixed["ngl"], fixed["tensor_split"]) == (66, [46, 20])
     assert "-ngl 66 -c 4096 -fa on -ts 46,20" in fixed["command"]
     assert len(fixed["probes"]) <= 12
+    # layers stay on the CPU: what one more step frees (flash attention is on already)
+    assert [(st["option"], st["on"]) for st in fixed["one_more_step"]] == \
+        [("-ctk q8_0 -ctv q8_0", ["GPU0", "GPU1"])]
+    assert fixed["one_more_step"][0]["saves_bytes"] > 0
     given = fit("--ctx", "4096", "--tensor-split", "24,12")      # llama.cpp's own split
     assert given["ngl"] == 62 and given.get("tensor_split") is None
     auto = fit("--ctx", "auto")
