@@ -110,7 +110,9 @@ def test_every_llama_option_is_read_or_named():
         if "server" not in tools:
             continue
         for word in (*on, *off):
-            value = VALUES.get(SPELLINGS[word][0].name if word in SPELLINGS else word, "7")
+            option = SPELLINGS[word][0] if word in SPELLINGS else None
+            value = VALUES.get(option.name if option else word,
+                               getattr(option.kind, "values", ("7",))[0] if option else "7")
             words = ["llama-server", word] + [value] * n
             if word in ("-hff", "--hf-file"):
                 words += ["-hf", "a/b"]
