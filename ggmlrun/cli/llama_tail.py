@@ -162,4 +162,5 @@ def with_options(model_input, **changes):
 
     model, backends, opts = model_input
     return ModelInput((model, backends, dataclasses.replace(opts, **changes)),
-                      model_input.sources, model_input.machine)
+                      model_input.sources, model_input.machine,
+                      getattr(model_input, "draft", None))
