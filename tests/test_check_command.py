@@ -100,7 +100,9 @@ def test_pinned_ngl_fits_as_measured():
 VALUES = {"ngl": "3", "ctx": "512", "flash_attn": "on", "batch": "64", "ubatch": "64",
           "type_k": "q8_0", "type_v": "q8_0", "tensor_split": "1", "overrides": "x=CPU",
           "rpc": "h:1", "n_cpu_moe": "2", "parallel": "2", "load_mode": "none",
-          **{w: "on" for w in ("-fit", "--fit")}, **{w: "row" for w in ("-sm", "--split-mode")}, **{w: "a/b" for w in ("-hf", "-hfr", "--hf-repo")}}
+          **{w: "on" for w in ("-fit", "--fit")},
+          **{w: "row" for w in ("-sm", "--split-mode")},
+          **{w: "a/b" for w in ("-hf", "-hfr", "--hf-repo")}}
 
 
 def test_every_llama_option_is_read_or_named():
@@ -124,7 +126,8 @@ def test_every_llama_option_is_read_or_named():
 
 
 def test_model_names():
-    """-m is a path, -hf OWNER/REPO[:QUANT] (with -hff FILE) the hf:// name of models/gguf/hub.py."""
+    """-m is a path; -hf OWNER/REPO[:QUANT] (with -hff FILE) the hf:// name of
+    models/gguf/hub.py."""
     assert read_command(["llama-server", "-hf", "o/r"]).model == "hf://o/r"
     assert read_command(["llama-cli", "-hfr", "o/r:Q8_0"]).model == "hf://o/r:Q8_0"
     assert read_command(["llama-server", "-hf", "o/r", "-hff", "x.gguf"]).model == \
