@@ -64,18 +64,20 @@ def test_measure_command_is_measure_with_its_options(flags, words):
 
 def test_fit_command_is_fit_with_its_options():
     """-c N is fit --ctx N; -c absent with --fit on is --ctx auto from --fit-ctx; --fit off
-    pins every layer and the training context; --fit-target MiB is the device margin."""
+    pins every layer and the training context; --fit-target MiB is the device margin and
+    llama.cpp's own fit target."""
     base = ("--flash-attn", "on", "--parallel", "1", "--gpu", "3GiB,3GiB", "--ram", "64GiB")
     cmd = ("llama-server", "-m", CARD_8B, "-fa", "on", "-np", "1")
     gpus = ("--gpu", "3GiB,3GiB", "--ram", "64GiB")
-    for fit_flags, words in ((("--ctx", "4096"), ("-c", "4096")),
-                             (("--ctx", "auto", "--min-ctx", "2048"), ("-fitc", "2048")),
-                             (("--ctx", "4096", "--margin", "GPU0=0,GPU1=2GiB"),
+    for fit_flags, words in ((("--ctx", "auto", "--min-ctx", "2048"), ("-fitc", "2048")),
+                             (("--ctx", "4096", "--margin", "GPU0=0,GPU1=2GiB",
+                               "--fit-target", "0,2048"),
                               ("-c", "4096", "--fit-target", "0,2048"))):
         plain, _ = _json("fit", CARD_8B, *base, *fit_flags)
         again, _ = _json("fit", *gpus, "--", *cmd, *words)
         assert _figures(again) == _figures(plain), words
         assert again["command"] == plain["command"]
+        assert again["llamacpp_fit"] == plain["llamacpp_fit"]     # llama.cpp's own, predicted
     # --fit off: llama.cpp allocates what the command says: every layer, the training context
     off, err = _json("fit", *gpus, "--", *cmd, "--fit", "off", code=1)
     assert (off["ngl"], off["ctx"]) == (None, 8192) and "-ngl 33 does not fit" in err
