@@ -9,7 +9,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.llama_tail import TailCommand
-from ggmlrun.cli.common import MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, emit_json, placement_options, cli
+from ggmlrun.cli.common import (MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, cli, emit_json,
+                                placement_options, stdout)
 from ggmlrun.cli.model_options import (draft_of, model_options, _model_input,
                                        planned_for_dict, print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
@@ -111,7 +112,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin
                             opts.no_mmap, report.fit_line(result),
                             draft=result.measure.draft if result.measure else None,
                             without_draft=result.without_draft)
-        click.echo(report.llamacpp_fit_line(record["llamacpp_fit"], result))
+        for line in report.llamacpp_fit_lines(record["llamacpp_fit"], result, stdout().width):
+            click.echo(line)
     if not result.fits:
         raise RunError(result.advice)
 

@@ -265,23 +265,26 @@ def fit_line(result) -> str:
     return f"llama.cpp: {result.command}" + (f"\n{more}" if more else "")
 
 
-def llamacpp_fit_line(llama: dict, result) -> str:
-    """llama.cpp's own --fit beside ggmlrun's answer: `llama-server would pick: -c 16384 -ngl
-    41 ...; ggmlrun's answer keeps 32768 with --n-cpu-moe 3`."""
+def llamacpp_fit_lines(llama: dict, result, width: int = 80) -> list[str]:
+    """llama.cpp's own --fit beside ggmlrun's answer, folded to `width` between options:
+    `llama-server would pick: -c 16384 -ngl 41 ...; ggmlrun's answer: ctx 32768, -ngl 49 with
+    --n-cpu-moe 3`."""
     if llama["refused"]:
-        head = f"llama-server's --fit would refuse ({llama['refused']}) and run -c {llama['ctx']}"
+        prefix = "llama-server's --fit would refuse"
+        items = [f"({llama['refused']})", "and", "run", f"-c {llama['ctx']}"]
     else:
-        head = f"llama-server would pick: -c {llama['ctx']} -ngl {llama['ngl']}"
+        prefix = "llama-server would pick:"
+        items = [f"-c {llama['ctx']}", f"-ngl {llama['ngl']}"]
         if llama["tensor_split"]:
-            head += " -ts " + ",".join(map(str, llama["tensor_split"]))
+            items.append("-ts " + ",".join(map(str, llama["tensor_split"])))
         if llama["override_tensor"]:
-            head += " -ot \"" + ",".join(llama["override_tensor"]) + "\""
-    if not result.fits:
-        return head
-    mine = f"ctx {result.ctx}, -ngl {result.ngl}"
-    if result.n_cpu_moe:
-        mine += f" with --n-cpu-moe {result.n_cpu_moe}"
-    return f"{head}; ggmlrun's answer: {mine}"
+            items.append("-ot \"" + ",".join(llama["override_tensor"]) + "\"")
+    if result.fits:
+        items[-1] += ";"
+        items += ["ggmlrun's answer:", f"ctx {result.ctx},", f"-ngl {result.ngl}"]
+        if result.n_cpu_moe:
+            items.append(f"with --n-cpu-moe {result.n_cpu_moe}")
+    return pack_line(prefix, items, width)
 
 
 def ran_with_lines(ran: dict, width: int = 80) -> list[str]:
