@@ -107,8 +107,9 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
         opts = replace(opts, ctx=fit_ctx)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx, margins=by_name)
-    record = {**report.model_fit_dict(model_file, result), "options": options_json(opts),
-              **planned_for_dict(model_input)}
+    record = {**report.model_fit_dict(model_file, result), "options": options_json(
+        opts, result.measure.flash_attn if result.measure else None),
+        **planned_for_dict(model_input)}
     return result, opts, record
 
 

@@ -47,7 +47,7 @@ def measure_answer(model_input):
     fit = model_fit(figures)
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
     record = {**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
-              "command": command, "options": options_json(opts),
+              "command": command, "options": options_json(opts, figures.flash_attn),
               **planned_for_dict(model_input)}
     return figures, memory, fit, command, record
 
