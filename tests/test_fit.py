@@ -206,7 +206,8 @@ def test_compute_buffers_grow_with_the_context(tmp_path, arch):
     big = backends_with(2**40, 2**40)
     for ngl in (0, 3, 7):
         arenas = [[f.arena_bytes for f in measure_model(
-            model, big, ModelOptions(ctx=c, ubatch=64, ngl=ngl)).backends]
+            model, big, ModelOptions(ctx=c, ubatch=64, ngl=ngl, flash_attn=False,
+                                     parallel=1)).backends]
             for c in range(256, 2049, 256)]
         for backend in zip(*arenas):
             assert list(backend) == sorted(backend)
@@ -281,7 +282,7 @@ def test_two_devices_exact_against_every_ngl(tmp_path, arch):
     tries the -ngl above its edge for a hybrid model, fit._above_the_edge)"""
     """Layers shared by device memory: the device that fills first decides."""
     model = read_card(write_small(tmp_path, arch))
-    opts = ModelOptions(ctx=512, ubatch=16)
+    opts = ModelOptions(ctx=512, ubatch=16, flash_attn=False, parallel=1)   # as sized
     # budgets sized for the llama model, scaled by this model's weight bytes
     KiB = 1024 * weight_bytes(model) / weight_bytes(read_card(write_small(tmp_path, "llama")))
     answers = []
