@@ -69,7 +69,9 @@ class ModelMeasure:
     backends: list[BackendFigures]
     schedule: Schedule | None     # the pp graph's (None: not reserved, see `reserved`)
     n_copies: int = 1             # the scheduler's copies: > 1 with pipeline parallelism
-    flash_attn: bool = False      # the flash attention planned for (-fa auto resolved)
+    # the flash attention planned for (-fa auto resolved); None: auto, not resolved (a measure
+    # cut short before any graph)
+    flash_attn: bool | None = False
     # the graphs reserved: "pp+tg" (llama.cpp's whole reserve), or, cut short by
     # measure_model's `enough`, "pp" or "none" (arenas a lower bound; "none": no schedule)
     reserved: str = "pp+tg"
@@ -215,10 +217,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     # multiple of the sequences (its outputs stay the ubatch's), tg is one token per sequence
     n_seqs = seq_max(opts)
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
+    # -fa auto is resolved by a graph: only once the buffers before any graph leave room
     flash_attn = fa_requested(opts)
-    if flash_attn is None:
-        flash_attn = fa_probe(model, backends, opts, placement, memory, n_copies)
-    memory = replace(memory, flash_attn=flash_attn)
 
     def graph(tokens: int, outputs: int) -> ModelGraph:
         return model_graph(model, memory, tokens, outputs, placement.shared_copies())
@@ -226,6 +226,9 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     static = _figures(model, opts, backends, placement, memory, wb)  # no compute buffer yet
     figures, arena, reserved, sched, n_nodes = static, [0] * len(backends), "none", None, 0
     if enough is None or not enough(static, "none"):
+        if flash_attn is None:
+            flash_attn = fa_probe(model, backends, opts, placement, memory, n_copies)
+        memory = replace(memory, flash_attn=flash_attn)
         pp = graph(pp_tokens, n_tokens)
         n_nodes = len(pp.graph.nodes)
         scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
