@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import InitVar, dataclass
 
-from ggmlrun.core.ir.types import TYPES
 from ggmlrun.models.hparams.keys import U32_MAX   # n_ctx, n_ubatch, n_batch: uint32_t
 
 # common/arg.cpp's kv_cache_types, in its order: what -ctk and -ctv take
@@ -130,6 +129,8 @@ def fa_requested(opts: ModelOptions) -> bool | None:
     """-fa after llama_init_from_model's own rule: auto with a quantized (block) V cache is
     enabled outright ("enabling flash_attn since it is required for quantized V cache"), no
     probe; None: auto, left to the probe (reserve.resolve_flash_attn)."""
+    from ggmlrun.core.ir.types import TYPES     # the type table: not for --version's start
+
     if opts.flash_attn is None and TYPES[opts.type_v].is_block:
         return True
     return opts.flash_attn
