@@ -223,7 +223,7 @@ def test_nothing_fits_exits_1_with_advice(tmp_path):
     code, out, err = invoke("fit", card, "--backends", be, "--margin", "0")
     assert code == 1
     assert "nothing fits: even with -ngl 0, GPU needs" in err and "CPU needs" in err
-    assert "llama.cpp: nothing fits" in out
+    assert "llama-server: nothing fits" in out
 
 
 def test_fit_json_keys_and_timing_printed(tmp_path):

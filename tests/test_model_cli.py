@@ -271,7 +271,7 @@ def test_run_refuses_a_card_and_needs_tokens():
 def test_readme_first_command_fits_the_tiny_gguf():
     code, out, err = invoke("fit", ROOT / "examples/models/tiny-llama-q8_0.gguf")
     assert code == 0, err
-    assert "llama.cpp: -ngl 5 -c 2048\n" in out      # -fa auto, -np auto: llama-server's own
+    assert "llama-server -ngl 5 -c 2048\n" in out      # -fa auto, -np auto: llama-server's own
     code, out, err = invoke("measure", ROOT / "examples/models/tiny-llama-q8_0.gguf", "--json")
     data = json.loads(out)
     assert {"n_nodes", "n_splits", "backends"} <= set(data)

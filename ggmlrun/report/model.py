@@ -165,6 +165,7 @@ def model_fit_dict(model, result) -> dict:
             **({"tensor_split": split_numbers(result.tensor_split)}
                if getattr(result, "tensor_split", None) else {}),
             "seconds": result.seconds, "command": result.command or None,
+            "program": result.program,
             **({"advice": result.advice} if result.advice else {})}
 
 
@@ -217,9 +218,10 @@ def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
 
 
 def fit_line(result) -> str:
+    """The line to paste, named by the program whose defaults it leaves out (--for)."""
     if not result.fits:
-        return "llama.cpp: nothing fits (see the error below)"
-    return f"llama.cpp: {result.command}"
+        return f"{result.program}: nothing fits (see the error below)"
+    return f"{result.program} {result.command}"
 
 
 def ran_with_lines(ran: dict, width: int = 80) -> list[str]:

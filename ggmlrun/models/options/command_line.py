@@ -82,6 +82,13 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -
     return args
 
 
+PROGRAMS = {"server": "llama-server", "cli": "llama-cli"}     # --for: the program the line is for
+
+
+def program(opts: ModelOptions) -> str:
+    return PROGRAMS[opts.target]
+
+
 def llama_cpp_line(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -> str:
     """The arguments as one line to paste in a shell (regexes quoted)."""
     return shlex.join(llama_cpp_args(opts, backends, ngl=ngl, ctx=ctx))
