@@ -146,10 +146,16 @@ def test_paste_line_names_what_differs(backends):
 
 def test_for_cli_is_one_sequence():
     model = MODELS / "tiny-llama-f16.gguf"
-    for given, want in (((), (4, True, True, "auto")),
-                        (("--for", "cli"), (1, False, True, "auto")),
-                        (("--parallel", "2", "--flash-attn", "off"), (2, False, False, "off"))):
+    for given, want, program in (
+            ((), (4, True, True, "auto"), "llama-server"),
+            (("--flash-attn", "auto"), (4, True, True, "auto"), "llama-server"),
+            (("--for", "cli"), (1, False, True, "auto"), "llama-cli"),
+            (("--parallel", "2", "--flash-attn", "off"), (2, False, False, "off"), "llama-server")):
         code, out, _ = invoke("measure", model, *given, "--json")
-        o = json.loads(out)["options"]
+        record = json.loads(out)
+        o = record["options"]
         assert code == 0
         assert (o["parallel"], o["kv_unified"], o["flash_attn"], o["flash_attn_mode"]) == want
+        assert record["program"] == program
+        code, out, _ = invoke("measure", model, *given)
+        assert out.splitlines()[-1] == f"{program} {record['command']}"
