@@ -206,7 +206,8 @@ def test_compute_buffers_grow_with_the_context(tmp_path, arch):
     big = backends_with(2**40, 2**40)
     for ngl in (0, 3, 7):
         arenas = [[f.arena_bytes for f in measure_model(
-            model, big, ModelOptions(ctx=c, ubatch=64, ngl=ngl)).backends]
+            model, big, ModelOptions(ctx=c, ubatch=64, ngl=ngl, flash_attn=False,
+                                     parallel=1)).backends]
             for c in range(256, 2049, 256)]
         for backend in zip(*arenas):
             assert list(backend) == sorted(backend)
@@ -222,7 +223,7 @@ def test_nothing_fits_exits_1_with_advice(tmp_path):
     code, out, err = invoke("fit", card, "--backends", be, "--margin", "0")
     assert code == 1
     assert "nothing fits: even with -ngl 0, GPU needs" in err and "CPU needs" in err
-    assert "llama.cpp: nothing fits" in out
+    assert "llama-server: nothing fits" in out
 
 
 def test_fit_json_keys_and_timing_printed(tmp_path):
@@ -287,7 +288,7 @@ def test_two_devices_exact_against_every_ngl_and_split(tmp_path, arch):
     from ggmlrun.models.reserve import measure_model
 
     model = read_card(write_small(tmp_path, arch))
-    opts = ModelOptions(ctx=512, ubatch=16)
+    opts = ModelOptions(ctx=512, ubatch=16, flash_attn=False, parallel=1)   # as sized
     n_max = model.hparams.n_layer + 1
     big = [BackendSpec("DEV0", "sim", 2**40, 32), BackendSpec("DEV1", "sim", 2**40, 32),
            BackendSpec("CPU", "cpu", 2**40, 32)]

@@ -14,7 +14,8 @@ CARD = Path(__file__).resolve().parents[1] / "ggmlrun" / "models" / "cards" / "d
 
 def test_nothing_fits_at_a_huge_context_in_a_bounded_number_of_reserves():
     code, out, err = invoke("fit", CARD, "--gpu", "24GiB", "--ram", "512GiB",
-                            "--ctx", "4294967295", "--json")
+                            "--ctx", "4294967295", "--flash-attn", "off", "--parallel", "1",
+                            "--json")
     data = json.loads(out)
     assert code == 1 and "nothing fits" in err
     assert "the largest context that fits is --ctx 91136, with -ngl 0" in err

@@ -70,8 +70,7 @@ def model_options(cfg: dict, backends: tuple = (BACKENDS_FILE, BACKENDS_2_FILE))
         args.append("--cpu-moe")
     if opts.get("n_cpu_moe"):
         args += ["--n-cpu-moe", str(opts["n_cpu_moe"])]
-    if opts.get("parallel"):
-        args += ["--parallel", str(opts["parallel"])]
+    args += ["--parallel", str(opts.get("parallel", 1))]   # recorded with n_seq_max 1 by default
     if opts.get("kv_unified"):
         args.append("--kv-unified")
     return args

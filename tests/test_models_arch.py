@@ -299,7 +299,7 @@ def test_a_card_with_the_architectures_own_fields_gives_llama_cpps_figures(tmp_p
         (ROOT / "tests/data/llamacpp/figures.json").read_text())["configs"]}[cfg_id]
     code, out, err = invoke("measure", card, "--json", "--backends",
                             ROOT / "graphs/backends/llamacpp_rpc.yaml", "--ctx", str(ctx),
-                            "--ubatch", "32", "--ngl", "2")
+                            "--ubatch", "32", "--ngl", "2", "--flash-attn", "off", "--parallel", "1")
     assert code == 0, err
     got = json.loads(out)
     assert (got["n_nodes"], got["n_splits"]) == (recorded["n_nodes"], recorded["n_splits"])

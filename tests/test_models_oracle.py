@@ -32,7 +32,8 @@ def options(o: dict) -> ModelOptions:
                         no_kv_offload=o.get("no_kv_offload", False),
                         overrides=tuple(tuple(x) for x in o.get("overrides", [])),
                         swa_full=o.get("swa_full", False),
-                        cpu_moe=o.get("cpu_moe", False), n_cpu_moe=o.get("n_cpu_moe", 0))
+                        cpu_moe=o.get("cpu_moe", False), n_cpu_moe=o.get("n_cpu_moe", 0),
+                        parallel=o.get("parallel", 1), kv_unified=o.get("kv_unified", False))
 
 
 def _load(path: Path) -> dict:

@@ -193,7 +193,8 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
                          margins=fit_targets(fit_target, backends), fit_ctx=min_ctx,
                          user_ngl=ngl)
     record = {**report.model_fit_dict(model_file, result), **extra,
-              "options": options_json(opts), "llamacpp_fit": llama.as_dict(),
+              "options": options_json(opts, result.measure.flash_attn if result.measure else None),
+              "llamacpp_fit": llama.as_dict(),
               **planned_for_dict(model_input)}
     return result, opts, record
 

@@ -38,7 +38,7 @@ def measure_answer(model_input):
     """measure MODEL's figures, memory plan, fit and the line to paste, with the record
     `--json` prints (the Python API returns the same record)."""
     from ggmlrun.core import engine
-    from ggmlrun.models.options.command_line import llama_cpp_line
+    from ggmlrun.models.options.command_line import llama_cpp_line, program
     from ggmlrun.models.options.table import options_json
     from ggmlrun.models.reserve import measure_model
 
@@ -56,7 +56,8 @@ def measure_answer(model_input):
     fit = model_fit(figures)
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
     record = {**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
-              **extra, "command": command, "options": options_json(opts),
+              **extra, "command": command, "program": program(opts),
+              "options": options_json(opts, figures.flash_attn),
               **planned_for_dict(model_input)}
     return figures, memory, fit, command, record
 
@@ -66,6 +67,8 @@ def _measure_model(model_input, as_json, cmd=None):
 
     if cmd is not None:
         model_input = _command_input(model_input, cmd)
+    from ggmlrun.models.options.command_line import program
+
     model, backends, opts = model_input
     figures, memory, fit, command, record = measure_answer(model_input)
     if cmd is not None:
@@ -74,7 +77,7 @@ def _measure_model(model_input, as_json, cmd=None):
         emit_json(record)
     else:
         print_model_figures(model_input, report.model_measure_table(model, figures),
-                            figures.backends, opts.no_mmap, f"llama.cpp: {command}",
+                            figures.backends, opts.no_mmap, f"{program(opts)} {command}",
                             draft=figures.draft)
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)

@@ -12,6 +12,8 @@ cleared by the first ubatch only: rs_z 0, then -1); the last token's row is the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ggmlrun.core.backends.spec import BackendSpec
@@ -26,11 +28,11 @@ from ggmlrun.models.arch.build import graph_over
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.gguf.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, kv_size, swa_kv_size,
-                                     ubatch_size)
+from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, fa_requested,
+                                           kv_size, swa_kv_size, ubatch_size)
 from ggmlrun.models.memory.caches import create_memory
 from ggmlrun.models.memory.placement import place
-from ggmlrun.models.reserve import check_options, placed_tensors
+from ggmlrun.models.reserve import check_options, fa_probe, placed_tensors
 
 
 
@@ -153,7 +155,11 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     if not model.files:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
     kv_memory = create_memory(hp, type_k=opts.type_k, type_v=opts.type_v, cells=cells,
-                              flash_attn=opts.flash_attn, swa_cells=swa)
+                              flash_attn=opts.flash_attn is not False, swa_cells=swa)
+    flash_attn = fa_requested(opts)
+    if flash_attn is None:       # -fa auto: llama.cpp's probe on this placement
+        flash_attn = fa_probe(model, backends, opts, placement, kv_memory, 1)
+    kv_memory = replace(kv_memory, flash_attn=flash_attn)
 
     def prepare(i: int):
         """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""

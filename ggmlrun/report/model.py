@@ -203,6 +203,7 @@ def model_fit_dict(model, result) -> dict:
             "one_more_step": [{"option": st.option, "saves_bytes": st.saves_bytes,
                                "on": list(st.where)} for st in getattr(result, "steps", [])],
             "seconds": result.seconds, "command": result.command or None,
+            "program": result.program,
             **({"advice": result.advice} if result.advice else {})}
 
 
@@ -255,14 +256,14 @@ def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
 
 
 def fit_line(result) -> str:
-    """The line to paste, and what one more step would free (the steps are in the error when
+    """The line to paste, named by the program whose defaults it leaves out (--for), and what one more step would free (the steps are in the error when
     nothing fits)."""
     from ggmlrun.models.fit.steps import steps_text
 
     if not result.fits:
-        return "llama.cpp: nothing fits (see the error below)"
+        return f"{result.program}: nothing fits (see the error below)"
     more = steps_text(getattr(result, "steps", []))
-    return f"llama.cpp: {result.command}" + (f"\n{more}" if more else "")
+    return f"{result.program} {result.command}" + (f"\n{more}" if more else "")
 
 
 def llamacpp_fit_lines(llama: dict, result, width: int = 80) -> list[str]:

@@ -433,7 +433,7 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
     rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    for endpoint in endpoints[:max(1, len(cfg["tensor_split"]))]:   # devices RPC0, RPC1, in order
+    for endpoint in [e for e in endpoints if e][:max(1, len(cfg["tensor_split"]))]:  # RPC0, RPC1
         ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server(endpoint.encode()))
     shim = ctypes.CDLL(None)
     shim.shim_mark.argtypes = [ctypes.c_char_p]
@@ -469,7 +469,8 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     cparams.n_batch = N_BATCH
     cparams.n_ubatch = cfg["ubatch"]
     cparams.n_threads = cparams.n_threads_batch = N_THREADS
-    cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
+    cparams.flash_attn_type = (-1 if cfg["flash_attn"] == "auto"     # LLAMA_FLASH_ATTN_TYPE_AUTO
+                               else 1 if cfg["flash_attn"] else 0)
     cparams.offload_kqv = not cfg["no_kv_offload"]
     cparams.type_k = KV_TYPES[cfg.get("type_k", cfg["kv_type"])]   # -ctk (record_kv_types.py:
     cparams.type_v = KV_TYPES[cfg.get("type_v", cfg["kv_type"])]   # -ctv   K and V apart)

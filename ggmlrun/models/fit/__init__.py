@@ -38,7 +38,7 @@ import time
 from dataclasses import replace
 
 from ggmlrun.core.backends.spec import BackendSpec
-from ggmlrun.models.options.command_line import llama_cpp_line
+from ggmlrun.models.options.command_line import llama_cpp_line, program
 from ggmlrun.models.fit.advice import advice as nothing_fits_advice, pinned_advice
 from ggmlrun.models.fit.core import (CTX_STEP, MIN_CTX, FitBackend, FitResult, Prober,
                                      all_fit, ctx_top, expert_costs, layer_costs)
@@ -119,6 +119,7 @@ def fit_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     return FitResult(ngl=ngl, ctx=ctx, n_layer=hp.n_layer_all, shown_ngl=shown, backends=rows,
                      measure=m, probes=list(probe.order), advice=advice,
                      seconds=time.perf_counter() - start, command=command,
+                     program=program(opts),
                      probe_moe=list(probe.order_moe),
                      probe_reserved=probe.order_reserved, probe_splits=probe.order_splits,
                      n_cpu_moe=probe.n_cpu_moe if experts or opts.n_cpu_moe else None,

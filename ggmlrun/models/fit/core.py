@@ -55,6 +55,7 @@ class FitResult:
     seconds: float = 0.0
     advice: str = ""
     command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
+    program: str = "llama-server" # whose defaults the line leaves out (--for): llama-server, llama-cli
     n_cpu_moe: int | None = None  # a mixture of experts: the answer's --n-cpu-moe (else None)
     # the layer split fit chose over several devices (layers per device: -ts); None: llama.cpp's
     # default (by memory) or the one given

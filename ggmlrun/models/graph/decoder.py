@@ -38,7 +38,7 @@ class Decoder:
         flash attention) is the graph's."""
         hp = self.hp = model.hparams
         kv = memory.kv
-        kv_size, n_stream, flash_attn = kv.cells, kv.n_stream, not kv.v_trans
+        kv_size, n_stream, flash_attn = kv.cells, kv.n_stream, memory.graph_fa
         self.model, self.arch = model, arch
         self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
         b = self.b = GraphBuilder()

@@ -86,22 +86,23 @@ _TRUE, _FALSE = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"
 
 @dataclass(frozen=True)
 class OnOff(Kind):
-    """A switch spelled with its value (-fa on), as llama.cpp's is_truthy / is_falsey read it."""
-    metavar = "[on|off]"
+    """-fa on|off|auto as common/arg.cpp reads it (is_truthy, is_falsey, is_autoy): True,
+    False, or None for auto (llama.cpp's default, resolved per placement)."""
+    metavar = "[on|off|auto]"
 
-    def read(self, text: str) -> bool:
+    def read(self, text: str) -> bool | None:
         word = str(text).strip().lower()
         if word in _TRUE or word in _FALSE:
             return word in _TRUE
         if word in ("auto", "-1"):
-            raise ValueError("auto (llama.cpp's default) is not planned for yet: give on or off")
-        raise ValueError(f"{text!r} is neither on nor off")
+            return None
+        raise ValueError(f"{text!r} is neither on, off nor auto")
 
-    def check(self, value) -> bool:
-        return value if isinstance(value, bool) else self.read(value)
+    def check(self, value) -> bool | None:
+        return value if value is None or isinstance(value, bool) else self.read(value)
 
     def write(self, value) -> str:
-        return "on" if value else "off"
+        return "auto" if value is None else "on" if value else "off"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, fields
 from ggmlrun.models.options.kinds import (Choice, Count, Devices, Endpoints, Kind, Layers,
                                           LoadMode, ModelName, OnOff, Overrides, Split, Switch,
                                           Targets)
-from ggmlrun.models.options.params import I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions
+from ggmlrun.models.options.params import (I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions,
+                                           TARGETS, fa_requested, seq_max, unified)
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelOptions)}
 _FROM_FIELD = object()      # a row whose default is ModelOptions' field of the same name
@@ -81,8 +82,10 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
     Option("ctx", Count(1, U32_MAX, "llama.cpp's uint32"), "context", "Context length",
            flag="--ctx", dest="ctx_size", llama=(("-c", "--ctx-size"),),
            default_text="the model's, at most 4096", always=True),
-    Option("flash_attn", OnOff(), "context", "Flash attention", flag="--flash-attn",
-           llama=(("-fa", "--flash-attn"),), always=True),
+    Option("flash_attn", OnOff(), "context", "Flash attention; auto: on unless a layer's "
+           "device lacks it for the model (llama.cpp's probe), on for a quantized V cache",
+           flag="--flash-attn", llama=(("-fa", "--flash-attn"),),
+           default_text="auto (resolved as llama.cpp resolves it)"),
     Option("batch", Count(1, U32_MAX, "llama.cpp's uint32"), "context",
            "Logical batch: -ub is clamped to it, so it is written only for a larger -ub",
            llama=(("-b", "--batch-size"),), own_default=2048),
@@ -121,11 +124,16 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
            "tensors of the first N layers on the CPU (fit: the fewest that fit)",
            flag="--n-cpu-moe", llama=(("--n-cpu-moe", "-ncmoe"),)),
     Option("parallel", Count(1, LLAMA_MAX_SEQ, "llama.cpp's LLAMA_MAX_SEQ"), "context",
-           "Sequences the context serves (n_seq_max): an output buffer each; with "
-           "--kv-unified one shared cache", flag="--parallel", llama=(("-np", "--parallel"),)),
-    Option("kv_unified", Switch(), "context", "One KV cache for all --parallel sequences",
+           "Sequences the context serves (n_seq_max): an output buffer each, a KV stream each "
+           "unless --kv-unified", flag="--parallel", llama=(("-np", "--parallel"),),
+           default_text="llama-server's auto: 4 with a unified cache (--for cli: 1)"),
+    Option("kv_unified", Switch(), "context", "One KV cache for all --parallel sequences "
+           "(always, under llama-server's -np auto)",
            flag="--kv-unified", llama=(("-kvu", "--kv-unified"),),
            llama_off=("-no-kvu", "--no-kv-unified")),
+    Option("target", Choice(TARGETS), "server", "Whose defaults the answer and the line to "
+           "paste are for: llama-server's (-np auto: 4 sequences, one unified KV cache) or "
+           "llama-cli's (-np 1)", flag="--for"),
     Option("model_draft", ModelName(), "server", "Draft model of speculative decoding (a path, "
            "URL or hf:// name): its weights, KV cache and compute buffers beside the target's",
            flag="--model-draft", aliases=("-md",),
@@ -219,11 +227,17 @@ def from_cli(kw: dict) -> dict:
     return out
 
 
-def options_json(opts: ModelOptions) -> dict:
+def options_json(opts: ModelOptions, flash_attn: bool | None = None) -> dict:
     """The options as JSON, by name (the API's keywords); `kv_type` is K's and V's type when
-    they are one, else null."""
+    they are one, else null; `parallel` and `kv_unified` as llama-server sets them (-np auto:
+    4, true); `flash_attn` the flash attention planned for (`flash_attn`: -fa auto resolved
+    on the placement; null when auto was not resolved), `flash_attn_mode` what was asked
+    (on, off, auto)."""
     out = {o.name: o.kind.json(getattr(opts, o.name)) for o in OPTIONS if o.field}
     out["kv_type"] = opts.type_k if opts.type_k == opts.type_v else None
+    out["parallel"], out["kv_unified"] = seq_max(opts), unified(opts)   # -np auto as set
+    out["flash_attn_mode"] = OnOff().write(opts.flash_attn)
+    out["flash_attn"] = fa_requested(opts) if flash_attn is None else flash_attn
     return out
 
 
