@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ggmlrun.core.util.errors import InputError
-from ggmlrun.models.options.params import ModelOptions, kv_size, kv_streams
+from ggmlrun.models.options.params import ModelOptions, kv_size, kv_streams, seq_max
 
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128       # common/speculative.cpp
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
@@ -100,7 +100,7 @@ def draft_backends(backends: list, opts: ModelOptions) -> list:
 
 def draft_outputs(opts: ModelOptions) -> int:
     """The draft context's n_outputs_max: one output per sequence (-np)."""
-    return opts.parallel
+    return seq_max(opts)
 
 
 def measure_draft(draft, backends, opts: ModelOptions, target_hp, enough=None):

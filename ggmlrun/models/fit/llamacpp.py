@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options.params import ModelOptions
+from ggmlrun.models.options.params import ModelOptions, kv_streams
 from ggmlrun.models.reserve import measure_model
 
 MiB = 1024 * 1024
@@ -135,7 +135,7 @@ def llamacpp_fit(model: ModelFile, backends: list[BackendSpec], opts: ModelOptio
     hp_ngl, hp_nct, hp_nex = hp.n_layer, hp.n_ctx_train, hp.n_expert
     nd = sum(1 for b in backends if b.kind != "cpu")
     margins = list(margins or [FIT_TARGET] * max(nd, 1))
-    n_streams = 1 if opts.kv_unified else max(1, opts.parallel)
+    n_streams = kv_streams(opts)
     n_ctx_max = min(hp_nct * n_streams, U32 - 1)
     n_ctx_min_total = min(fit_ctx * n_streams, U32 - 1)
     ctx_auto = ctx_auto or opts.ctx is None
@@ -186,7 +186,7 @@ def _fit(fit, answer, opts, hp_ngl, hp_nex, nd, n_ctx_max, n_ctx_min_total, ctx_
         if target > used_min:
             n = n_ctx_min_total + (n_ctx_max - n_ctx_min_total) * (target - used_min) \
                 // (sum_used - used_min)
-            align = 256 * (1 if opts.kv_unified else max(1, opts.parallel))   # whole streams
+            align = 256 * kv_streams(opts)   # whole streams
             fit.n_ctx = max(n - n % align, n_ctx_min_total)
             if nd <= 1:
                 return

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.fit.core import FitBackend, Prober
+from ggmlrun.models.options.params import seq_max
 
 SMALLER_KV = "q8_0"
 LARGER_THAN_Q8 = ("f32", "f16", "bf16")
@@ -34,7 +35,7 @@ def candidates(opts) -> list[tuple[str, dict]]:
     if opts.type_k in LARGER_THAN_Q8 or opts.type_v in LARGER_THAN_Q8:
         words = f"-ctk {SMALLER_KV} -ctv {SMALLER_KV}" + ("" if fa_on else " -fa on")
         out.append((words, {"flash_attn": True, "type_k": SMALLER_KV, "type_v": SMALLER_KV}))
-    if opts.parallel > 1:
+    if seq_max(opts) > 1:
         out.append(("-np 1", {"parallel": 1}))
     return out
 
