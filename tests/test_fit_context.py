@@ -138,7 +138,7 @@ def test_the_text_says_one_more_step_under_the_line():
     code, out, err = invoke("fit", CARD_8B, "--gpu", "3GiB", "--ram", "64GiB", "--ctx", "4096",
                             "--flash-attn", "off", "--parallel", "1")
     lines = out.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("llama.cpp: -ngl "))
+    at = next(i for i, line in enumerate(lines) if line.startswith("llama-server -ngl "))
     step = lines[at + 1]
     assert code == 0 and step.startswith("one more step: -fa on frees ")
     assert "-ctk q8_0 -ctv q8_0" in step

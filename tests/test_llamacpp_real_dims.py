@@ -104,8 +104,12 @@ def test_fit_answer_is_llamacpps_edge(question, files, tmp_path):
     import record_real_dims as rr
 
     backends = rr.fit_backends(question["memories"], tmp_path / "fit.yaml")
+    # llama.cpp's own split, by memory (MiB), pinned: the recorded configurations are on it
+    # (fit's search for a better split is claimed against brute force in test_fit.py)
+    split = ["--tensor-split", ",".join(str(memory_bytes(m) >> 20) for m in question["memories"])]
     code, out, err = invoke("fit", files[question["model"]], "--json",
-                            *rr.fit_args(question["ctx"], question["flash_attn"], backends))
+                            *rr.fit_args(question["ctx"], question["flash_attn"], backends),
+                            *(split if len(question["memories"]) > 1 else []))
     assert code == 0, err
     assert json.loads(out)["command"] == question["command"]
     by_id = {c["id"]: c for c in CONFIGS}

@@ -40,10 +40,13 @@ def test_trace_is_written(tmp_path):
 
 
 def test_profile_tables_and_json():
+    """The table and the JSON list the ops that ran (which two are the slowest is the
+    machine's: under load any op can be)."""
     out, _ = _run("--profile", "--top", "2")
-    assert "profile: compute by op" in out and "mul_mat" in out
+    assert "profile: compute by op" in out
     out, _ = _run("--profile", "--json")
-    assert json.loads(out)["profile"]["ops"]
+    ops = json.loads(out)["profile"]["ops"]
+    assert "mul_mat" in {op["op"] for op in ops}
 
 
 @pytest.mark.parametrize("args, flag", [
