@@ -118,17 +118,36 @@ def workdir(tmp_path_factory):
     return work
 
 
-@pytest.mark.parametrize("doc, command", EXAMPLES, ids=[f"{d}:{c[:60]}" for d, c in EXAMPLES])
-def test_example_runs(doc, command, workdir, monkeypatch):
-    why = next((why for key, why in SKIPPED.items() if key in command), None)
-    if why:
-        pytest.skip(f"{command!r}: {why}")
+def _writes(argv: list[str]) -> set[str]:
+    """The scratch/ files an example writes (`-o`, `--out`, `--trace`)."""
+    return {value for flag, value in zip(argv, argv[1:])
+            if flag in ("-o", "--out", "--trace") and value.startswith("scratch/")}
+
+
+# scratch file -> the example that writes it: an example reading one runs its writer first
+# when the file is not there yet (the examples are split among the test workers, each with
+# a working folder of its own, so the README's order is not the order they run in)
+WRITERS = {path: command for _, command in EXAMPLES for path in _writes(_argv(command)[1])}
+
+
+def _run_example(doc: str, command: str, workdir: Path, monkeypatch) -> None:
     env, argv = _argv(command)
+    for path in [a for a in argv if a.startswith("scratch/") and a not in _writes(argv)]:
+        if not (workdir / path).exists() and path in WRITERS:
+            _run_example(doc, WRITERS[path], workdir, monkeypatch)
     monkeypatch.chdir(workdir)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     code, out, err = invoke(*argv)
     assert code == 0, f"{doc}: `{command}` exits {code}: {err}"
+
+
+@pytest.mark.parametrize("doc, command", EXAMPLES, ids=[f"{d}:{c[:60]}" for d, c in EXAMPLES])
+def test_example_runs(doc, command, workdir, monkeypatch):
+    why = next((why for key, why in SKIPPED.items() if key in command), None)
+    if why:
+        pytest.skip(f"{command!r}: {why}")
+    _run_example(doc, command, workdir, monkeypatch)
 
 
 # --- --help -----------------------------------------------------------------------------------
