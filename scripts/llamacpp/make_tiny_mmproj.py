@@ -1,11 +1,10 @@
-"""A tiny random gemma3 vision projector (mmproj) GGUF that real libmtmd loads beside
+"""Tiny random gemma3 vision projector (mmproj) GGUFs that real libmtmd loads beside
 examples/models/tiny-gemma3-f16.gguf, for tests/test_mmproj.py and record_mmproj.py.
 
 Laid out as convert_hf_to_gguf.py writes Gemma 3's mmproj: the SigLIP tower (`v.*`: patch
 embedding conv with bias, learned positions, pre-norm blocks with biased Q/K/V/O and a GELU
 FFN, post-norm) and the gemma3 projector (`mm.soft_emb_norm`, `mm.input_projection`, whose
-width is the text model's n_embd, 64). 1-D tensors f32, the rest f16. Fixed seed: rerunning
-rewrites a byte-identical file.
+width is the text model's n_embd, 64). Fixed seeds: rerunning rewrites byte-identical files.
 
     python3 scripts/llamacpp/make_tiny_mmproj.py [--out tests/data/llamacpp]
 """
@@ -14,58 +13,92 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter, quants
 
-IMAGE, PATCH, HIDDEN, HEADS, FF, LAYERS, TEXT_EMBD = 64, 8, 32, 2, 64, 2, 64
+@dataclass(frozen=True)
+class TinyProjector:
+    """One file: the encoder's sizes, the matrices' type (f16 or q8_0; the patch conv stays
+    f16, 1-D tensors f32), the pooling kernel written as clip.vision.projector.scale_factor
+    (None: the key left out, libmtmd's default 4), and `swapped`: FFN up and down stored
+    under each other's names, as older conversions did (libmtmd swaps them back)."""
+    name: str
+    image: int
+    patch: int
+    hidden: int
+    heads: int
+    ff: int
+    layers: int
+    weight_type: str = "f16"
+    scale_factor: int | None = None
+    swapped: bool = False
+    seed: int = 31
+
+
+TEXT_EMBD = 64                     # tiny-gemma3-f16.gguf's n_embd
 EPS = 1e-6
+PROJECTORS = [
+    TinyProjector("tiny-mmproj-gemma3-f16", image=64, patch=8, hidden=32, heads=2, ff=64, layers=2),
+    TinyProjector("tiny-mmproj-gemma3-b-q8_0", image=96, patch=8, hidden=64, heads=4, ff=128,
+                  layers=3, weight_type="q8_0", scale_factor=3, swapped=True, seed=32),
+]
 
 
-def tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """numpy shapes (ggml's ne reversed)."""
+def tensors(p: TinyProjector) -> dict[str, np.ndarray]:
+    """numpy shapes (ggml's ne reversed), f32 or f16 as they are written."""
+    rng = np.random.default_rng(p.seed)
+
     def w(*shape):
         return (rng.standard_normal(shape) * 0.05).astype(np.float16 if len(shape) > 1 else np.float32)
 
-    n_pos = (IMAGE // PATCH) ** 2
-    out = {"v.patch_embd.weight": w(HIDDEN, 3, PATCH, PATCH), "v.patch_embd.bias": w(HIDDEN),
-           "v.position_embd.weight": w(n_pos, HIDDEN)}
-    for il in range(LAYERS):
-        p = f"v.blk.{il}."
+    h, n_pos = p.hidden, (p.image // p.patch) ** 2
+    out = {"v.patch_embd.weight": w(h, 3, p.patch, p.patch), "v.patch_embd.bias": w(h),
+           "v.position_embd.weight": w(n_pos, h)}
+    for il in range(p.layers):
+        b = f"v.blk.{il}."
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            out[p + name + ".weight"], out[p + name + ".bias"] = w(HIDDEN, HIDDEN), w(HIDDEN)
+            out[b + name + ".weight"], out[b + name + ".bias"] = w(h, h), w(h)
         for name in ("ln1", "ln2"):
-            out[p + name + ".weight"], out[p + name + ".bias"] = w(HIDDEN) + 1, w(HIDDEN)
-        out[p + "ffn_up.weight"], out[p + "ffn_up.bias"] = w(FF, HIDDEN), w(FF)
-        out[p + "ffn_down.weight"], out[p + "ffn_down.bias"] = w(HIDDEN, FF), w(HIDDEN)
-    out["v.post_ln.weight"], out["v.post_ln.bias"] = w(HIDDEN) + 1, w(HIDDEN)
-    out["mm.soft_emb_norm.weight"] = w(HIDDEN)
-    out["mm.input_projection.weight"] = w(HIDDEN, TEXT_EMBD)    # ne [TEXT_EMBD, HIDDEN]
+            out[b + name + ".weight"], out[b + name + ".bias"] = w(h) + 1, w(h)
+        up, down = ("ffn_down", "ffn_up") if p.swapped else ("ffn_up", "ffn_down")
+        out[b + up + ".weight"], out[b + up + ".bias"] = w(p.ff, h), w(p.ff)
+        out[b + down + ".weight"], out[b + down + ".bias"] = w(h, p.ff), w(h)
+    out["v.post_ln.weight"], out["v.post_ln.bias"] = w(h) + 1, w(h)
+    out["mm.soft_emb_norm.weight"] = w(h)
+    out["mm.input_projection.weight"] = w(h, TEXT_EMBD)    # ne [TEXT_EMBD, hidden]
     return out
 
 
-def write(out_dir: Path) -> Path:
-    path = out_dir / "tiny-mmproj-gemma3-f16.gguf"
+def write(p: TinyProjector, out_dir: Path) -> Path:
+    path = out_dir / f"{p.name}.gguf"
     tmp = path.with_suffix(".gguf.tmp")
     writer = GGUFWriter(str(tmp), "clip")
-    writer.add_name("tiny-mmproj-gemma3")
-    writer.add_file_type(1)
+    writer.add_name(p.name)
+    writer.add_file_type(7 if p.weight_type == "q8_0" else 1)
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_string("clip.projector_type", "gemma3")
     writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.image_size", IMAGE)
-    writer.add_uint32("clip.vision.patch_size", PATCH)
-    writer.add_uint32("clip.vision.embedding_length", HIDDEN)
-    writer.add_uint32("clip.vision.feed_forward_length", FF)
-    writer.add_uint32("clip.vision.block_count", LAYERS)
+    writer.add_uint32("clip.vision.image_size", p.image)
+    writer.add_uint32("clip.vision.patch_size", p.patch)
+    writer.add_uint32("clip.vision.embedding_length", p.hidden)
+    writer.add_uint32("clip.vision.feed_forward_length", p.ff)
+    writer.add_uint32("clip.vision.block_count", p.layers)
     writer.add_uint32("clip.vision.projection_dim", TEXT_EMBD)
-    writer.add_uint32("clip.vision.attention.head_count", HEADS)
+    writer.add_uint32("clip.vision.attention.head_count", p.heads)
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", EPS)
+    if p.scale_factor is not None:
+        writer.add_uint32("clip.vision.projector.scale_factor", p.scale_factor)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    for name, data in tensors(np.random.default_rng(31)).items():
-        writer.add_tensor(name, data)
+    for name, data in tensors(p).items():
+        if p.weight_type == "q8_0" and data.ndim == 2 and name != "v.position_embd.weight":
+            qtype = GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, quants.quantize(data.astype(np.float32), qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -77,7 +110,9 @@ def write(out_dir: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("tests/data/llamacpp"))
-    print(write(parser.parse_args(argv).out))
+    out = parser.parse_args(argv).out
+    for p in PROJECTORS:
+        print(write(p, out))
     return 0
 
 

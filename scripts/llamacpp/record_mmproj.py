@@ -1,8 +1,8 @@
 """Records libmtmd's figures for the tiny gemma3 projector (make_tiny_mmproj.py), the ground
 truth of tests/test_mmproj.py.
 
-Each configuration loads examples/models/tiny-gemma3-f16.gguf as the text model and
-tests/data/llamacpp/tiny-mmproj-gemma3-f16.gguf through mtmd_init_from_file (llama-cpp-python
+Each configuration loads examples/models/tiny-gemma3-f16.gguf as the text model and one of
+tests/data/llamacpp/tiny-mmproj-gemma3-*.gguf through mtmd_init_from_file (llama-cpp-python
 0.3.36's libmtmd), as llama-server does with `--mmproj`: on the CPU (`--no-mmproj-offload`,
 use_gpu false) or with one RPC server standing for the main GPU, flash attention off, on and
 auto (mtmd's own setting). shim.c (record.py's) reports the projector's weight buffer and the
@@ -29,9 +29,11 @@ import record  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "examples" / "models" / "tiny-gemma3-f16.gguf"
-MMPROJ = REPO / "tests" / "data" / "llamacpp" / "tiny-mmproj-gemma3-f16.gguf"
+DATA = REPO / "tests" / "data" / "llamacpp"
+MMPROJS = ["tiny-mmproj-gemma3-f16", "tiny-mmproj-gemma3-b-q8_0"]     # make_tiny_mmproj.py's
 FLASH = {"off": 0, "on": 1, "auto": -1}     # clip_flash_attn_type / llama_flash_attn_type
-CONFIGS = [{"device": device, "flash_attn": fa} for device in ("rpc", "cpu") for fa in FLASH]
+CONFIGS = [{"mmproj": m, "device": device, "flash_attn": fa}
+           for m in MMPROJS for device in ("rpc", "cpu") for fa in FLASH]
 SPLITS = re.compile(r"graph splits = (\d+), nodes = (\d+)")
 WARMUP = re.compile(r"warmup with image size = (\d+) x (\d+)")
 FA = re.compile(r"flash attention is (enabled|disabled)")
@@ -62,7 +64,8 @@ def run_child(cfg: dict, endpoint: str) -> None:
     params.warmup = True
     params.print_timings = False
     shim.shim_mark(b"mmproj")
-    ctx = mtmd_cpp.mtmd_init_from_file(str(MMPROJ).encode(), model, params)
+    mmproj = DATA / f"{cfg['mmproj']}.gguf"
+    ctx = mtmd_cpp.mtmd_init_from_file(str(mmproj).encode(), model, params)
     shim.shim_mark(b"done")
     if not ctx:
         raise RuntimeError("mtmd_init_from_file failed")
@@ -93,7 +96,7 @@ def record_one(cfg: dict, endpoint: str, shim: Path, workdir: Path) -> dict:
     log = record.device_names(proc.stderr, [endpoint])
     splits, nodes = SPLITS.findall(log)[-1]
     reserves = [g for g in graphs if g["kind"] == "reserve" and g["phase"] == "mmproj"]
-    return {"device": cfg["device"], "flash_attn": cfg["flash_attn"],
+    return {"mmproj": cfg["mmproj"] + ".gguf", "device": cfg["device"], "flash_attn": cfg["flash_attn"],
             "flash_attn_resolved": FA.findall(log)[-1] == "enabled",
             "warmup_image_size": int(WARMUP.findall(log)[-1][0]),
             "n_nodes": int(nodes), "n_splits": int(splits), "n_reserves": len(SPLITS.findall(log)),
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             server.kill()
             server.wait()
     args.out.write_text(json.dumps({**record.versions(), "text_model": TEXT.name,
-                                    "mmproj": MMPROJ.name, "configs": records}, indent=1) + "\n")
+                                    "configs": records}, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
 

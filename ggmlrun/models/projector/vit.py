@@ -156,12 +156,16 @@ class ClipGraph:
         return cur
 
     def build_ffn(self, cur: Tensor, blk: str) -> Tensor:
-        """build_ffn without a gate: up (+bias), the activation, down (+bias)."""
+        """build_ffn without a gate: up (+bias), the activation, down (+bias). Files whose
+        up and down are named the other way round (ffn_down's ne[0] is n_embd: older
+        conversions) are swapped back, weights and biases, as load_tensors does for gemma3."""
         op = {"gelu": "gelu", "silu": "silu"}.get(self.hp.ffn_op)
         if op is None:
             raise InputError(f"--mmproj: the {self.hp.ffn_op} FFN is not built by ggmlrun")
-        cur = self.add(self.mul_mat(self.need(blk + "ffn_up.weight"), cur),
-                       self.w(blk + "ffn_up.bias"))
+        up, down = self.need(blk + "ffn_up.weight"), self.need(blk + "ffn_down.weight")
+        up_b, down_b = self.w(blk + "ffn_up.bias"), self.w(blk + "ffn_down.bias")
+        if down.shape[-1] == self.hp.n_embd:
+            up, down, up_b, down_b = down, up, down_b, up_b
+        cur = self.add(self.mul_mat(up, cur), up_b)
         cur = self.op(op, [cur], cur.shape)
-        return self.add(self.mul_mat(self.need(blk + "ffn_down.weight"), cur),
-                        self.w(blk + "ffn_down.bias"))
+        return self.add(self.mul_mat(down, cur), down_b)
