@@ -79,7 +79,8 @@ def model_fit(figures):
         def host_bytes(self) -> int:
             return self.backends[-1].need_bytes
 
-    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.state_bytes + b.output_bytes,
+    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.state_bytes + b.output_bytes
+                       + b.mmproj_bytes,
                        b.arena_bytes,
                        b.memory_bytes) for b in figures.backends]
     return ModelFit(rows, rows[-1].memory_bytes)

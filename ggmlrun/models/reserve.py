@@ -36,6 +36,8 @@ from ggmlrun.models.memory.buffers import (WeightBytes, kv_bytes, output_bytes, 
                                            weights_bytes)
 from ggmlrun.models.memory.caches import Memory, model_memory
 from ggmlrun.models.memory.placement import Placement, place
+from ggmlrun.models.projector.clip import read_clip
+from ggmlrun.models.projector.measure import ProjectorFigures, measure_projector
 
 @dataclass
 class BackendFigures:
@@ -49,6 +51,7 @@ class BackendFigures:
     mapped_bytes: int = 0         # the CPU: the mapped file range (--no-mmap: allocated)
     repack_bytes: int = 0         # the CPU: ggml-cpu's CPU_REPACK buffer
     state_bytes: int = 0          # the recurrent state (llama_memory_recurrent), hybrid models
+    mmproj_bytes: int = 0         # the projector's (--mmproj) weights and compute buffer here
     # of kv_bytes, the caches whose cells are the context (the full cache, and the SWA cache
     # under --swa-full): what grows in proportion to it (fit's context bounds); None: all
     kv_linear_bytes: int | None = None
@@ -71,6 +74,7 @@ class ModelMeasure:
     # the graphs reserved: "pp+tg" (llama.cpp's whole reserve), or, cut short by
     # measure_model's `enough`, "pp" or "none" (arenas a lower bound; "none": no schedule)
     reserved: str = "pp+tg"
+    mmproj: ProjectorFigures | None = None    # --mmproj: the projector, measured on its own
 
     @property
     def partial(self) -> bool:
@@ -217,7 +221,10 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     def graph(tokens: int, outputs: int) -> ModelGraph:
         return model_graph(model, memory, tokens, outputs, placement.shared_copies())
 
+    mmproj = projector_figures(backends, opts)
     static = _figures(model, opts, backends, placement, memory, wb)  # no compute buffer yet
+    if mmproj is not None:
+        static = [replace(f, mmproj_bytes=mmproj.bytes_on(f.name)) for f in static]
     figures, arena, reserved, sched, n_nodes = static, [0] * len(backends), "none", None, 0
     if enough is None or not enough(static, "none"):
         pp = graph(pp_tokens, n_tokens)
@@ -241,7 +248,25 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                         n_splits=len(sched.splits) if sched else 0,
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
                         ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
-                        n_copies=n_copies, reserved=reserved)
+                        n_copies=n_copies, reserved=reserved, mmproj=mmproj)
+
+
+_PROJECTORS: dict[tuple, ProjectorFigures] = {}
+
+
+def projector_figures(backends: list[BackendSpec], opts: ModelOptions) -> ProjectorFigures | None:
+    """llama-server's projector (--mmproj, unless --no-mmproj), measured once per file,
+    backends and settings: it is placed whole, whatever -ngl, so fit's probes share it. Its
+    flash attention is the model's -fa, as llama-server hands it to libmtmd."""
+    if not opts.mmproj or opts.no_mmproj:
+        return None
+    key = (opts.mmproj, tuple((b.name, b.kind, b.alignment, b.row_padding) for b in backends),
+           opts.mmproj_offload, opts.flash_attn, opts.ggml)
+    if key not in _PROJECTORS:
+        _PROJECTORS[key] = measure_projector(read_clip(opts.mmproj), backends,
+                                             offload=opts.mmproj_offload,
+                                             flash_attn=opts.flash_attn, ggml=opts.ggml)
+    return _PROJECTORS[key]
 
 
 def _figures(model: ModelFile, opts: ModelOptions, backends: list[BackendSpec],

@@ -293,3 +293,18 @@ class Endpoints(Kind):
 
     def write(self, value) -> str:
         return ",".join(value)
+
+
+@dataclass(frozen=True)
+class ModelName(Kind):
+    """A model file as the model argument takes it: a path, a URL or an hf:// name."""
+    metavar = "MODEL"
+
+    def read(self, text: str) -> str:
+        text = str(text)
+        if not text.strip():
+            raise ValueError("an empty name names no file")
+        return text
+
+    def write(self, value) -> str:
+        return str(value)

@@ -32,6 +32,10 @@ class ModelOptions:
     kv_unified: bool = False      # -kvu: one KV cache for all sequences (else one per sequence)
     cpu_moe: bool = False         # --cpu-moe: every expert tensor on the CPU
     n_cpu_moe: int = 0            # --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
+    # the multimodal projector llama-server loads beside the model (models/projector/)
+    mmproj: str | None = None     # --mmproj: its clip GGUF (a path, URL or hf:// file)
+    no_mmproj: bool = False       # --no-mmproj: left out, even when --mmproj names one
+    mmproj_offload: bool = True   # --no-mmproj-offload: on the CPU, not the main device
     # --kv-type: K and V both, when given (replace(opts, kv_type=T) too); never read back
     # (opts.kv_type is None): read type_k and type_v
     kv_type: InitVar[str | None] = None
