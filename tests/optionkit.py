@@ -3,13 +3,17 @@ many option sets (tests/test_option_table.py, tests/test_api.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ggmlrun.models.options.params import I32_MAX
-from ggmlrun.models.options.kinds import (Choice, Count, Layers, OnOff, Overrides, Split,
-                                          Switch)
+from ggmlrun.models.options.kinds import (Choice, Count, Layers, ModelName, OnOff, Overrides,
+                                          Split, Switch)
 from ggmlrun.models.options.table import OPTIONS
 
 PATTERNS = (r"ffn_.*", r"blk\.1\..*", r"blk\.(0|2)\.ffn_(up|down)", r"attn_[qkv]\.weight$",
             r"output", r"token_embd")
+MMPROJS = tuple(str(p) for p in sorted(
+    (Path(__file__).parent / "data" / "llamacpp").glob("tiny-mmproj-*.gguf")))
 SMALL = {"ctx": (1, 4096), "ubatch": (1, 1024), "ngl": (0, 40), "n_cpu_moe": (0, 8),
          "parallel": (1, 6)}
 
@@ -38,6 +42,8 @@ def draw(rng, option, backends: tuple[str, ...], devices: int, big: bool):
         return [(rng.choice(PATTERNS), rng.choice(backends)) if rng.random() < 0.5
                 else f"{rng.choice(PATTERNS)}={rng.choice(backends)}"
                 for _ in range(rng.randint(1, 3))]
+    if isinstance(kind, ModelName):
+        return rng.choice(MMPROJS)
     raise AssertionError(f"no drawing for {option.name}")  # a new kind needs a case here
 
 

@@ -25,6 +25,7 @@ TINY_SWA = ROOT / "examples/models/tiny-gemma3-f16.gguf"     # sliding-window la
 # (the tiny llama's 16, which llama.cpp refuses)
 TINY_HEAD_32 = ROOT / "examples/models/tiny-qwen3-f16.gguf"
 CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
+MMPROJ = str(ROOT / "tests/data/llamacpp/tiny-mmproj-gemma3-f16.gguf")   # a gemma3 projector
 
 MiB = 2**20
 
@@ -69,6 +70,10 @@ CASES = {
     "parallel_streams": dict(parallel=2, ctx=600),      # a KV stream per sequence
     "kv_unified": dict(kv_unified=True),
     "swa_full": dict(swa_full=True, ctx=1024, ubatch=32),
+    # the projector (--mmproj): its bytes on its backends (mmproj_bytes)
+    "mmproj": dict(mmproj=MMPROJ, flash_attn=True),
+    "mmproj_offload": dict(mmproj=MMPROJ, mmproj_offload=False),
+    "no_mmproj": dict(mmproj=MMPROJ, no_mmproj=True),
 }
 MOE_CASES = ("cpu_moe", "n_cpu_moe", "n_cpu_moe_and_ot")
 MODEL_OF = {"swa_full": TINY_SWA}   # a case whose option needs a model that has it
@@ -86,7 +91,8 @@ def _block_cache(case: dict) -> bool:
 
 
 def _figures(m):
-    return ([(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes) for b in m.backends],
+    return ([(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes, b.mmproj_bytes)
+             for b in m.backends],
             m.n_nodes, m.n_splits, m.ctx, m.ubatch, m.ngl)
 
 
@@ -199,7 +205,9 @@ def test_every_cli_model_option_reaches_the_line():
                "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
                "--no-mmap": "--no-mmap", "--parallel 2 --kv-unified": "-np 2 -kvu",
                "--kv-unified": "-kvu", "--swa-full": "--swa-full",
-               "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2"}
+               "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2",
+               f"--mmproj {MMPROJ}": f"--mmproj {MMPROJ}", "--no-mmproj": "--no-mmproj",
+               "--no-mmproj-offload": "--no-mmproj-offload"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N",
                  "--refresh": "where the header comes from (the header cache), not an option "

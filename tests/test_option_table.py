@@ -88,7 +88,7 @@ def test_two_devices_pin_the_memory_split():
 
 @pytest.mark.parametrize("line,named", [
     ("-m model.gguf", "-m"), ("-hf owner/repo:Q4_K_M", "-hf"), ("-sm row", "-sm"),
-    ("--mmproj p.gguf", "--mmproj"), ("-md d.gguf", "-md"), ("-ngld 9", "-ngld"),
+    ("-mmu https://x/p.gguf", "-mmu"), ("-md d.gguf", "-md"), ("-ngld 9", "-ngld"),
     ("-cd 4096", "-cd"), ("--fit on", "--fit"), ("--fit-target 1024", "--fit-target"),
     ("--fit-ctx 4096", "--fit-ctx"), ("--cache-ram 8192", "--cache-ram"),
     ("--no-repack", "--no-repack"), ("-nr", "-nr"),
@@ -154,7 +154,8 @@ def test_help_lists_every_option_with_its_default():
 
 
 LOWEST = {"Count": lambda k: str(k.lo), "Layers": lambda k: "0", "OnOff": lambda k: "off",
-          "Choice": lambda k: k.values[0], "Split": lambda k: "1", "Overrides": lambda k: "a=CPU"}
+          "Choice": lambda k: k.values[0], "Split": lambda k: "1", "Overrides": lambda k: "a=CPU",
+          "ModelName": lambda k: "mmproj.gguf"}
 
 
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o.flag and not o.shared],
