@@ -1,0 +1,111 @@
+"""The multimodal projector (--mmproj): ggmlrun's figures for the tiny gemma3 projectors equal
+libmtmd's (scripts/llamacpp/record_mmproj.py: CPU and an RPC device, flash attention off, on
+and auto), measure and fit carry them per SPEC section 5, and what ggmlrun does not size is
+refused by name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from gguf import GGUFWriter
+
+from clikit import invoke
+from ggmlrun.core.frontend.backends_file import load_backends
+from ggmlrun.models.projector.clip import read_clip
+from ggmlrun.models.projector.measure import measure_projector
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "llamacpp"
+RECORDED = json.loads((DATA / "mmproj.json").read_text())
+RPC = ROOT / "graphs" / "backends" / "llamacpp_rpc.yaml"     # the recording's device pair
+TEXT = ROOT / "examples" / "models" / "tiny-gemma3-f16.gguf"
+MMPROJ = DATA / "tiny-mmproj-gemma3-f16.gguf"
+
+
+@pytest.mark.parametrize("rec", RECORDED["configs"],
+                         ids=lambda r: f"{r['mmproj']}-{r['device']}-fa-{r['flash_attn']}")
+def test_figures_are_libmtmds(rec):
+    """Weights on the projector's backend, compute buffer per backend (the raw image is a CPU
+    input), nodes, splits and what flash attention `auto` resolved to."""
+    p = measure_projector(read_clip(DATA / rec["mmproj"]), load_backends(RPC),
+                          offload=rec["device"] == "rpc", flash_attn=rec["flash_attn"])
+    assert p.weights_bytes == rec["backends"][p.backend]["weights_bytes"]
+    assert p.arena == {k: v["arena_bytes"] for k, v in rec["backends"].items()}
+    assert (p.n_nodes, p.n_splits) == (rec["n_nodes"], rec["n_splits"])
+    assert (p.flash_attn, p.image_size) == (rec["flash_attn_resolved"], rec["warmup_image_size"])
+
+
+def test_auto_without_device_flash_attention_keeps_both_reserves():
+    """clip's warm-up: auto tries flash attention; a device that cannot run it gets a second
+    reserve without, and ggml's allocator keeps each backend's larger buffer."""
+    model = read_clip(DATA / "tiny-mmproj-gemma3-b-q8_0.gguf")
+    rpc, cpu = load_backends(RPC)
+    no_fa = [dataclasses.replace(rpc, unsupported=frozenset({"flash_attn_ext"})), cpu]
+    auto = measure_projector(model, no_fa, flash_attn="auto")
+    on, off = (measure_projector(model, no_fa, flash_attn=fa) for fa in ("on", "off"))
+    assert auto.flash_attn is False
+    assert auto.arena == {k: max(on.arena[k], off.arena[k]) for k in auto.arena}
+
+
+def _json(command: str, *args) -> dict:
+    code, out, err = invoke(command, TEXT, "--backends", RPC, "--ram", "64GiB", "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.mark.parametrize("command", ["measure", "fit"])
+def test_the_projector_is_added_to_its_backends(command):
+    """SPEC's `mmproj` keys; the model's own buffers unchanged; each backend's total grows by
+    the projector's bytes there (weights and compute on the device, the image on the CPU)."""
+    plain = _json(command, "--flash-attn", "on")
+    data = _json(command, "--flash-attn", "on", "--mmproj", MMPROJ)
+    rec = next(r for r in RECORDED["configs"] if r["mmproj"] == MMPROJ.name
+               and r["device"] == "rpc" and r["flash_attn"] == "on")
+    mm = data["mmproj"]
+    assert {k: mm[k] for k in ("name", "backend", "weights_bytes", "kv_bytes", "arena_bytes")} \
+        == {"name": "tiny-mmproj-gemma3-f16", "backend": "RPC0",
+            "weights_bytes": rec["backends"]["RPC0"]["weights_bytes"], "kv_bytes": 0,
+            "arena_bytes": rec["backends"]["RPC0"]["arena_bytes"]}
+    for before, after in zip(plain["backends"], data["backends"]):
+        own = rec["backends"][after["name"]]
+        assert after["mmproj_bytes"] == own["weights_bytes"] + own["arena_bytes"]
+        for key in ("weights_bytes", "kv_bytes", "arena_bytes"):
+            assert after[key] == before[key]
+        if command == "fit":
+            assert after["total_bytes"] == before["total_bytes"] + after["mmproj_bytes"]
+    assert f"--mmproj {MMPROJ}" in data["command"]
+
+
+def test_no_mmproj_leaves_it_out():
+    data = _json("measure", "--mmproj", MMPROJ, "--no-mmproj")
+    assert "mmproj" not in data and "--no-mmproj" in data["command"]
+
+
+def _clip_file(path: Path, **kv) -> Path:
+    writer = GGUFWriter(str(path), kv.pop("arch", "clip"))
+    for key, value in kv.items():
+        (writer.add_bool if isinstance(value, bool) else writer.add_string)(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("kv,said", [
+    ({"clip.has_vision_encoder": True, "clip.projector_type": "qwen2vl_merger"},
+     "projector type 'qwen2vl_merger' is known to libmtmd but not sized by ggmlrun"),
+    ({"clip.has_vision_encoder": True, "clip.projector_type": "no_such_type"},
+     "projector type 'no_such_type' is unknown"),
+    ({"clip.has_audio_encoder": True, "clip.projector_type": "ultravox"},
+     "has an audio encoder"),
+    ({"arch": "llama"}, "architecture 'llama' is not a projector"),
+])
+def test_what_is_not_sized_is_refused_by_name(tmp_path, kv, said):
+    path = _clip_file(tmp_path / "mmproj.gguf", **kv)
+    code, out, err = invoke("measure", TEXT, "--mmproj", path, "--json")
+    assert code == 2 and said in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
