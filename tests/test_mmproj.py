@@ -109,3 +109,46 @@ def test_what_is_not_sized_is_refused_by_name(tmp_path, kv, said):
     code, out, err = invoke("measure", TEXT, "--mmproj", path, "--json")
     assert code == 2 and said in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+# --- hf:// models: the repository's projector, as llama.cpp's -hf picks it ------------------
+@pytest.mark.parametrize("files,model,picked", [
+    (["a-Q4_K_M.gguf", "mmproj-F16.gguf", "mmproj-Q8_0.gguf"], "a-Q4_K_M.gguf", "mmproj-Q8_0.gguf"),
+    (["m/a-Q8_0.gguf", "mmproj-F16.gguf", "m/mmproj-F32.gguf"], "m/a-Q8_0.gguf", "m/mmproj-F32.gguf"),
+    (["m/a-F16.gguf", "n/mmproj-F16.gguf"], "m/a-F16.gguf", None),
+    (["a-Q4_K_M.gguf", "mmproj-BF16.gguf", "mmproj-F16.gguf"], "a-Q4_K_M.gguf", "mmproj-BF16.gguf"),
+])
+def test_the_sibling_is_llama_cpps(files, model, picked):
+    """common/download.cpp's find_best_sibling: in the model's folder or above, the deepest
+    first, then the closest quant bits, the first listed on a tie; none in another folder."""
+    from ggmlrun.models.gguf.hub import pick_sibling
+
+    assert pick_sibling(files, model) == picked
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    from hubkit import Server
+
+    model = TEXT.read_bytes()
+    repos = {"org/gemma-GGUF": {"gemma-Q8_0.gguf": model, "mmproj-F16.gguf": MMPROJ.read_bytes()},
+             "org/odd-GGUF": {"odd-Q8_0.gguf": model, "mmproj-F16.gguf": model}}
+    with Server(repos=repos) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        yield server
+
+
+def test_an_hf_model_brings_its_repositorys_projector(hub):
+    code, out, err = invoke("measure", "hf://org/gemma-GGUF:Q8_0", "--json", "--flash-attn", "on",
+                            "--backends", RPC, "--ram", "64GiB")
+    assert code == 0, err
+    assert json.loads(out)["mmproj"] == _json("measure", "--flash-attn", "on",
+                                              "--mmproj", MMPROJ)["mmproj"]
+    code, out, err = invoke("measure", "hf://org/gemma-GGUF:Q8_0", "--json", "--no-mmproj")
+    assert code == 0 and "mmproj" not in json.loads(out)
+
+
+def test_a_repositorys_projector_ggmlrun_cannot_size_is_left_out_with_a_note(hub):
+    code, out, err = invoke("measure", "hf://org/odd-GGUF:Q8_0", "--json")
+    assert code == 0 and "mmproj" not in json.loads(out)
+    assert "note: the repository's projector hf://org/odd-GGUF/mmproj-F16.gguf is left out" in err

@@ -107,6 +107,9 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None):
         opts = replace(opts, ctx=fit_ctx)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx, margins=by_name)
+    note = getattr(result.measure, "mmproj_note", None)
+    if note:
+        click.echo(f"ggmlrun: note: {note}", err=True)
     record = {**report.model_fit_dict(model_file, result), "options": options_json(opts),
               **planned_for_dict(model_input)}
     return result, opts, record

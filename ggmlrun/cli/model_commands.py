@@ -43,6 +43,8 @@ def measure_answer(model_input):
 
     model, backends, opts = model_input
     figures = measure_model(model, backends, opts)
+    if figures.mmproj_note:
+        click.echo(f"ggmlrun: note: {figures.mmproj_note}", err=True)
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     fit = model_fit(figures)
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)

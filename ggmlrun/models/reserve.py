@@ -75,6 +75,7 @@ class ModelMeasure:
     # measure_model's `enough`, "pp" or "none" (arenas a lower bound; "none": no schedule)
     reserved: str = "pp+tg"
     mmproj: ProjectorFigures | None = None    # --mmproj: the projector, measured on its own
+    mmproj_note: str | None = None    # why an hf:// repository's projector was left out
 
     @property
     def partial(self) -> bool:
@@ -221,7 +222,7 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     def graph(tokens: int, outputs: int) -> ModelGraph:
         return model_graph(model, memory, tokens, outputs, placement.shared_copies())
 
-    mmproj = projector_figures(backends, opts)
+    mmproj, mmproj_note = projector_figures(model, backends, opts)
     static = _figures(model, opts, backends, placement, memory, wb)  # no compute buffer yet
     if mmproj is not None:
         static = [replace(f, mmproj_bytes=mmproj.bytes_on(f.name)) for f in static]
@@ -248,24 +249,53 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                         n_splits=len(sched.splits) if sched else 0,
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
                         ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
-                        n_copies=n_copies, reserved=reserved, mmproj=mmproj)
+                        n_copies=n_copies, reserved=reserved, mmproj=mmproj,
+                        mmproj_note=mmproj_note)
 
 
-_PROJECTORS: dict[tuple, ProjectorFigures] = {}
+_PROJECTORS: dict[tuple, tuple[ProjectorFigures | None, str | None]] = {}
+_REPO_MMPROJ: dict[tuple[str, str], str | None] = {}
 
 
-def projector_figures(backends: list[BackendSpec], opts: ModelOptions) -> ProjectorFigures | None:
-    """llama-server's projector (--mmproj, unless --no-mmproj), measured once per file,
-    backends and settings: it is placed whole, whatever -ngl, so fit's probes share it. Its
-    flash attention is the model's -fa, as llama-server hands it to libmtmd."""
-    if not opts.mmproj or opts.no_mmproj:
-        return None
-    key = (opts.mmproj, tuple((b.name, b.kind, b.alignment, b.row_padding) for b in backends),
+def projector_figures(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions
+                      ) -> tuple[ProjectorFigures | None, str | None]:
+    """llama-server's projector and, when there is none, why (None: none asked for).
+    `--mmproj` names it; without it an hf:// model brings its repository's, as `-hf` does
+    (gguf/source.py repo_mmproj); `--no-mmproj` leaves either out. One the user named and
+    ggmlrun cannot size is refused (exit 2); a repository's is left out with a note. Measured
+    once per file, backends and settings: it is placed whole, whatever -ngl, so fit's probes
+    share it. Its flash attention is the model's -fa, as llama-server hands it to libmtmd."""
+    if opts.no_mmproj:
+        return None, None
+    from ggmlrun.models.gguf import hub
+
+    name, named = opts.mmproj, bool(opts.mmproj)
+    # a remote name's file is the Hub's: the same name on another endpoint is another file
+    where = hub.endpoint() if hub.is_hf(str(name or model.source or "")) else ""
+    if not named:
+        source = model.source or ""
+        if not hub.is_hf(source):
+            return None, None
+        if (where, source) not in _REPO_MMPROJ:
+            from ggmlrun.models.gguf.source import repo_mmproj
+
+            _REPO_MMPROJ[where, source] = repo_mmproj(source)
+        name = _REPO_MMPROJ[where, source]
+        if name is None:
+            return None, None
+    key = (where, name, tuple((b.name, b.kind, b.alignment, b.row_padding) for b in backends),
            opts.mmproj_offload, opts.flash_attn, opts.ggml)
     if key not in _PROJECTORS:
-        _PROJECTORS[key] = measure_projector(read_clip(opts.mmproj), backends,
-                                             offload=opts.mmproj_offload,
-                                             flash_attn=opts.flash_attn, ggml=opts.ggml)
+        try:
+            _PROJECTORS[key] = (measure_projector(read_clip(name), backends,
+                                                  offload=opts.mmproj_offload,
+                                                  flash_attn=opts.flash_attn, ggml=opts.ggml),
+                                None)
+        except InputError as err:
+            if named:
+                raise
+            _PROJECTORS[key] = (None, f"the repository's projector {name} is left out (give "
+                                      f"--no-mmproj to skip it): {err}")
     return _PROJECTORS[key]
 
 
