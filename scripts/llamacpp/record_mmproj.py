@@ -30,7 +30,11 @@ import record  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "examples" / "models" / "tiny-gemma3-f16.gguf"
 DATA = REPO / "tests" / "data" / "llamacpp"
-MMPROJS = ["tiny-mmproj-gemma3-f16", "tiny-mmproj-gemma3-b-q8_0"]     # make_tiny_mmproj.py's
+MMPROJS = ["tiny-mmproj-gemma3-f16", "tiny-mmproj-gemma3-b-q8_0",   # make_tiny_mmproj.py's
+           "tiny-mmproj-qwen3vl-f16", "tiny-mmproj-qwen3vl-b-q8_0"]
+# projectors loaded without a text model (libmtmd then skips its n_embd check): the tiny
+# qwen3vl's deepstack output has no tiny text model of its width
+WITHOUT_TEXT = ("tiny-mmproj-qwen3vl-f16", "tiny-mmproj-qwen3vl-b-q8_0")
 FLASH = {"off": 0, "on": 1, "auto": -1}     # clip_flash_attn_type / llama_flash_attn_type
 CONFIGS = [{"mmproj": m, "device": device, "flash_attn": fa}
            for m in MMPROJS for device in ("rpc", "cpu") for fa in FLASH]
@@ -56,7 +60,8 @@ def run_child(cfg: dict, endpoint: str) -> None:
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
     shim.shim_mark(b"text")
-    model = llama_cpp.llama_model_load_from_file(str(TEXT).encode(), mparams)
+    model = (None if cfg["mmproj"] in WITHOUT_TEXT
+             else llama_cpp.llama_model_load_from_file(str(TEXT).encode(), mparams))
     params = mtmd_cpp.mtmd_context_params_default()
     params.use_gpu = cfg["device"] == "rpc"
     params.n_threads = record.N_THREADS
@@ -70,7 +75,8 @@ def run_child(cfg: dict, endpoint: str) -> None:
     if not ctx:
         raise RuntimeError("mtmd_init_from_file failed")
     mtmd_cpp.mtmd_free(ctx)
-    llama_cpp.llama_model_free(model)
+    if model is not None:
+        llama_cpp.llama_model_free(model)
 
 
 def record_one(cfg: dict, endpoint: str, shim: Path, workdir: Path) -> dict:
@@ -96,7 +102,9 @@ def record_one(cfg: dict, endpoint: str, shim: Path, workdir: Path) -> dict:
     log = record.device_names(proc.stderr, [endpoint])
     splits, nodes = SPLITS.findall(log)[-1]
     reserves = [g for g in graphs if g["kind"] == "reserve" and g["phase"] == "mmproj"]
-    return {"mmproj": cfg["mmproj"] + ".gguf", "device": cfg["device"], "flash_attn": cfg["flash_attn"],
+    return {"mmproj": cfg["mmproj"] + ".gguf",
+            "text_model": None if cfg["mmproj"] in WITHOUT_TEXT else TEXT.name,
+            "device": cfg["device"], "flash_attn": cfg["flash_attn"],
             "flash_attn_resolved": FA.findall(log)[-1] == "enabled",
             "warmup_image_size": int(WARMUP.findall(log)[-1][0]),
             "n_nodes": int(nodes), "n_splits": int(splits), "n_reserves": len(SPLITS.findall(log)),
@@ -109,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "data" / "llamacpp" / "mmproj.json")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--only", default="", help="record only projectors whose name holds this")
     args = parser.parse_args(argv)
     if args.child:
         run_child(json.loads(args.child), args.endpoint)
@@ -118,14 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         shim = record.compile_shim(Path(tmp))
         server, endpoint = record.start_rpc_server()
         try:
-            for cfg in CONFIGS:
+            for cfg in [c for c in CONFIGS if args.only in c["mmproj"]]:
                 records.append(record_one(cfg, endpoint, shim, Path(tmp)))
                 print(json.dumps({k: v for k, v in records[-1].items() if k != "node_backends"}), flush=True)
         finally:
             server.kill()
             server.wait()
-    args.out.write_text(json.dumps({**record.versions(), "text_model": TEXT.name,
-                                    "configs": records}, indent=1) + "\n")
+    args.out.write_text(json.dumps({**record.versions(), "configs": records}, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
 

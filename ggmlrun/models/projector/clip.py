@@ -8,7 +8,8 @@ projection_dim, attention.layer_norm_epsilon}` required, `attention.head_count_k
 `attention.head_dim` optional; `clip.vision.image_size` and `patch_size`; `clip.use_gelu` /
 `clip.use_silu` (neither: gelu_quick). clip's get_u32 / get_f32 take only their own GGUF type.
 Per projector type, what load_hparams adds: gemma3's pooling kernel `n_merge` (4, or
-`clip.vision.projector.scale_factor`) and its warm-up image size (`image_size`).
+`clip.vision.projector.scale_factor`) and its warm-up image size (`image_size`); qwen3vl's
+spatial merge (`clip.vision.spatial_merge_size`, 2) and its warm-up of 46x46 merged tokens.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from ggmlrun.core.ir.types import BY_ID
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.gguf.header import shown
 
-SUPPORTED = ("gemma3",)
+SUPPORTED = ("gemma3", "qwen3vl_merger")
 # clip-impl.h's PROJECTOR_TYPE_NAMES: known to libmtmd, not (yet) sized by ggmlrun
 KNOWN = ("mlp", "ldp", "ldpv2", "resampler", "adapter", "qwen2vl_merger", "qwen2.5vl_merger",
-         "qwen3vl_merger", "ling3vl", "step3vl", "gemma3nv", "gemma3na", "gemma4v", "gemma4a",
+         "ling3vl", "step3vl", "gemma3nv", "gemma3na", "gemma4v", "gemma4a",
          "gemma4uv", "gemma4ua", "phi4", "idefics3", "pixtral", "ultravox", "internvl",
          "llama4", "qwen2a", "qwen3a", "glma", "qwen2.5o", "voxtral", "meralion",
          "musicflamingo", "lfm2", "kimivl", "paddleocr", "lightonocr", "cogvlm", "janus_pro",
@@ -54,7 +55,7 @@ class ClipHParams:
     projection_dim: int
     eps: float
     ffn_op: str                   # gelu | silu | gelu_quick
-    n_merge: int                  # gemma3: the avg-pool kernel and stride
+    n_merge: int                  # gemma3: the avg-pool kernel; qwen3vl: the spatial merge
     warmup_image_size: int
 
     @property
@@ -110,7 +111,8 @@ def clip_hparams(kv: dict, types: dict) -> ClipHParams:
         n_layer=u32(v + "block_count"), projection_dim=u32(v + "projection_dim"),
         eps=float(_get(kv, types, v + "attention.layer_norm_epsilon", "f32")),
         ffn_op="gelu" if use_gelu else "silu" if use_silu else "gelu_quick",
-        n_merge=u32(v + "projector.scale_factor", 4), warmup_image_size=u32(v + "image_size"))
+        n_merge=0, warmup_image_size=u32(v + "image_size"))
+    hp = _per_type(hp, kv, types)
     if not 0 < hp.image_size <= 8192 or hp.patch_size <= 0 or hp.image_size < hp.patch_size:
         raise InputError(f"clip: image_size {hp.image_size} with patch_size {hp.patch_size} "
                          f"makes no patch (libmtmd: image_size at most 8192)")
@@ -118,6 +120,19 @@ def clip_hparams(kv: dict, types: dict) -> ClipHParams:
         raise InputError(f"clip: {hp.n_embd} wide with {hp.n_head} heads, {hp.n_layer} "
                          f"blocks, pooling {hp.n_merge}: not a vision encoder")
     return hp
+
+
+def _per_type(hp: ClipHParams, kv: dict, types: dict) -> ClipHParams:
+    """What load_hparams' switch adds per projector type: the merge (gemma3's pooling kernel,
+    qwen3vl's spatial merge) and the warm-up image (set_warmup_n_tokens: side tokens x patch
+    x merge)."""
+    from dataclasses import replace
+
+    if hp.projector_type == "gemma3":
+        return replace(hp, n_merge=int(_get(kv, types, "clip.vision.projector.scale_factor",
+                                            "u32", 4)))
+    n_merge = int(_get(kv, types, "clip.vision.spatial_merge_size", "u32", 2))  # qwen3vl
+    return replace(hp, n_merge=n_merge, warmup_image_size=46 * hp.patch_size * n_merge)
 
 
 def read_clip(name) -> ClipModel:

@@ -16,7 +16,8 @@ BLOCK = ("attn_k.weight", "attn_q.weight", "attn_v.weight", "attn_out.weight",
          "ffn_up.bias", "ffn_gate.weight", "ffn_gate.bias", "ffn_down.weight", "ffn_down.bias",
          "attn_sinks")
 DEEPSTACK = ("norm.weight", "norm.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
-PROJECTOR = {"gemma3": ("mm.input_projection.weight", "mm.soft_emb_norm.weight")}
+PROJECTOR = {"gemma3": ("mm.input_projection.weight", "mm.soft_emb_norm.weight"),
+             "qwen3vl_merger": ("mm.0.weight", "mm.0.bias", "mm.2.weight", "mm.2.bias")}
 
 
 def requested(projector_type: str, n_layer: int) -> list[str]:

@@ -23,12 +23,12 @@ from ggmlrun.core.memory.alloc import GraphAllocator
 from ggmlrun.core.memory.sequence import allocation_sequence
 from ggmlrun.core.sched.scheduler import Scheduler
 from ggmlrun.core.util.fmt import align_up
-from ggmlrun.models.projector import gemma3
+from ggmlrun.models.projector import gemma3, qwen3vl
 from ggmlrun.models.projector.clip import ClipModel
 from ggmlrun.models.projector.loaded import requested
 from ggmlrun.models.projector.vit import ClipGraph
 
-BUILDERS = {"gemma3": gemma3.build}
+BUILDERS = {"gemma3": gemma3.build, "qwen3vl_merger": qwen3vl.build}
 
 
 @dataclass(frozen=True)

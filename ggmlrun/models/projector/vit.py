@@ -17,6 +17,9 @@ from ggmlrun.models.graph.builder import GraphBuilder
 from ggmlrun.models.projector.clip import ClipModel
 
 UNSUPPORTED_TENSORS = ("attn_qkv", "attn_q_norm", "attn_k_norm", "ffn_gate")
+# load_tensors' is_ffn_swapped: the types whose up/down it swaps back when stored the other way
+FFN_SWAPPED = ("mlp", "mlp_norm", "ldp", "ldpv2", "qwen2vl_merger", "qwen2.5vl_merger",
+               "exaone4_5", "glm_edge", "gemma3", "idefics3", "minicpmv", "minicpmv4_6")
 
 
 class ClipGraph:
@@ -31,12 +34,6 @@ class ClipGraph:
         self.nx = self.ny = size
         self.n_patches_x = self.n_patches_y = size // self.hp.patch_size
         self.n_patches = self.n_patches_x * self.n_patches_y
-        for il in range(self.hp.n_layer):
-            for what in UNSUPPORTED_TENSORS:
-                if f"v.blk.{il}.{what}.weight" in self.weights:
-                    raise InputError(f"--mmproj: tensor 'v.blk.{il}.{what}.weight' takes a "
-                                     f"ViT block ggmlrun does not build for "
-                                     f"{self.hp.projector_type}")
 
     # --- helpers -----------------------------------------------------------------------------
     def w(self, name: str) -> Tensor | None:
@@ -68,21 +65,28 @@ class ClipGraph:
         return self.add(self.mul(cur, w), bias)
 
     # --- build_inp ---------------------------------------------------------------------------
-    def build_inp(self) -> Tensor:
-        """inp_raw [1, 3, ny, nx] f32 (an input: ggml's sched puts it on the CPU), the patch
-        conv as ggml_conv_2d builds it (im2col in f16 unless the kernel is bf16), the bias."""
+    def inp_raw(self) -> Tensor:
+        """build_inp_raw: [1, 3, ny, nx] f32, an input (ggml's sched puts it on the CPU)."""
+        return GraphBuilder.leaf("inp_raw", (1, 3, self.ny, self.nx), "f32", role="input")
+
+    def conv_2d(self, kernel: Tensor, inp: Tensor) -> Tensor:
+        """ggml_conv_2d(kernel, inp, patch, patch, 0, 0, 1, 1): im2col (f16 unless the kernel
+        is bf16), mul_mat, reshape, permute, cont: [N, OC, OH, OW]."""
         b, p = self.b, self.hp.patch_size
-        inp_raw = GraphBuilder.leaf("inp_raw", (1, 3, self.ny, self.nx), "f32", role="input")
-        kernel = self.need("v.patch_embd.weight")              # [OC, IC, KH, KW]
         oc, ic, kh, kw = kernel.shape
-        oh, ow = (self.ny - kh) // p + 1, (self.nx - kw) // p + 1
-        col = self.op("im2col", [kernel, inp_raw], (1, oh, ow, ic * kh * kw),
+        oh, ow = (inp.shape[-2] - kh) // p + 1, (inp.shape[-1] - kw) // p + 1
+        col = self.op("im2col", [kernel, inp], (1, oh, ow, ic * kh * kw),
                       "f32" if kernel.dtype == "bf16" else "f16", s0=p, s1=p, p0=0, p1=0,
                       d0=1, d1=1, is_2d=True)
         conv = self.mul_mat(b.reshape(col, (oh * ow, ic * kh * kw)),
                             b.reshape(kernel, (oc, ic * kh * kw)))      # [OC, N·OH·OW]
         conv = b.reshape(conv, (oc, 1, oh, ow))
-        conv = b.cont(b.permute(conv, (1, 0, 2, 3)))                   # [N, OC, OH, OW]
+        return b.cont(b.permute(conv, (1, 0, 2, 3)))
+
+    def build_inp(self) -> Tensor:
+        """inp_raw, the patch conv, [1, n_patches, n_embd], the bias."""
+        b = self.b
+        conv = self.conv_2d(self.need("v.patch_embd.weight"), self.inp_raw())
         inp = b.reshape(conv, (1, self.hp.n_embd, self.n_patches))
         inp = b.cont(b.transpose(inp))
         patch_bias = self.w("v.patch_embd.bias")
@@ -93,6 +97,12 @@ class ClipGraph:
     # --- build_vit ---------------------------------------------------------------------------
     def build_vit(self, inp: Tensor, pos_embd: Tensor | None) -> Tensor:
         b, hp, n_pos = self.b, self.hp, self.n_patches
+        for il in range(hp.n_layer):
+            for what in UNSUPPORTED_TENSORS:
+                if f"v.blk.{il}.{what}.weight" in self.weights:
+                    raise InputError(f"--mmproj: tensor 'v.blk.{il}.{what}.weight' takes a "
+                                     f"ViT block ggmlrun does not build for "
+                                     f"{hp.projector_type}")
         if pos_embd is not None:
             inp = b.cb(self.add(inp, pos_embd), "pos_embed", -1)
         inpL = b.reshape(inp, (n_pos, hp.n_embd))
@@ -135,37 +145,52 @@ class ClipGraph:
         b = self.b
         for t in (q_cur, k_cur, v_cur):
             b.expand(t)
-        q = b.permute(q_cur, (0, 2, 1, 3))
-        k = b.permute(k_cur, (0, 2, 1, 3))
-        B, n_pos, n_head, d_head = q_cur.shape
+        # ggml_permute(0, 2, 1, 3) and (1, 2, 0, 3) in NumPy's axes, for [(B,) P, H, D]
+        lead = (0,) if len(q_cur.shape) == 4 else ()
+        x = len(lead)
+        swap, v_axes = (*lead, x + 1, x, x + 2), (*lead, x + 1, x + 2, x)
+        q = b.permute(q_cur, swap)
+        k = b.permute(k_cur, swap)
+        *batch, n_pos, n_head, d_head = q_cur.shape
+        B = batch[0] if batch else 1
         if self.flash_attn:
-            v = b.permute(v_cur, (0, 2, 1, 3))
+            v = b.permute(v_cur, swap)
             k, v = (self.op("cast", [t], t.shape, "f16", dtype="f16") for t in (k, v))
             cur = self.op("flash_attn_ext", [q, k, v], (B, n_pos, n_head, v.shape[-1]),
                           scale=1.0 / d_head ** 0.5, max_bias=0.0, logit_softcap=0.0,
                           prec="f32")
             cur = b.reshape(cur, (B * n_pos, n_head * cur.shape[-1]))
         else:
-            v = b.cont(b.permute(v_cur, (0, 2, 3, 1)))
+            v = b.cont(b.permute(v_cur, v_axes))
             kq = self.mul_mat(k, q)
             kq = self.op("soft_max", [kq], kq.shape, scale=1.0 / d_head ** 0.5, max_bias=0.0)
             kqv = self.mul_mat(v, kq)
-            cur = b.permute(kqv, (0, 2, 1, 3))
+            cur = b.permute(kqv, swap)
             cur = b.cont(cur, (B * n_pos, n_head * kqv.shape[-1]))
         b.cb(cur, "kqv_out", il)
         return cur
 
-    def build_ffn(self, cur: Tensor, blk: str) -> Tensor:
-        """build_ffn without a gate: up (+bias), the activation, down (+bias). Files whose
-        up and down are named the other way round (ffn_down's ne[0] is n_embd: older
-        conversions) are swapped back, weights and biases, as load_tensors does for gemma3."""
-        op = {"gelu": "gelu", "silu": "silu"}.get(self.hp.ffn_op)
-        if op is None:
-            raise InputError(f"--mmproj: the {self.hp.ffn_op} FFN is not built by ggmlrun")
-        up, down = self.need(blk + "ffn_up.weight"), self.need(blk + "ffn_down.weight")
-        up_b, down_b = self.w(blk + "ffn_up.bias"), self.w(blk + "ffn_down.bias")
-        if down.shape[-1] == self.hp.n_embd:
-            up, down, up_b, down_b = down, up, down_b, up_b
+    def ffn(self, cur: Tensor, up: Tensor, up_b: Tensor | None, down: Tensor,
+            down_b: Tensor | None, op: str) -> Tensor:
+        """build_ffn without a gate."""
         cur = self.add(self.mul_mat(up, cur), up_b)
         cur = self.op(op, [cur], cur.shape)
         return self.add(self.mul_mat(down, cur), down_b)
+
+    def ffn_op(self) -> str:
+        """The block FFN's activation op (clip.use_gelu / use_silu); gelu_quick is not built."""
+        op = {"gelu": "gelu", "silu": "silu"}.get(self.hp.ffn_op)
+        if op is None:
+            raise InputError(f"--mmproj: the {self.hp.ffn_op} FFN is not built by ggmlrun")
+        return op
+
+    def build_ffn(self, cur: Tensor, blk: str) -> Tensor:
+        """A block's FFN: up (+bias), the activation, down (+bias). Files whose up and down are
+        named the other way round (ffn_down's ne[0] is n_embd: older conversions) are swapped
+        back, weights and biases, as load_tensors does for the FFN_SWAPPED types."""
+        op = self.ffn_op()
+        up, down = self.need(blk + "ffn_up.weight"), self.need(blk + "ffn_down.weight")
+        up_b, down_b = self.w(blk + "ffn_up.bias"), self.w(blk + "ffn_down.bias")
+        if self.hp.projector_type in FFN_SWAPPED and down.shape[-1] == self.hp.n_embd:
+            up, down, up_b, down_b = down, up, down_b, up_b
+        return self.ffn(cur, up, up_b, down, down_b, op)
