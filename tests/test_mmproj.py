@@ -152,3 +152,17 @@ def test_a_repositorys_projector_ggmlrun_cannot_size_is_left_out_with_a_note(hub
     code, out, err = invoke("measure", "hf://org/odd-GGUF:Q8_0", "--json")
     assert code == 0 and "mmproj" not in json.loads(out)
     assert "note: the repository's projector hf://org/odd-GGUF/mmproj-F16.gguf is left out" in err
+
+
+def test_a_position_grid_libmtmd_cannot_interpolate_is_refused():
+    """qwen3vl interpolates its learned grid with ggml_interpolate, which takes f32 only:
+    libmtmd aborts on an f16 grid, ggmlrun says so."""
+    from ggmlrun.core.util.errors import InputError
+    from ggmlrun.models.projector.clip import ClipTensor
+
+    model = read_clip(DATA / "tiny-mmproj-qwen3vl-f16.gguf")
+    pos = model.tensors["v.position_embd.weight"]
+    f16 = dataclasses.replace(model, tensors={**model.tensors, pos.name: ClipTensor(
+        pos.name, pos.shape, "f16")})
+    with pytest.raises(InputError, match="takes f32 only"):
+        measure_projector(f16, load_backends(RPC))

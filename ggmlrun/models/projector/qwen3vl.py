@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from ggmlrun.core.ir.graph import Graph, Tensor
+from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.graph.builder import GraphBuilder
 from ggmlrun.models.projector.vit import ClipGraph
 
@@ -39,6 +40,10 @@ def _positions(g: ClipGraph) -> Tensor:
     w, h = g.n_patches_x, g.n_patches_y
     if (w, h) == (side, side):
         return pos
+    if pos.dtype != "f32":
+        raise InputError(f"--mmproj: 'v.position_embd.weight' is {pos.dtype}; libmtmd "
+                         f"interpolates it with ggml_interpolate, which takes f32 only (it "
+                         f"aborts)")
     pos = b.reshape(pos, (side, side, e))
     pos = b.permute(pos, (2, 0, 1))
     pos = g.op("upscale", [pos], (1, e, h, w), mode=SCALE_BILINEAR_ALIGN_CORNERS)
