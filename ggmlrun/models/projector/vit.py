@@ -5,8 +5,10 @@ embedding (build_inp: ggml_conv_2d, which is im2col + mul_mat + permute), the Vi
 Each call is one of clip.cpp's, in its order, on models/graph/builder.py's GraphBuilder, so
 the nodes and their order are libmtmd's. Tensors clip loads only when present (biases, pre /
 post norms, layer scales) enter the graph only when the file has them, as in clip.cpp.
-`im2col` and `pool_2d` are ggml ops ggmlrun only sizes (the projector is never computed):
-their shapes are ggml's (ggml_calc_conv_output_size, ggml_calc_pool_output_size).
+`im2col`, `pool_2d` and `upscale` (ggml_interpolate) are ggml ops ggmlrun only sizes (the
+projector is never computed), kept out of the op registry of graph files: their shapes are
+ggml's (ggml_calc_conv_output_size, ggml_calc_pool_output_size, the sizes asked for), and
+none of them is one ggml's allocator runs in place.
 """
 
 from __future__ import annotations
