@@ -3,7 +3,8 @@ front end): `measure` and `fit` answer as the commands do and return the record 
 prints, the same dict, so a tool reads one format whether it runs the command or imports it.
 
 The options are the option table's names (models/options/table.py, the ModelOptions fields:
-`ctx=8192, flash_attn=True, kv_type="q8_0", overrides=["ffn_.*=CPU"], tensor_split=(3, 1)`),
+`ctx=8192, flash_attn=True, kv_type="q8_0", overrides=["ffn_.*=CPU"], tensor_split=(3, 1)`,
+and a draft model, `model_draft="draft.gguf"`, read as MODEL is),
 each taking a Python value or the text the command line takes ("on", "3,1"). The devices are
 given as on the command line: `gpu="24GiB,12GiB"` (or a list of sizes), `ram="64GiB"`,
 `backends=PATH` (a backends file). Without `gpu` or `backends` the devices are this machine's

@@ -6,10 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ggmlrun.models.options.params import I32_MAX
-from ggmlrun.models.options.kinds import (Choice, Count, Layers, ModelName, OnOff, Overrides,
-                                          Split, Switch)
+from ggmlrun.models.options.kinds import (Choice, Count, Devices, Layers, ModelName, OnOff,
+                                          Overrides, Split, Switch)
 from ggmlrun.models.options.table import OPTIONS
 
+DRAFT = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny-llama-q8_0.gguf"
+# a draft's options (-ngld, -cd, -ctkd, -ctvd) are refused without a draft (-md)
+DRAFT_ONLY = ("ngl_draft", "ctx_draft", "type_k_draft", "type_v_draft", "devices_draft")
 PATTERNS = (r"ffn_.*", r"blk\.1\..*", r"blk\.(0|2)\.ffn_(up|down)", r"attn_[qkv]\.weight$",
             r"output", r"token_embd")
 MMPROJS = tuple(str(p) for p in sorted(
@@ -42,13 +45,23 @@ def draw(rng, option, backends: tuple[str, ...], devices: int, big: bool):
         return [(rng.choice(PATTERNS), rng.choice(backends)) if rng.random() < 0.5
                 else f"{rng.choice(PATTERNS)}={rng.choice(backends)}"
                 for _ in range(rng.randint(1, 3))]
-    if isinstance(kind, ModelName):
-        return rng.choice(MMPROJS)
+    if isinstance(kind, Devices):       # some of the devices in any order, or none
+        names = list(backends[:-1])
+        rng.shuffle(names)
+        chosen = names[:rng.randint(0, len(names))]
+        return rng.choice([tuple(chosen), ",".join(chosen) or "none"])
+    if isinstance(kind, ModelName):     # by option: --mmproj a tiny projector, -md a draft
+        if option.name == "mmproj":     # every tiny model's vocabulary matches
+            return rng.choice(MMPROJS)
+        return str(DRAFT)
     raise AssertionError(f"no drawing for {option.name}")  # a new kind needs a case here
 
 
 def random_options(rng, *, backends=("SIM0", "CPU"), big=False, skip=()) -> dict:
     """Some of the table's options (each with probability one half), by name."""
     devices = len(backends) - 1
-    return {o.name: draw(rng, o, backends, devices, big) for o in OPTIONS
-            if o.field and o.name not in skip and rng.random() < 0.5}
+    out = {o.name: draw(rng, o, backends, devices, big) for o in OPTIONS
+           if o.field and o.name not in skip and rng.random() < 0.5}
+    if "model_draft" not in out:
+        out = {k: v for k, v in out.items() if k not in DRAFT_ONLY}
+    return out

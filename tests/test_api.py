@@ -27,6 +27,9 @@ BACKENDS = ("GPU0", "GPU1", "CPU")
 # a quantized cache needs flash attention and a head size its blocks divide: measured apart
 # (tests/test_kv_q8_0.py); the cards' options stay small so a measure takes a moment
 SKIP = ("type_k", "type_v")
+# a draft only a tiny model's vocabulary matches: measured with one in tests/test_draft.py
+SKIP += ("model_draft", "ngl_draft", "ctx_draft", "type_k_draft", "type_v_draft",
+         "devices_draft")
 
 
 def _cli_args(values: dict) -> list[str]:

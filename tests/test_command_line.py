@@ -26,6 +26,7 @@ TINY_SWA = ROOT / "examples/models/tiny-gemma3-f16.gguf"     # sliding-window la
 TINY_HEAD_32 = ROOT / "examples/models/tiny-qwen3-f16.gguf"
 CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
 MMPROJ = str(ROOT / "tests/data/llamacpp/tiny-mmproj-gemma3-f16.gguf")   # a gemma3 projector
+DRAFT = ROOT / "examples/models/tiny-llama-q8_0.gguf"           # a draft for the tiny llama
 
 MiB = 2**20
 
@@ -68,8 +69,14 @@ CASES = {
     "no_mmap": dict(no_mmap=True, ngl=2),
     "parallel": dict(parallel=3, kv_unified=True),
     "parallel_streams": dict(parallel=2, ctx=600),      # a KV stream per sequence
-    "kv_unified": dict(kv_unified=True),
+    "kv_unified": dict(kv_unified=True, parallel=2),
+    "target": dict(target="cli"),           # llama-cli's -np 1 (llama-server's auto: 4)
     "swa_full": dict(swa_full=True, ctx=1024, ubatch=32),
+    # the draft's (measured beside the target in tests/test_draft.py): the line carries them
+    "model_draft": dict(model_draft="d.gguf", ngl_draft=2, type_k_draft="bf16",
+                        type_v_draft="f32"),
+    "ctx_draft": dict(model_draft="d.gguf", ctx_draft=512),   # not llama.cpp's: not written
+    "devices_draft": dict(model_draft="d.gguf", devices_draft=("GPU1",)),
     # the projector (--mmproj): its bytes on its backends (mmproj_bytes)
     "mmproj": dict(mmproj=MMPROJ, flash_attn=True),
     "mmproj_offload": dict(mmproj=MMPROJ, mmproj_offload=False),
@@ -107,7 +114,7 @@ def test_line_reproduces_the_figures(name):
         plain = dataclasses.replace(opts, **{name: ModelOptions.__dataclass_fields__[name].default})
         assert _figures(measure_model(model, backends, plain)) != _figures(first)
     line = llama_cpp_line(opts, backends, ngl=first.ngl, ctx=first.ctx)
-    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml,
+    again = options_from_line(line, base=ModelOptions(ggml=opts.ggml, target=opts.target,
                                                       sched_copies=opts.sched_copies))
     assert _figures(measure_model(model, backends, again)) == _figures(first), line
 
@@ -190,9 +197,10 @@ def test_fit_line_pasted_back_gives_the_answer():
 def test_measure_prints_the_line():
     code, out, err = invoke("measure", TINY, "--ngl", "2", "--kv-type", "f32", "--ubatch", "64")
     assert code == 0, err
-    assert "llama.cpp: -ngl 2 -c 2048 -fa off -ub 64 -ctk f32 -ctv f32" in out
+    # -fa auto and -np auto are llama-server's own defaults: not written
+    assert "llama-server -ngl 2 -c 2048 -ub 64 -ctk f32 -ctv f32" in out
     code, out, _ = invoke("measure", TINY, "--ngl", "2", "--json")
-    assert json.loads(out)["command"] == "-ngl 2 -c 2048 -fa off"
+    assert json.loads(out)["command"] == "-ngl 2 -c 2048"
 
 
 def test_every_cli_model_option_reaches_the_line():
@@ -204,12 +212,20 @@ def test_every_cli_model_option_reaches_the_line():
                "--tensor-split 1": "-ts 1", "--no-op-offload": "--no-op-offload",
                "--ctx 512": "-c 512", "--ngl 1": "-ngl 1", "--gpu 2GiB,1GiB": "-ts 2,1",
                "--no-mmap": "--no-mmap", "--parallel 2 --kv-unified": "-np 2 -kvu",
-               "--kv-unified": "-kvu", "--swa-full": "--swa-full",
+               "--kv-unified --for cli": "-np 1 -kvu", "--swa-full": "--swa-full",
                "--cpu-moe": "--cpu-moe", "--n-cpu-moe 2": "--n-cpu-moe 2",
+               f"--model-draft {DRAFT}": f"-md {DRAFT} -ngld all",
+               f"--gpu-layers-draft 2 -md {DRAFT}": "-ngld 2",
+               f"--cache-type-k-draft f32 -md {DRAFT}": "-ctkd f32",
+               f"--cache-type-v-draft bf16 -md {DRAFT}": "-ctvd bf16",
+               f"--device-draft none -md {DRAFT}": "-devd none",
                f"--mmproj {MMPROJ}": f"--mmproj {MMPROJ}", "--no-mmproj": "--no-mmproj",
                "--no-mmproj-offload": "--no-mmproj-offload"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N",
+                 "--ctx-draft": "the vendored llama.cpp has no -cd: the draft gets the "
+                                "target's context",
+                 "--for": "the program whose defaults the line is for, not one of its options",
                  "--refresh": "where the header comes from (the header cache), not an option "
                               "of the model"}
     from ggmlrun.cli.model_options import MODEL_FLAGS, MODEL_OPTIONS

@@ -91,8 +91,8 @@ def test_70b_on_described_devices_does_not_depend_on_this_machine():
                             "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert data["ngl"] == 42 and data["backends"][-1]["memory_bytes"] == 32 * GiB
-    code, out, err = invoke("measure", CARD_70B, "--gpu", "24GiB", "--ram", "32GiB", "--ngl", "42",
+    assert data["ngl"] == 44 and data["backends"][-1]["memory_bytes"] == 32 * GiB   # -fa auto: on
+    code, out, err = invoke("measure", CARD_70B, "--gpu", "24GiB", "--ram", "32GiB", "--ngl", "44",
                             "--ctx", "8192", "--json")
     assert code == 0, err
     assert json.loads(out)["fits"] is True

@@ -78,3 +78,67 @@ def test_past_training_context_warns(command, extra):
 def test_card_past_training_context_warns_once():
     code, out, err = invoke("fit", CARD_8B, "--ctx", "32768", "--gpu", "24GiB", "--ram", "32GiB")
     assert code == 0 and err.count("warning: --ctx 32768 is past") == 1
+
+
+# --- one more step (issue 30 item 4) -------------------------------------------------------
+TINY_HEAD_32 = ROOT / "examples/models/tiny-qwen3-f16.gguf"   # heads a q8_0 block divides
+
+
+def _device_total(m, names):
+    return sum(b.weights_bytes + b.kv_bytes + b.state_bytes + b.arena_bytes + b.output_bytes
+               for b in m.backends if b.name in names)
+
+
+@pytest.mark.parametrize("opts", [
+    ModelOptions(ctx=2048, flash_attn=False, parallel=1),
+    ModelOptions(ctx=2048, flash_attn=True, parallel=1),
+    ModelOptions(ctx=2048, flash_attn=True, kv_type="q8_0", parallel=1),
+    ModelOptions(ctx=2048, flash_attn=False, parallel=4, kv_unified=False),
+    ModelOptions(ctx=2048, flash_attn=False, parallel=4, kv_unified=True),
+])
+def test_each_step_frees_what_measure_says(opts):
+    """Where layers stay on the CPU, each step offered frees exactly what measuring the answer
+    with that one change says (and something); a step that cannot apply (flash attention
+    already on, a q8_0 cache already) is never offered."""
+    model = load_model(TINY_HEAD_32)
+    full = measure_model(model, _backends(2**40, 2**40), opts)
+    dev = full.backends[0]
+    gpu = (dev.weights_bytes + dev.kv_bytes) * 2 // 3 + dev.arena_bytes + 2**30
+    backends = _backends(gpu, 2**40)
+    got = fit_model(model, backends, opts, 2**30, 0, ctx_auto=False)
+    assert got.fits and got.ngl < model.hparams.n_layer + 1
+    offered = {s.option for s in got.steps}
+    assert ("-fa on" in offered) <= (not opts.flash_attn)
+    assert not any("-ctk" in o for o in offered) or opts.type_k == "f16"
+    assert ("-np 1" in offered) <= (opts.parallel > 1)
+    at = dataclasses.replace(opts, ngl=got.ngl)
+    before = _device_total(measure_model(model, backends, at), {"GPU0"})
+    for step in got.steps:
+        change = {"-fa": {"flash_attn": True}, "-ctk": {"kv_type": "q8_0", "flash_attn": True},
+                  "-np": {"parallel": 1}}[step.option.split()[0]]
+        after = _device_total(measure_model(model, backends,
+                                            dataclasses.replace(at, **change)), {"GPU0"})
+        assert step.saves_bytes == before - after > 0 and step.where == ("GPU0",)
+
+
+def test_no_step_when_everything_fits_and_no_margin_advice_without_a_margin():
+    model = load_model(TINY_HEAD_32)
+    assert fit_model(model, _backends(2**40, 2**40), ModelOptions(ctx=1024), 0, 0,
+                     ctx_auto=False).steps == []
+    full = measure_model(model, _backends(2**40, 2**40), ModelOptions(ctx=1024, ngl=0))
+    cpu = full.backends[-1]
+    short = cpu.weights_bytes + cpu.kv_bytes + cpu.arena_bytes // 2
+    for margin in (0, 1):
+        got = fit_model(model, _backends(0, short + margin), ModelOptions(ctx=1024), 0, margin,
+                        ctx_auto=False)
+        assert not got.fits and ("smaller --margin" in got.advice) == (margin > 0)
+
+
+def test_the_text_says_one_more_step_under_the_line():
+    code, out, err = invoke("fit", CARD_8B, "--gpu", "3GiB", "--ram", "64GiB", "--ctx", "4096",
+                            "--flash-attn", "off", "--parallel", "1")
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("llama.cpp: -ngl "))
+    step = lines[at + 1]
+    assert code == 0 and step.startswith("one more step: -fa on frees ")
+    assert "-ctk q8_0 -ctv q8_0" in step

@@ -71,7 +71,7 @@ def test_ctx_auto_equals_brute_force(tmp_path, arch, flash):
 def card_fit(card: str, gib: int, flash: bool):
     model = read_card(CARDS_DIR / card)
     b = [BackendSpec("GPU0", "sim", gib * GiB, 32), BackendSpec("CPU", "cpu", 512 * GiB, 32)]
-    return model, b, fitmod.fit_model(model, b, ModelOptions(flash_attn=flash), GiB, 0,
+    return model, b, fitmod.fit_model(model, b, ModelOptions(flash_attn=flash, parallel=1), GiB, 0,
                                       ctx_auto=True)
 
 
@@ -81,7 +81,7 @@ def test_a_compute_buffer_that_shrinks_with_the_context_is_measured_not_bounded(
     was 7936). The edge is measured: here it is the training context itself."""
     model, b, got = card_fit("llama-3-70b-q4_k_m.yaml", 12, True)
     assert (got.ngl, got.ctx) == (20, 8192)
-    probe = fitmod.Prober(model, b, ModelOptions(flash_attn=True), [GiB, 0])
+    probe = fitmod.Prober(model, b, ModelOptions(flash_attn=True, parallel=1), [GiB, 0])
     assert fitmod.all_fit(probe(20, 8192))
 
 
@@ -101,5 +101,5 @@ def test_ctx_auto_reserves_on_the_cards(card, gib, flash, answer, reserves):
     model, b, got = card_fit(card, gib, flash)
     assert (got.ngl, got.ctx) == answer
     assert len(got.probes) <= reserves, got.probes
-    probe = fitmod.Prober(model, b, ModelOptions(flash_attn=flash), [GiB, 0])
+    probe = fitmod.Prober(model, b, ModelOptions(flash_attn=flash, parallel=1), [GiB, 0])
     assert not fitmod.all_fit(probe(got.ngl, got.ctx + fitmod.CTX_STEP))

@@ -201,7 +201,7 @@ def test_fit_on_the_120b_card_answers_n_cpu_moe_in_a_few_reserves():
                            "--gpu", "24GiB", "--ram", "96GiB", "--ctx", "32768", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
-    assert got["command"].startswith("-ngl 37 -c 32768 -fa off --n-cpu-moe ")
+    assert got["command"].startswith("-ngl 37 -c 32768 --n-cpu-moe ")   # -fa auto: unwritten
     assert len(got["probes"]) <= 4, got["probes"]
 
 

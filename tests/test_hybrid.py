@@ -41,13 +41,14 @@ def test_state_is_two_f32_rows_per_recurrent_layer_whatever_the_context():
     assert sorted(mg.cache.r) == sorted(mg.cache.s) == [0, 1, 2] and sorted(mg.cache.k) == [3]
     assert mg.cache.r[0].shape == (1, hp.n_embd_r) and mg.cache.s[2].dtype == "f32"
     per_layer = 4 * (hp.n_embd_r + hp.n_embd_s)
-    small = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--ctx", "256", "--ngl", "3")
-    large = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--ctx", "1024", "--ngl", "3")
+    one = ("--parallel", "1")           # one sequence: one row (-np auto: 4)
+    small = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--ctx", "256", "--ngl", "3", *one)
+    large = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--ctx", "1024", "--ngl", "3", *one)
     # -ngl 3: layers 2 and 3 on the device: one delta-net layer's state there, two on the CPU
     assert (small["RPC0"]["state_bytes"], small["CPU"]["state_bytes"]) == (per_layer, 2 * per_layer)
     assert all(small[b]["state_bytes"] == large[b]["state_bytes"] for b in small)
     assert large["RPC0"]["kv_bytes"] == 4 * small["RPC0"]["kv_bytes"] and small["CPU"]["kv_bytes"] == 0
-    nkvo = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--no-kv-offload")
+    nkvo = measure(MODELS / "tiny-qwen35-q8_0.gguf", "--backends", RPC, "--no-kv-offload", *one)
     assert nkvo["RPC0"]["state_bytes"] == 0 and nkvo["CPU"]["state_bytes"] == 3 * per_layer
 
 
@@ -73,7 +74,7 @@ def test_27b_card_fits_in_a_few_reserves_counting_the_state():
     got = json.loads(out)
     assert len(got["probes"]) <= 8 and got["ngl"] is not None
     rows = {b["name"]: b for b in got["backends"]}
-    state = 48 * 4 * (hp.n_embd_r + hp.n_embd_s)
+    state = 48 * 4 * (hp.n_embd_r + hp.n_embd_s) * 4      # a row per -np auto's 4 sequences
     assert sum(b["state_bytes"] for b in rows.values()) == state
     assert all(b["total_bytes"] == b["weights_bytes"] + b["kv_bytes"] + b["state_bytes"]
                + b["arena_bytes"] + b.get("output_bytes", 0) for b in rows.values())
@@ -225,7 +226,7 @@ def test_parallel_sequences_get_a_state_row_each(model):
     """-np N: max(1, n_seq_max) rows of recurrent state per delta-net layer (wherever its layer
     is), the reserve's ubatch split into N sequences; llama.cpp's bytes for -np 2, 3 and 4 are
     compared in tests/test_llamacpp_figures.py."""
-    one = measure(MODELS / f"{model}.gguf", "--backends", RPC, "--ngl", "2")
+    one = measure(MODELS / f"{model}.gguf", "--backends", RPC, "--ngl", "2", "--parallel", "1")
     for n in (2, 3):
         many = measure(MODELS / f"{model}.gguf", "--backends", RPC, "--ngl", "2", "--parallel", str(n))
         assert all(many[b]["state_bytes"] == n * one[b]["state_bytes"] for b in one)

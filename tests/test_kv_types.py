@@ -72,7 +72,7 @@ def backends():
 def _options(o: dict) -> ModelOptions:
     return ModelOptions(ctx=o["ctx"], ubatch=o["ubatch"], flash_attn=o["flash_attn"],
                         ngl=None if o["ngl"] == "all" else o["ngl"], type_k=o["type_k"],
-                        type_v=o["type_v"])
+                        type_v=o["type_v"], parallel=1)      # recorded with n_seq_max 1
 
 
 def _model(models, cfg):
@@ -119,7 +119,7 @@ def test_what_llama_cpp_refuses_is_refused_in_its_words(models, backends, case):
     whose blocks its heads split, without flash attention) is refused here too."""
     model = models[case["model"]][1]
     opts = ModelOptions(ctx=256, ubatch=32, flash_attn=case["flash_attn"],
-                        type_k=case["type_k"], type_v=case["type_v"])
+                        type_k=case["type_k"], type_v=case["type_v"], parallel=1)
     with pytest.raises(InputError) as err:
         measure_model(model, backends, opts)
     assert "\n" not in str(err.value)

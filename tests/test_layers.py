@@ -20,8 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "ggmlrun"
 STAGES = ["version", "core.util", "core.ir", "core.backends", "core.frontend", "core.sched", "core.memory",
           "core.run", "core.observe", "core.engine",
           "models.gguf", "models.hparams", "models.options", "models.memory", "models.graph",
-          "models.projector", "models.arch", "models.modelfile", "models.cards", "models.load", "models.reserve",
-          "models.fit", "models.run",
+          "models.projector", "models.arch", "models.modelfile", "models.cards", "models.load",
+          "models.reserve", "models.draft", "models.fit", "models.run",
           "report", "visual", "cli", "api"]
 NEVER_IN_CORE = {"click", "rich", "gguf", "yaml"}
 GGUF_ONLY_IN = {"core.ir.types"}      # ggml's type table, as the gguf package publishes it

@@ -160,7 +160,7 @@ def sim_measure(cfg: dict, backends: Path = SIM_BACKENDS) -> dict:
     opts = cfg["options"]
     args = ["--backends", backends, "--ctx", opts["ctx"], "--ubatch", opts["ubatch"],
             "--flash-attn", "on" if opts["flash_attn"] else "off", "--ngl", opts["ngl"],
-            "--kv-type", opts["kv_type"]]
+            "--kv-type", opts["kv_type"], "--parallel", opts.get("parallel", 1)]
     if opts["no_kv_offload"]:
         args.append("--no-kv-offload")
     for pattern, backend in opts["overrides"]:

@@ -53,8 +53,7 @@ def options(cfg: dict) -> list[str]:
             "--flash-attn", "on" if o["flash_attn"] else "off", "--ngl", str(o["ngl"])]
     if not o.get("use_mmap", True):
         args.append("--no-mmap")
-    if o.get("parallel", 1) > 1:
-        args += ["--parallel", str(o["parallel"])]
+    args += ["--parallel", str(o.get("parallel", 1))]   # recorded with n_seq_max 1 by default
     if o.get("kv_unified"):
         args.append("--kv-unified")
     for pattern, backend in o["overrides"]:
@@ -147,7 +146,7 @@ def test_llama3_dims_pipeline_parallel_as_llamacpp(tmp_path):
     card = tmp_path / "l3.yaml"
     card.write_text(L3_CARD)
     two = ["--backends", str(REPO / "graphs/backends/llamacpp_rpc2.yaml"), "--ctx", "4096",
-           "--tensor-split", "1,1"]
+           "--tensor-split", "1,1", "--flash-attn", "off", "--parallel", "1"]   # as recorded
     assert _arenas(card, *two) == (4, [385_900_544, 377_520_128, 92_315_648])
     # --sched-copies 1: what ik_llama.cpp and a -DGGML_SCHED_MAX_COPIES=1 build allocate
     assert _arenas(card, *two, "--sched-copies", "1") == (1, [314_578_944, 314_580_992,
@@ -160,6 +159,6 @@ def test_llama3_dims_leaf_order_as_llamacpp(tmp_path):
     card = tmp_path / "l3.yaml"
     card.write_text(L3_CARD)
     cpu = ["--backends", str(BACKENDS_FILE), "--ctx", "32768", "--flash-attn", "on",
-           "--ngl", "0"]
+           "--ngl", "0", "--parallel", "1"]
     assert _arenas(card, *cpu)[1][-1] == 279_447_552
     assert _arenas(card, *cpu, "--ggml", "0.15")[1][-1] == 304_625_664

@@ -35,7 +35,10 @@ GRID_MODELS = ("tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llam
                "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
                "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0",
                "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0",
-               "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16")
+               "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16",
+               "tiny-qwen3vl-f16", "tiny-qwen3vl-q8_0", "tiny-qwen3vlmoe-f16",
+               "tiny-qwen3vlmoe-q8_0", "tiny-lfm2-f16", "tiny-lfm2-q8_0", "tiny-lfm2moe-f16",
+               "tiny-lfm2moe-q8_0")
 # the sliding-window ones, recorded on the grid again with --swa-full
 SWA_MODELS = ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-gemma4-q8_0",
               "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0")
@@ -67,8 +70,7 @@ def model_options(cfg: dict, backends: tuple = (BACKENDS_FILE, BACKENDS_2_FILE))
         args.append("--cpu-moe")
     if opts.get("n_cpu_moe"):
         args += ["--n-cpu-moe", str(opts["n_cpu_moe"])]
-    if opts.get("parallel"):
-        args += ["--parallel", str(opts["parallel"])]
+    args += ["--parallel", str(opts.get("parallel", 1))]   # recorded with n_seq_max 1 by default
     if opts.get("kv_unified"):
         args.append("--kv-unified")
     return args

@@ -461,7 +461,8 @@ def test_fit_auto_context_of_a_uint32_trained_gguf_is_quick(tmp_path):
     path = write_gguf(tmp_path / "long.gguf", context_length=(2**32 - 1, vt.UINT32))
     with no_hang("fit --ctx auto of a uint32-trained GGUF"):
         code, out, err = invoke("fit", path, "--ctx", "auto", "--json", "--gpu",
-                                "4096GiB", "--ram", "4096GiB")
+                                "4096GiB", "--ram", "4096GiB", "--flash-attn", "off",
+                                "--parallel", "1")
     assert code == 0, err
     data = json.loads(out)
     assert (data["ngl"], data["ctx"]) == (3, 418918656)      # the walk's answer, the same edge

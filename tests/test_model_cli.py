@@ -68,10 +68,11 @@ def test_gemma3_card_slides_five_layers_of_six_and_fits_fast():
     assert "output.weight" not in model.tensors
     backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30, alignment=128),
                 BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30, alignment=32)]
-    result = fit_model(model, backends, ModelOptions(ctx=8192), 2**30, 0, False)
+    result = fit_model(model, backends, ModelOptions(ctx=8192, parallel=1), 2**30, 0, False)
     assert len(result.probes) <= 4        # the 1 s target: benchmarks/bench_fit.py
     assert result.ngl == 63
     # KV: 10 full layers x 8192 cells + 52 sliding layers x PAD(1024 + 512) cells, K and V f16
+    # (one sequence: -np auto's 4 slots make the sliding cache 4 windows + 512)
     assert result.backends[0].kv_bytes == (10 * 8192 + 52 * 1536) * 16 * 128 * 2 * 2
 
 
@@ -270,7 +271,7 @@ def test_run_refuses_a_card_and_needs_tokens():
 def test_readme_first_command_fits_the_tiny_gguf():
     code, out, err = invoke("fit", ROOT / "examples/models/tiny-llama-q8_0.gguf")
     assert code == 0, err
-    assert "llama.cpp: -ngl 5 -c 2048 -fa off" in out
+    assert "llama-server -ngl 5 -c 2048\n" in out      # -fa auto, -np auto: llama-server's own
     code, out, err = invoke("measure", ROOT / "examples/models/tiny-llama-q8_0.gguf", "--json")
     data = json.loads(out)
     assert {"n_nodes", "n_splits", "backends"} <= set(data)
@@ -359,7 +360,8 @@ def test_gemma4_card_has_its_real_shapes_and_fits_fast():
     backends = [BackendSpec(name="GPU0", kind="sim", memory=24 * 2**30, alignment=128),
                 BackendSpec(name="CPU", kind="cpu", memory=64 * 2**30, alignment=32)]
     for flash_attn in (False, True):
-        result = fit_model(model, backends, ModelOptions(ctx=8192, flash_attn=flash_attn),
+        result = fit_model(model, backends, ModelOptions(ctx=8192, flash_attn=flash_attn,
+                                                         parallel=1),
                            2**30, 0, False)
         assert len(result.probes) <= 4
         assert result.ngl == 61

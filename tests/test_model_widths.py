@@ -125,7 +125,7 @@ def test_bar_marks_where_memory_ends_when_over(monkeypatch):
     common.stdout.cache_clear()
     try:
         code, out, _ = invoke("measure", CARD_70B, "--gpu", "24GiB", "--ram", "16GiB",
-                              "--ngl", "50")
+                              "--ngl", "50", "--flash-attn", "off", "--parallel", "1")
     finally:
         common.stdout.cache_clear()
     assert code == 1

@@ -38,7 +38,8 @@ def test_registry_lists_the_recorded_architectures_in_order():
     assert ARCHITECTURES[0] == "llama"
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
                                   "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
-                                  "qwen35moe", "deepseek2"}
+                                  "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe", "lfm2",
+                                  "lfm2moe"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -65,6 +66,13 @@ def test_unknown_architecture_exits_2_listing_the_supported_ones(tmp_path):
 # keys an architecture requires beyond the common ones (its load_arch_hparams reads them
 # without a default)
 REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
+                 "qwen3vl": {"rope.dimension_sections": [3, 3, 2, 0]},
+                 "lfm2": {"shortconv.l_cache": 3, "attention.head_count_kv": [0, 4]},
+                 "lfm2moe": {"shortconv.l_cache": 3, "attention.head_count_kv": [0, 4],
+                             "expert_count": 8, "expert_used_count": 2,
+                             "expert_feed_forward_length": 32, "expert_gating_func": 2},
+                 "qwen3vlmoe": {"expert_count": 8, "expert_used_count": 2,
+                                "rope.dimension_sections": [3, 3, 2, 0]},
                  "qwen35moe": {"expert_count": 8, "expert_used_count": 2},
                  "glm4moe": {"expert_count": 8, "expert_used_count": 2,
                              "expert_feed_forward_length": 32, "expert_shared_count": 1},
@@ -98,8 +106,9 @@ def test_tensor_tables_use_gguf_names(arch):
     table = get_arch(arch).tensors(hp)
     assert "token_embd.weight" in table
     assert table["output.weight"].required is (arch in OUTPUT_REQUIRED)
-    # LLM_TENSOR_SSM_A_NOSCAN is the one name without a suffix ("blk.N.ssm_a")
-    assert all(re.fullmatch(r"(blk\.\d+\.)?[a-z_]+[a-z0-9_]*\.(weight|bias)", name)
+    # LLM_TENSOR_SSM_A_NOSCAN is the one name without a suffix ("blk.N.ssm_a"); lfm2's
+    # short-conv tensors the ones with a dot in their class ("blk.N.shortconv.conv")
+    assert all(re.fullmatch(r"(blk\.\d+\.)?(shortconv\.)?[a-z_]+[a-z0-9_]*\.(weight|bias)", name)
                or hybrid and re.fullmatch(r"blk\.\d+\.ssm_a", name) for name in table)
     if not hybrid:
         with pytest.raises(KeyError):
@@ -290,7 +299,7 @@ def test_a_card_with_the_architectures_own_fields_gives_llama_cpps_figures(tmp_p
         (ROOT / "tests/data/llamacpp/figures.json").read_text())["configs"]}[cfg_id]
     code, out, err = invoke("measure", card, "--json", "--backends",
                             ROOT / "graphs/backends/llamacpp_rpc.yaml", "--ctx", str(ctx),
-                            "--ubatch", "32", "--ngl", "2")
+                            "--ubatch", "32", "--ngl", "2", "--flash-attn", "off", "--parallel", "1")
     assert code == 0, err
     got = json.loads(out)
     assert (got["n_nodes"], got["n_splits"]) == (recorded["n_nodes"], recorded["n_splits"])

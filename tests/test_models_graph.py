@@ -141,7 +141,8 @@ def test_context_and_ubatch_clamps():
 
 def test_measure_figures(gqa):
     b = rpc_backends()
-    cpu_only = measure_model(gqa, b, ModelOptions(ctx=256, ubatch=32, ngl=0))
+    fa_off = dict(flash_attn=False, parallel=1)       # the node count is the non-FA graph's
+    cpu_only = measure_model(gqa, b, ModelOptions(ctx=256, ubatch=32, ngl=0, **fa_off))
     assert cpu_only.n_splits == 1 and cpu_only.n_nodes == 1 + 3 * 36 + 2 + 3
     rpc, cpu = cpu_only.backends
     assert rpc.weights_bytes == rpc.kv_bytes == rpc.arena_bytes == 0
@@ -149,7 +150,7 @@ def test_measure_figures(gqa):
     first = min(t.offset for t in gqa.tensors.values())
     last = max(t.offset + 4 * _n(t.shape) for t in gqa.tensors.values())
     assert cpu.weights_bytes == last - first                 # the mmap'd range
-    full = measure_model(gqa, b, ModelOptions(ctx=256, ubatch=32))
+    full = measure_model(gqa, b, ModelOptions(ctx=256, ubatch=32, **fa_off))
     assert full.n_splits == 2 and full.ngl == 4
     rpc, cpu = full.backends
     assert cpu.kv_bytes == 0 and rpc.kv_bytes == 3 * 2 * 256 * 32 * 2
@@ -169,7 +170,7 @@ def test_tied_output_is_duplicated_on_the_device(tmp_path):
 
 def test_bad_options(gqa):
     with pytest.raises(InputError, match="needs --flash-attn on"):
-        measure_model(gqa, rpc_backends(), ModelOptions(kv_type="q8_0"))
+        measure_model(gqa, rpc_backends(), ModelOptions(kv_type="q8_0", flash_attn=False))
     with pytest.raises(InputError, match="--cache-type-k q4"):
         measure_model(gqa, rpc_backends(), ModelOptions(kv_type="q4"))
 

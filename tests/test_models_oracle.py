@@ -32,7 +32,8 @@ def options(o: dict) -> ModelOptions:
                         no_kv_offload=o.get("no_kv_offload", False),
                         overrides=tuple(tuple(x) for x in o.get("overrides", [])),
                         swa_full=o.get("swa_full", False),
-                        cpu_moe=o.get("cpu_moe", False), n_cpu_moe=o.get("n_cpu_moe", 0))
+                        cpu_moe=o.get("cpu_moe", False), n_cpu_moe=o.get("n_cpu_moe", 0),
+                        parallel=o.get("parallel", 1), kv_unified=o.get("kv_unified", False))
 
 
 def _load(path: Path) -> dict:
@@ -55,7 +56,7 @@ def _sources(node) -> list[str]:
 
 def test_the_graph_dumps_are_here():
     """A committed fixture gone missing is a failure, never an empty parametrization."""
-    assert len(DUMPS) == 26
+    assert len(DUMPS) == 30      # 26, then qwen3vl, qwen3vlmoe and the two lfm2 files
 
 
 @pytest.mark.parametrize("path", DUMPS, ids=[p.name.split(".")[0] for p in DUMPS])

@@ -43,11 +43,13 @@ def test_gemma3_slides_by_the_default_pattern_only_with_a_window():
 
 def test_swa_cache_size_is_the_window_plus_a_ubatch_padded():
     hp = gemma3(**{"attention.sliding_window": 64})
-    assert swa_kv_size(ModelOptions(ctx=1024, ubatch=32), hp) == 256      # PAD(96, 256)
-    assert swa_kv_size(ModelOptions(ctx=1024, ubatch=512), hp) == 768     # PAD(576, 256)
-    assert swa_kv_size(ModelOptions(ctx=300, ubatch=512), hp) == 512      # min(512, ...)
+    assert swa_kv_size(ModelOptions(ctx=1024, ubatch=32, parallel=1), hp) == 256      # PAD(96, 256)
+    assert swa_kv_size(ModelOptions(ctx=1024, ubatch=512, parallel=1), hp) == 768     # PAD(576, 256)
+    assert swa_kv_size(ModelOptions(ctx=300, ubatch=512, parallel=1), hp) == 512      # min(512, ...)
     assert swa_kv_size(ModelOptions(ctx=1024, ubatch=32, swa_full=True), hp) == 1024
     assert swa_kv_size(ModelOptions(ctx=1024), gemma3()) == 0
+    # llama-server's -np auto: one unified cache, 4 windows + a ubatch
+    assert swa_kv_size(ModelOptions(ctx=1024, ubatch=32), hp) == 512      # PAD(4*64+32, 256)
 
 
 def test_swa_mask_hides_tokens_a_window_back():
@@ -68,8 +70,9 @@ def test_kv_bytes_are_both_caches_and_swa_full_grows_only_the_swa_one():
 
     backends = load_backends(BACKENDS)
     per_cell = 2 * 2 * 32 * 2         # K and V, f16, 2 KV heads of 32
-    plain = measure_model(model, backends, ModelOptions(ctx=1024, ubatch=32, ngl=0))
-    full = measure_model(model, backends, ModelOptions(ctx=1024, ubatch=32, ngl=0, swa_full=True))
+    plain = measure_model(model, backends, ModelOptions(ctx=1024, ubatch=32, ngl=0, parallel=1))
+    full = measure_model(model, backends, ModelOptions(ctx=1024, ubatch=32, ngl=0, swa_full=True,
+                                                       parallel=1))
     assert plain.backends[-1].kv_bytes == (1 * 1024 + 5 * 256) * per_cell
     assert full.backends[-1].kv_bytes == 6 * 1024 * per_cell
     assert plain.backends[-1].kv_linear_bytes == 1024 * per_cell

@@ -199,7 +199,7 @@ def test_moe_rules_are_common_args_overrides():
 def test_the_line_to_paste_says_n_cpu_moe_and_reads_back():
     opts = ModelOptions(ctx=8192, n_cpu_moe=18)
     line = llama_cpp_line(opts, backends(), ngl=49, ctx=8192)
-    assert line == "-ngl 49 -c 8192 -fa off --n-cpu-moe 18"
+    assert line == "-ngl 49 -c 8192 --n-cpu-moe 18"
     back = options_from_line(line)
     assert (back.n_cpu_moe, back.cpu_moe) == (18, False)
     assert options_from_line("-ngl 99 --cpu-moe -c 4096").cpu_moe is True
@@ -287,7 +287,7 @@ def test_fit_on_the_235b_card_answers_in_a_few_reserves():
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
-    assert got["command"].startswith("-ngl 95 -c 4096 -fa off --n-cpu-moe ")
+    assert got["command"].startswith("-ngl 95 -c 4096 --n-cpu-moe ")   # -fa auto: unwritten
     assert len(got["probes"]) <= 4, got["probes"]
 
 

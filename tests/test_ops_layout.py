@@ -152,7 +152,22 @@ def test_view_chain_accumulates_offset_on_the_root():
     assert v2.view_src is root and v2.view_offset == 32
     assert read_view(x, v2).tolist() == [[8, 9], [14, 15]]
     with pytest.raises(InputError, match="past the end"):
-        make_node("v3", "view", [v1], {"shape": [19]})        # inside x but not inside v1
+        make_node("v3", "view", [v1], {"shape": [19]})        # from byte 24: past x's end
+
+
+def test_a_view_of_a_view_is_bounded_by_the_root_as_ggml_bounds_it():
+    """ggml resolves a view of a view to the root and bounds it there (ggml_new_tensor_impl):
+    llama.cpp's deepstack views reach past their source, an n_embd-wide view of padded rows
+    (qwen3vl), into the padding."""
+    x = np.arange(24, dtype=F32).reshape(2, 12)
+    first = make_node("embd", "view", [leaf_for("x", x)],
+                      {"shape": [2, 4], "strides": [48, 4]})
+    assert first.nbytes == 64
+    ds = make_node("ds", "view", [first], {"shape": [2, 4], "strides": [48, 4], "offset": 32})
+    assert ds.view_offset == 32 and read_view(x, ds).tolist() == [[8, 9, 10, 11],
+                                                                  [20, 21, 22, 23]]
+    with pytest.raises(InputError, match="past the end"):
+        make_node("v", "view", [first], {"shape": [2, 4], "strides": [48, 4], "offset": 36})
 
 
 def test_view_of_a_permuted_source_stays_within_its_span():

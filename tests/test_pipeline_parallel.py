@@ -70,7 +70,8 @@ def test_the_copies_and_their_lifetimes():
 def test_one_copy_is_the_old_schedule():
     model = load_model(TINY)
     backends = devices(2)
-    one = measure_model(model, backends, ModelOptions(ctx=256, ubatch=32, sched_copies=1))
+    one = measure_model(model, backends, ModelOptions(ctx=256, ubatch=32, sched_copies=1,
+                                                      flash_attn=False, parallel=1))
     assert one.schedule.parallel_leafs == [] and one.n_copies == 1
     assert [b.arena_bytes for b in one.backends] == [205184, 205312, 57984]
 
@@ -101,7 +102,8 @@ def test_fit_counts_the_copies():
     from tests.clikit import invoke
 
     card = REPO / "ggmlrun" / "models" / "cards" / "llama-3-8b-q4_k_m.yaml"
-    args = ["--gpu", "3.8GiB,3.8GiB", "--ram", "32GiB", "--json"]
+    args = ["--gpu", "3.8GiB,3.8GiB", "--ram", "32GiB", "--flash-attn", "off", "--parallel", "1",
+            "--json"]
     answers = {}
     for copies in ("4", "1"):
         code, out, err = invoke("fit", card, *args, "--sched-copies", copies)

@@ -9,9 +9,10 @@ import click
 
 from ggmlrun import report
 from ggmlrun.core.util.errors import CapacityError, CheckError, InputError
-from ggmlrun.cli.common import stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
+from ggmlrun.cli.llama_tail import TailCommand
+from ggmlrun.cli.common import MODEL_ARG, stdout, stderr, phase_timer, GRAPH, BACKENDS, JSON, DEBUG, POLICY, PLANNER, GGML, MAX_REPEAT, emit_json, _prepare, placement_options, _fit_and_summary, _raise_unless_fits, cli
 from ggmlrun.cli.model_commands import _measure_model, _model_schedule, _run_model, _validate_model
-from ggmlrun.cli.model_options import (MODEL_OPTIONS, model_options, _model_input,
+from ggmlrun.cli.model_options import (MODEL_OPTIONS, model_options, _model_input, refuse_draft,
                                        planned_for_dict, print_planned_for)
 
 
@@ -62,6 +63,7 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
 
     phases = phase_timer(show_progress)
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides)
+    refuse_draft(model, "plan")
     if model:
         sched = _model_schedule(*model)
     else:
@@ -96,8 +98,8 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
     _raise_unless_fits(sched, memory, fit)
 
 
-@cli.command()
-@GRAPH
+@cli.command(cls=TailCommand)
+@click.argument("graph", type=MODEL_ARG, required=False)
 @BACKENDS
 @JSON
 @POLICY
@@ -111,16 +113,31 @@ def plan(graph, backends_file, as_json, dump_splits, fmt, policy, ggml, override
 def measure(graph, backends_file, as_json, policy, planner, fit_layers, ggml, overrides,
             show_progress, **model_kw):
     """The measure pass: per backend, arena bytes, weights bytes and the lower bound, and
-    whether weights + arena fit each backend's memory and all of them the host's RAM."""
+    whether weights + arena fit each backend's memory and all of them the host's RAM.
+
+    measure [MODEL] [OPTIONS] -- llama-server ARGS... (or llama-cli): a model's buffers for
+    that command line as you run it (the model from -m/-hf when MODEL is not given); options
+    ggmlrun does not model are named on stderr."""
     from ggmlrun.core import engine
 
     from ggmlrun import visual
     from ggmlrun.core.observe.occupancy import occupancy
 
+    from ggmlrun.cli import llama_tail
+
+    cmd = llama_tail.tail_command()
+    if cmd is not None:
+        graph, model_kw, overrides = llama_tail.apply_command(cmd, graph, model_kw, overrides,
+                                                              own={}, backends_file=backends_file)
+    elif graph is None:
+        raise click.UsageError("Missing argument 'GRAPH'.")
     model = _model_input(graph, backends_file, model_kw, ggml, policy, overrides,
                          this_machine=True)
+    if cmd is not None and not model:
+        raise InputError("a llama.cpp command after -- runs a model: a GGUF file or a model "
+                         "card, not a graph file", file=str(graph))
     if model:
-        return _measure_model(model, as_json)
+        return _measure_model(model, as_json, cmd)
     phases = phase_timer(show_progress)
     g, sched = _prepare(graph, backends_file, policy, overrides, phases, ggml)
     with phases("plan"):
@@ -299,6 +316,7 @@ def dot_command(graph, backends_file, policy, out_file, ggml, **model_kw):
     if out_file is not None:
         check_output(out_file, "--out", inputs=engine.files_read(graph, backends_file))
     model = _model_input(graph, backends_file, model_kw, ggml, policy)
+    refuse_draft(model, "dot")
     if model:
         sched = _model_schedule(*model)
     else:

@@ -10,7 +10,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, emit_json
-from ggmlrun.cli.model_options import planned_for_dict, print_model_figures, print_planned_for
+from ggmlrun.cli.model_options import (draft_of, planned_for_dict, print_model_figures,
+                                       print_planned_for)
 
 
 def _validate_model(model, backends, opts, as_json):
@@ -37,7 +38,7 @@ def measure_answer(model_input):
     """measure MODEL's figures, memory plan, fit and the line to paste, with the record
     `--json` prints (the Python API returns the same record)."""
     from ggmlrun.core import engine
-    from ggmlrun.models.options.command_line import llama_cpp_line
+    from ggmlrun.models.options.command_line import llama_cpp_line, program
     from ggmlrun.models.options.table import options_json
     from ggmlrun.models.reserve import measure_model
 
@@ -46,26 +47,64 @@ def measure_answer(model_input):
     if figures.mmproj_note:
         click.echo(f"ggmlrun: note: {figures.mmproj_note}", err=True)
     _, memory = engine.plan_memory(figures.schedule, "ggml")
+    draft = draft_of(model_input)
+    extra = {}
+    if draft is not None:       # both models' buffers on each backend (models/draft.py)
+        from ggmlrun.models.draft import main_backend, measure_draft, with_draft
+
+        figures = with_draft(figures, measure_draft(draft, backends, opts, model.hparams))
+        extra["draft"] = report.draft_dict(draft.name, figures.draft,
+                                           main_backend(figures.draft))
     fit = model_fit(figures)
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
     record = {**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
-              "command": command, "options": options_json(opts),
+              **extra, "command": command, "program": program(opts),
+              "options": options_json(opts, figures.flash_attn),
               **planned_for_dict(model_input)}
     return figures, memory, fit, command, record
 
 
-def _measure_model(model_input, as_json):
+def _measure_model(model_input, as_json, cmd=None):
     from ggmlrun.core import engine
+
+    if cmd is not None:
+        model_input = _command_input(model_input, cmd)
+    from ggmlrun.models.options.command_line import program
 
     model, backends, opts = model_input
     figures, memory, fit, command, record = measure_answer(model_input)
+    if cmd is not None:
+        record["unmodelled"] = list(cmd.unmodelled)
     if as_json:
         emit_json(record)
     else:
         print_model_figures(model_input, report.model_measure_table(model, figures),
-                            figures.backends, opts.no_mmap, f"llama.cpp: {command}")
+                            figures.backends, opts.no_mmap, f"{program(opts)} {command}",
+                            draft=figures.draft)
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
+
+
+def _command_input(model_input, cmd):
+    """measure's options for a llama.cpp command (`-- llama-server ...`): -c absent or 0 is
+    the training context, as llama.cpp allocates it; its --fit (on unless --fit off) would
+    choose the context and -ngl the command leaves to it, which `fit -- ...` answers."""
+    from ggmlrun.cli import llama_tail
+
+    model = model_input[0]
+    llama_tail.check_rpc(cmd, model_input[1])
+    llama_tail.warn_unmodelled(cmd)
+    ctx_given = "ctx" in cmd.fields or llama_tail._given("ctx_size")
+    if not ctx_given:
+        model_input = llama_tail.with_options(model_input, ctx=model.hparams.n_ctx_train)
+    left = [w for w, left in (("-c at the training context", not ctx_given),
+                             ("-ngl at every layer",
+                              cmd.ngl_auto and not llama_tail._given("ngl"))) if left]
+    if cmd.fit and left:
+        click.echo(f"ggmlrun: note: measured with {' and '.join(left)}, as the command leaves "
+                   f"them; llama.cpp's --fit (on) may lower them: `ggmlrun fit -- {cmd.tool} "
+                   f"...` answers what it would need", err=True)
+    return model_input
 
 
 def model_fit(figures):

@@ -70,6 +70,7 @@ _DEVICES = {
 _ALL = {**_table_options(), **_DEVICES}
 _SWITCHES = {o.dest or o.name for o in OPTIONS if not o.kind.takes_value} | {"refresh",
                                                                              "download"}
+_SINGLE = {o.dest or o.name for o in OPTIONS if not o.kind.repeatable}   # () is a value
 MODEL_OPTIONS = {key: option for key, (_, option) in _ALL.items()}
 MODEL_FLAGS = {**{key: flag for key, (flag, _) in _ALL.items()}, "tokens": "--tokens",
                "download": "--download"}
@@ -102,7 +103,7 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
             note_read(shard.path)
     if model is None:
         flags = [flag for key, flag in MODEL_FLAGS.items()
-                 if given(model_kw.get(key), key not in _SWITCHES)]
+                 if given(model_kw.get(key), key not in _SWITCHES, key not in _SINGLE)]
         if flags:
             raise InputError(f"{flags[0]} applies to models (GGUF files and model cards), not "
                              f"to graph files", file=str(path))
@@ -123,9 +124,9 @@ def _model_input(path: Path, backends_file: Path | None, model_kw: dict, ggml: s
                              "offload an op from a batch of 32 (--no-op-offload turns it off)",
                              file=str(path))
         model_kw = {**model_kw, "no_op_offload": not overrides.op_offload}
-    return ModelInput((model, *_model_setup(model, backends,
-                                            from_cli({**model_kw, "ggml": ggml}))), sources,
-                      machine)
+    setup = _model_setup(model, backends, from_cli({**model_kw, "ggml": ggml}))
+    return ModelInput((model, *setup), sources, machine,
+                      draft=load_draft(model, setup[1], model_kw))
 
 
 def model_input(model, backends_file, model_kw: dict, values: dict, overrides=None):
@@ -134,17 +135,66 @@ def model_input(model, backends_file, model_kw: dict, values: dict, overrides=No
     options from checked values by name: the Python API's way in."""
     backends, sources, machine = planned_backends(backends_file, model_kw, overrides,
                                                   this_machine=True)
-    return ModelInput((model, *_model_setup(model, backends, values)), sources, machine)
+    setup = _model_setup(model, backends, values)
+    return ModelInput((model, *setup), sources, machine,
+                      draft=load_draft(model, setup[1], model_kw))
+
+
+def draft_of(model_input):
+    """The draft of a model input: loaded with it, or, for an input made another way whose
+    options name one (a llama.cpp line's -md), loaded now; None without -md."""
+    draft = getattr(model_input, "draft", None)
+    model, _, opts = model_input
+    if draft is None and opts.model_draft is not None:
+        draft = load_draft(model, opts, {})
+        if isinstance(model_input, ModelInput):
+            model_input.draft = draft
+    return draft
+
+
+def refuse_draft(model_input, command: str) -> None:
+    """plan, dot and run show the target's own graph: a draft (a second context of its own)
+    would be left out of what they say, so -md is refused there, not ignored."""
+    if model_input is not None and model_input[2].model_draft is not None:
+        raise InputError(f"--model-draft applies to measure and fit (both models' buffers); "
+                         f"{command} takes the target alone: leave -md out")
+
+
+def load_draft(model, opts, model_kw: dict):
+    """The draft model -md names (None without -md), read as MODEL is (a path, a URL,
+    hf://), refused unless its vocabulary matches the target's (models/draft.py)."""
+    from ggmlrun.cli.fetching import load_named_model
+    from ggmlrun.core.util.inputs import note_read, open_regular
+    from ggmlrun.models.draft import check_compatible, check_draft_options, has_draft
+    from ggmlrun.models.gguf.source import is_remote
+
+    check_draft_options(opts)
+    if not has_draft(opts):
+        return None
+    if "tokens" in model_kw:
+        refuse_draft((model, None, opts), "run")
+    name = opts.model_draft if is_remote(opts.model_draft) else Path(opts.model_draft)
+    if isinstance(name, Path):
+        open_regular(name, "draft model", limit=None).close()
+    draft = load_named_model(name, {"refresh": model_kw.get("refresh")})
+    if draft is None:
+        raise InputError("--model-draft: not a model: a GGUF file (by its GGUF magic) or a "
+                         "model card (a YAML file with `architecture:`)", file=str(name))
+    for shard in draft.files:
+        note_read(shard.path)
+    check_compatible(model, draft)
+    return draft
 
 
 class ModelInput(tuple):
     """(model, backends, options), where each backend's memory size came from, and what was
     read of this machine's GPUs (core/util/devices.py's Found; None when not read)."""
 
-    def __new__(cls, items, sources: dict[str, str], machine=None):
+    def __new__(cls, items, sources: dict[str, str], machine=None, draft=None):
         self = super().__new__(cls, items)
         self.sources = sources
         self.machine = machine
+        self.draft = draft          # the draft model (-md), loaded; None without one
         return self
 
 def _model_setup(model, backends, values: dict):
@@ -160,6 +210,10 @@ def _model_setup(model, backends, values: dict):
         if backend not in names:
             raise InputError(f"--override-tensor {pattern}={backend}: no backend '{backend}'; "
                              f"backends: {', '.join(names)}")
+    for name in values.get("devices_draft") or ():
+        if name not in names[:-1]:
+            raise InputError(f"--device-draft {','.join(values['devices_draft'])}: no device "
+                             f"'{name}'; devices: {', '.join(names[:-1]) or 'none'}")
     split = values.get("tensor_split")
     if split is not None and len(split) != len(devices):
         raise InputError(f"--tensor-split has {len(split)} proportions, one per device, but "
@@ -207,9 +261,11 @@ def planned_for_dict(model_input) -> dict:
     return report.planned_for_dict(backends, model_input.sources, model_input.machine)
 
 
-def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: str) -> None:
+def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: str,
+                        draft=None, without_draft=None) -> None:
     """The text report of measure MODEL and fit: where the sizes came from, the figures'
-    table, each backend's memory bar, the host's lines, and the command's own last line."""
+    table, each backend's memory bar, the host's lines, the draft's share (`draft`: its
+    ModelMeasure), and the command's own last line."""
     from ggmlrun import visual
 
     print_planned_for(model_input)
@@ -217,4 +273,8 @@ def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: 
     visual.print_memory_bars(stdout(), report.memory_bars(backends))
     for line in report.host_lines(backends, no_mmap, stdout().width):
         click.echo(line)
+    if draft is not None:
+        for line in report.draft_lines(draft_of(model_input).name, draft, stdout().width,
+                                       without_draft):
+            click.echo(line)
     click.echo(last_line)

@@ -30,7 +30,8 @@ from ggmlrun.core.util.gcpause import gc_paused
 from ggmlrun.models.arch.build import graph_over
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options.params import ModelOptions, context_size, gpu_layers, ubatch_size
+from ggmlrun.models.options.params import (ModelOptions, context_size, fa_requested, gpu_layers,
+                                           seq_max, ubatch_size)
 from ggmlrun.models.options.table import check_fields
 from ggmlrun.models.memory.buffers import (WeightBytes, kv_bytes, output_bytes, state_bytes,
                                            weights_bytes)
@@ -71,11 +72,16 @@ class ModelMeasure:
     backends: list[BackendFigures]
     schedule: Schedule | None     # the pp graph's (None: not reserved, see `reserved`)
     n_copies: int = 1             # the scheduler's copies: > 1 with pipeline parallelism
+    # the flash attention planned for (-fa auto resolved); None: auto, not resolved (a measure
+    # cut short before any graph)
+    flash_attn: bool | None = False
     # the graphs reserved: "pp+tg" (llama.cpp's whole reserve), or, cut short by
     # measure_model's `enough`, "pp" or "none" (arenas a lower bound; "none": no schedule)
     reserved: str = "pp+tg"
     mmproj: ProjectorFigures | None = None    # --mmproj: the projector, measured on its own
     mmproj_note: str | None = None    # why an hf:// repository's projector was left out
+    # the draft model's own figures (models/draft.py), already added into `backends`
+    draft: ModelMeasure | None = None
 
     @property
     def partial(self) -> bool:
@@ -155,7 +161,7 @@ def check_kv_types(hp, opts: ModelOptions) -> None:
     if hp.is_mla and k != v:
         raise InputError(f"{said}: an MLA model takes one type for K and V (llama.cpp: model "
                          f"does not support different K ({k}) and V ({v}) cache types)")
-    if TYPES[v].is_block and not opts.flash_attn:
+    if TYPES[v].is_block and opts.flash_attn is False:
         raise InputError(f"--cache-type-v {v} needs --flash-attn on (llama.cpp: quantized V "
                          f"cache requires flash_attn to be enabled)")
     for side, gtype, head_of in (("k", TYPES[k], hp.head), ("v", TYPES[v], hp.head_v)):
@@ -164,7 +170,7 @@ def check_kv_types(hp, opts: ModelOptions) -> None:
         if not gtype.is_block or head is None:
             continue
         flag = f"--cache-type-{side} {gtype.name}"
-        if not opts.flash_attn:     # side "k": a quantized V was refused above
+        if opts.flash_attn is False:    # side "k": a quantized V was refused above
             raise InputError(f"{flag}: its {gtype.block_size}-value blocks do not divide the "
                              f"head size {head}; without flash attention llama.cpp takes it "
                              f"unchecked and reads K through views that split its blocks")
@@ -192,20 +198,23 @@ def pipeline_copies(model: ModelFile, backends: list[BackendSpec], opts: ModelOp
 
 
 def measure_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
-                  enough: Callable[[list[BackendFigures], str], bool] | None = None
-                  ) -> ModelMeasure:
+                  enough: Callable[[list[BackendFigures], str], bool] | None = None,
+                  outputs_max: int | None = None) -> ModelMeasure:
     """`enough(figures, reserved)`: asked first with the weights, KV and state alone (reserved
     "none": no compute buffer yet), then with the pp graph's buffers ("pp"): each is a lower
     bound of the whole reserve's (the allocator only grows), so when it says yes the rest is
     left out and the measure is partial (`reserved` says how far it went). fit passes "a
-    device already misses", which nothing left out could undo."""
+    device already misses", which nothing left out could undo. `outputs_max`: the context's
+    n_outputs_max (None: n_batch, llama.cpp's default), which caps the pp graph's outputs (a
+    draft's: -np, models/draft.py)."""
     check_options(model, backends, opts)
     with gc_paused():
-        return _measure(model, backends, opts, enough)
+        return _measure(model, backends, opts, enough, outputs_max)
 
 
 def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
-             enough: Callable[[list[BackendFigures], str], bool] | None) -> ModelMeasure:
+             enough: Callable[[list[BackendFigures], str], bool] | None,
+             outputs_max: int | None = None) -> ModelMeasure:
     hp = model.hparams
     memory = model_memory(hp, opts)       # llama_model::create_memory: before any graph
     n_tokens = min(memory.kv.cells, ubatch_size(opts, hp.n_ctx_train))
@@ -216,8 +225,10 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     # deterministic allocator sizes exactly as before, so its result is reused
     # llama_context::graph_reserve with n_seqs = n_seq_max: pp rounds its tokens up to a
     # multiple of the sequences (its outputs stay the ubatch's), tg is one token per sequence
-    n_seqs = opts.parallel
+    n_seqs = seq_max(opts)
     pp_tokens = -(-n_tokens // n_seqs) * n_seqs
+    # -fa auto is resolved by a graph: only once the buffers before any graph leave room
+    flash_attn = fa_requested(opts)
 
     def graph(tokens: int, outputs: int) -> ModelGraph:
         return model_graph(model, memory, tokens, outputs, placement.shared_copies())
@@ -228,7 +239,10 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
         static = [replace(f, mmproj_bytes=mmproj.bytes_on(f.name)) for f in static]
     figures, arena, reserved, sched, n_nodes = static, [0] * len(backends), "none", None, 0
     if enough is None or not enough(static, "none"):
-        pp = graph(pp_tokens, n_tokens)
+        if flash_attn is None:
+            flash_attn = fa_probe(model, backends, opts, placement, memory, n_copies)
+        memory = replace(memory, flash_attn=flash_attn)
+        pp = graph(pp_tokens, n_tokens if outputs_max is None else min(n_tokens, outputs_max))
         n_nodes = len(pp.graph.nodes)
         scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
                               n_copies=n_copies)
@@ -249,8 +263,26 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                         n_splits=len(sched.splits) if sched else 0,
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
                         ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
-                        n_copies=n_copies, reserved=reserved, mmproj=mmproj,
-                        mmproj_note=mmproj_note)
+                        n_copies=n_copies, reserved=reserved, flash_attn=flash_attn,
+                        mmproj=mmproj, mmproj_note=mmproj_note)
+
+
+def fa_probe(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
+             placement: Placement, memory: Memory, n_copies: int) -> bool:
+    """-fa auto as llama_context::resolve_fused_ops resolves it: the graph of one token per
+    sequence (n_seq_max tokens and outputs) is built with flash attention over the memory
+    already made for it and scheduled; flash attention stays on when every flash_attn_ext
+    node lands on its layer's device (model.dev_layer(il): the CPU for a layer left there),
+    else it is off for the whole context. A device without the op (a backend's `supports`,
+    a head size its kernels lack) sends the node elsewhere; so does -nkvo, the cache being
+    on the CPU while the layer is not (llama.cpp's own TODO: dev_layer is wrong there)."""
+    n = seq_max(opts)
+    mg = model_graph(model, replace(memory, flash_attn=True), n, n, placement.shared_copies())
+    scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml,
+                          n_copies=n_copies)
+    where = scheduler.schedule(mg.graph, placed=placed_tensors(mg, placement, backends)
+                               ).backend_of
+    return all(where.get(node) == placement.layer[il] for node, il in mg.fa_nodes)
 
 
 _PROJECTORS: dict[tuple, tuple[ProjectorFigures | None, str | None]] = {}
@@ -264,7 +296,9 @@ def projector_figures(model: ModelFile, backends: list[BackendSpec], opts: Model
     (gguf/source.py repo_mmproj); `--no-mmproj` leaves either out. One the user named and
     ggmlrun cannot size is refused (exit 2); a repository's is left out with a note. Measured
     once per file, backends and settings: it is placed whole, whatever -ngl, so fit's probes
-    share it. Its flash attention is the model's -fa, as llama-server hands it to libmtmd."""
+    share it. Its flash attention is the model's -fa as given, not as the text context resolved
+    it: llama-server hands params_base.flash_attn_type to libmtmd, so auto (None) is clip's own
+    probe (measure_projector)."""
     if opts.no_mmproj:
         return None, None
     from ggmlrun.models.gguf import hub

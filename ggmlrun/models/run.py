@@ -12,6 +12,8 @@ cleared by the first ubatch only: rs_z 0, then -1); the last token's row is the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ggmlrun.core.backends.spec import BackendSpec
@@ -26,11 +28,11 @@ from ggmlrun.models.arch.build import graph_over
 from ggmlrun.models.graph.output import ModelGraph
 from ggmlrun.models.gguf.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
-from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, kv_size, swa_kv_size,
-                                     ubatch_size)
+from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, fa_requested,
+                                           kv_size, swa_kv_size, ubatch_size)
 from ggmlrun.models.memory.caches import create_memory
 from ggmlrun.models.memory.placement import place
-from ggmlrun.models.reserve import check_options, placed_tensors
+from ggmlrun.models.reserve import check_options, fa_probe, placed_tensors
 
 
 
@@ -95,7 +97,7 @@ def attn_input_values(inp: dict, n_tok: int, n_kv: int, kv_cells: int, n_embd_v_
 
 
 def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
-                 n_embd: int, n_embd_v_gqa: int, p0: int = 0) -> dict[Tensor, np.ndarray]:
+                 n_embd_v_gqa: int, p0: int = 0) -> dict[Tensor, np.ndarray]:
     """One ubatch of `tokens` at positions p0.. (cells p0.., after p0 cells in use)."""
     n_tok = len(tokens)
     inp = mg.inputs
@@ -107,7 +109,7 @@ def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
     if inp["pos"].shape[0] == 4 * n_tok:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
         pos = np.concatenate([pos, pos, pos, np.zeros(n_tok, np.int32)])
     values.update({inp["tokens"]: np.asarray(tokens, dtype=np.int32),
-                   inp["embd"]: np.zeros((n_tok, n_embd), np.float32),
+                   inp["embd"]: np.zeros(inp["embd"].shape, np.float32),
                    inp["pos"]: pos,
                    inp["out_ids"]: np.array([n_tok - 1], dtype=np.int32)})
     if "s_copy" in inp:               # the recurrent state: sequence 0 reads its own row
@@ -153,7 +155,11 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     if not model.files:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")
     kv_memory = create_memory(hp, type_k=opts.type_k, type_v=opts.type_v, cells=cells,
-                              flash_attn=opts.flash_attn, swa_cells=swa)
+                              flash_attn=opts.flash_attn is not False, swa_cells=swa)
+    flash_attn = fa_requested(opts)
+    if flash_attn is None:       # -fa auto: llama.cpp's probe on this placement
+        flash_attn = fa_probe(model, backends, opts, placement, kv_memory, 1)
+    kv_memory = replace(kv_memory, flash_attn=flash_attn)
 
     def prepare(i: int):
         """Ubatch i's graph, placed, scheduled, planned and checked against the memory."""
@@ -187,7 +193,7 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
             values = weight_values(model, mg, [w.bytes for w in weights])
             values.update((leaf, caches[leaf.name]) for leaf in cache_leaves(mg)
                           if leaf.name in caches)
-            values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd, hp.n_embd_v_gqa, p0))
+            values.update(input_values(mg, chunk, n_kv, cells, hp.n_embd_v_gqa, p0))
             values.update((leaf, fill(range(p0, p0 + n_tok))) for leaf, fill in mg.extra_inputs.items())
             with sigbus_guard(model.path):
                 result = execute(sched, plan, values, repeat=repeat if last else 1,

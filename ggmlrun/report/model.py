@@ -151,6 +151,42 @@ def model_measure_table(model, figures) -> Table:
     return table
 
 
+def draft_dict(name: str, figures, main: int) -> dict:
+    """SPEC section 5's `draft`: the draft's buffers on its main backend (`main`: where most
+    of its bytes are, models/draft.py's main_backend), and under `backends` every backend's
+    (a draft spread over several: -ts, -ngld below all, the CPU's token embeddings)."""
+    rows = figures.backends
+    top = rows[main]
+    return {"name": name, "backend": top.name, "weights_bytes": top.weights_bytes,
+            "kv_bytes": top.kv_bytes, "arena_bytes": top.arena_bytes,
+            "ctx": figures.ctx, "ubatch": figures.ubatch, "ngl": figures.ngl,
+            "n_nodes": figures.n_nodes, "n_splits": figures.n_splits,
+            "backends": [{"name": b.name, "weights_bytes": b.weights_bytes,
+                          "kv_bytes": b.kv_bytes, "state_bytes": b.state_bytes,
+                          "arena_bytes": b.arena_bytes,
+                          **({"mapped_bytes": b.mapped_bytes, "output_bytes": b.output_bytes}
+                             if b.kind == "cpu" else {})} for b in rows]}
+
+
+def draft_lines(name: str, figures, width: int = 80, without=None) -> list[str]:
+    """`draft M: ctx 4096, -ngld 29; GPU0 weights 1.2 GiB, KV 448 MiB, compute 300 MiB; ...`
+    (the draft's part of the figures above it, which include it); `without`: fit's answer
+    without the draft (a FitResult), what keeping it costs."""
+    items = [f"ctx {figures.ctx}, -ngld {figures.ngl};"]
+    used = [b for b in figures.backends
+            if b.weights_bytes or b.kv_bytes or b.arena_bytes or b.state_bytes]
+    for i, b in enumerate(used):
+        items += [f"{plain(b.name)} weights {human_bytes(b.weights_bytes)},",
+                  f"KV {human_bytes(b.kv_bytes + b.state_bytes)},",
+                  f"compute {human_bytes(b.arena_bytes)}" + (";" if i < len(used) - 1 else "")]
+    lines = pack_line(f"draft {plain(name)} (included above):", items, width)
+    if without is not None:
+        alone = (f"-ngl {without.ngl}, ctx {without.ctx}" if without.fits
+                 else "nothing fits either")
+        lines.append(f"without the draft: {alone}")
+    return lines
+
+
 def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
     return {"outputs": summaries,
             "timings": {"repeat": result.repeat,
@@ -184,7 +220,10 @@ def model_fit_dict(model, result) -> dict:
                            result.probe_reserved or ["pp+tg"] * len(result.probes))],
             **({"tensor_split": split_numbers(result.tensor_split)}
                if getattr(result, "tensor_split", None) else {}),
+            "one_more_step": [{"option": st.option, "saves_bytes": st.saves_bytes,
+                               "on": list(st.where)} for st in getattr(result, "steps", [])],
             "seconds": result.seconds, "command": result.command or None,
+            "program": result.program,
             **({"mmproj": mmproj_dict(mmproj)} if mmproj else {}),
             **({"advice": result.advice} if result.advice else {})}
 
@@ -241,9 +280,36 @@ def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
 
 
 def fit_line(result) -> str:
+    """The line to paste, named by the program whose defaults it leaves out (--for), and what one more step would free (the steps are in the error when
+    nothing fits)."""
+    from ggmlrun.models.fit.steps import steps_text
+
     if not result.fits:
-        return "llama.cpp: nothing fits (see the error below)"
-    return f"llama.cpp: {result.command}"
+        return f"{result.program}: nothing fits (see the error below)"
+    more = steps_text(getattr(result, "steps", []))
+    return f"{result.program} {result.command}" + (f"\n{more}" if more else "")
+
+
+def llamacpp_fit_lines(llama: dict, result, width: int = 80) -> list[str]:
+    """llama.cpp's own --fit beside ggmlrun's answer, folded to `width` between options:
+    `llama-server would pick: -c 16384 -ngl 41 ...; ggmlrun's answer: ctx 32768, -ngl 49 with
+    --n-cpu-moe 3`."""
+    if llama["refused"]:
+        prefix = "llama-server's --fit would refuse"
+        items = [f"({llama['refused']})", "and", "run", f"-c {llama['ctx']}"]
+    else:
+        prefix = "llama-server would pick:"
+        items = [f"-c {llama['ctx']}", f"-ngl {llama['ngl']}"]
+        if llama["tensor_split"]:
+            items.append("-ts " + ",".join(map(str, llama["tensor_split"])))
+        if llama["override_tensor"]:
+            items.append("-ot \"" + ",".join(llama["override_tensor"]) + "\"")
+    if result.fits:
+        items[-1] += ";"
+        items += ["ggmlrun's answer:", f"ctx {result.ctx},", f"-ngl {result.ngl}"]
+        if result.n_cpu_moe:
+            items.append(f"with --n-cpu-moe {result.n_cpu_moe}")
+    return pack_line(prefix, items, width)
 
 
 def ran_with_lines(ran: dict, width: int = 80) -> list[str]:

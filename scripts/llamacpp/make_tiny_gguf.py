@@ -66,6 +66,9 @@ class TinyModel:
     # the routers' selection bias (exp_probs_b)
     mla: tuple = ()
     probs_b: bool = False
+    sections: tuple = ()       # rope.dimension_sections of an IMROPE model without SSM (qwen3vl)
+    l_cache: int = 0           # lfm2: shortconv.l_cache; attention.head_count_kv per layer
+    kv_layers: tuple = ()      # (0: a short-conv layer)
 
     @property
     def n_embd_head(self) -> int:
@@ -237,6 +240,46 @@ MODELS = [
     TinyModel("tiny-deepseek2-lite-f16", "f16", n_embd=64, n_head=4, n_head_kv=1, n_ff=128,
               seed=19, arch="deepseek2", n_expert=8, n_expert_used=2, n_ff_exp=32,
               n_expert_shared=2, dense_lead=1, n_rot=16, mla=(0, 32, 32, 32),
+              metadata=(("expert_gating_func", 1),)),
+    # qwen3vl (Qwen3-VL's text model): qwen3's layers with IMROPE over the whole head of 32
+    # (sections 6,5,5,0 as Qwen3-VL's 24,20,20,0 of 128: the only split of 16 pairs whose
+    # interleaving gives every pair t, h or w, none the fourth stream) and deepstack inputs:
+    # the f16 file has 3 deepstack layers of its 4 (inp_embd 4 n_embd wide, as Qwen3-VL-8B's
+    # 3 of 36), the q8_0 one 1 and a tied output (as the 2B / 4B)
+    TinyModel("tiny-qwen3vl-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=20,
+              arch="qwen3vl", head_dim=32, qk_norm=True, sections=(6, 5, 5, 0),
+              metadata=(("n_deepstack_layers", 3),)),
+    TinyModel("tiny-qwen3vl-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=21,
+              arch="qwen3vl", head_dim=32, qk_norm=True, sections=(6, 5, 5, 0), tied=True,
+              metadata=(("n_deepstack_layers", 1),)),
+    # qwen3vlmoe (Qwen3-VL-30B-A3B in miniature): qwen3moe's 8 experts of 32 (2 used) with
+    # qwen3vl's IMROPE and 3 (f16) / 2 (q8_0) deepstack layers
+    TinyModel("tiny-qwen3vlmoe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=64, seed=22,
+              arch="qwen3vlmoe", head_dim=32, qk_norm=True, n_expert=8, n_expert_used=2,
+              n_ff_exp=32, sections=(6, 5, 5, 0), metadata=(("n_deepstack_layers", 3),)),
+    TinyModel("tiny-qwen3vlmoe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=64,
+              seed=23, arch="qwen3vlmoe", head_dim=32, qk_norm=True, n_expert=8,
+              n_expert_used=2, n_ff_exp=32, sections=(6, 5, 5, 0),
+              metadata=(("n_deepstack_layers", 2),)),
+    # lfm2 (LFM2-1.2B in miniature: short-conv layers with attention every few): 0 KV heads
+    # make a short-conv layer (kernel 3: 2 columns of state per channel), heads of 16; the
+    # f16 file has layers conv, conv, attention, conv (the last layer a conv: its output rows
+    # after the conv), the q8_0 one conv, attention, conv, attention with 1 KV head and a
+    # tied output (the real files tie it)
+    TinyModel("tiny-lfm2-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=24,
+              arch="lfm2", qk_norm=True, l_cache=3, kv_layers=(0, 0, 2, 0)),
+    TinyModel("tiny-lfm2-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=192, seed=25,
+              arch="lfm2", qk_norm=True, l_cache=3, kv_layers=(0, 1, 0, 1), tied=True),
+    # lfm2moe (LFM2-8B-A1B in miniature): lfm2's layers, layer 0 dense (leading_dense_block_count
+    # 1), then 8 experts of 32 (2 used) with sigmoid gates and a selection bias; the q8_0 file
+    # softmax gates, 2 dense layers, tied output
+    TinyModel("tiny-lfm2moe-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=26,
+              arch="lfm2moe", qk_norm=True, l_cache=3, kv_layers=(0, 2, 0, 2), n_expert=8,
+              n_expert_used=2, n_ff_exp=32, dense_lead=1, probs_b=True,
+              metadata=(("expert_gating_func", 2),)),
+    TinyModel("tiny-lfm2moe-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=27,
+              arch="lfm2moe", qk_norm=True, l_cache=3, kv_layers=(0, 0, 2, 0), n_expert=8,
+              n_expert_used=2, n_ff_exp=32, dense_lead=2, probs_b=True, tied=True,
               metadata=(("expert_gating_func", 1),)),
 ]
 
@@ -436,8 +479,42 @@ def deepseek2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def lfm2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """lfm2's tensors (llama_model_lfm2::load_arch_tensors order); the conv kernel is 2-D
+    (the converter squeezes it) and stays f32 (add_weight)."""
+    n, hd = m.n_embd, m.n_embd_head
+    shapes = {"token_embd.weight": (N_VOCAB, n), "token_embd_norm.weight": (n,)}
+    for i, kv in enumerate(m.kv_layers):
+        b = f"blk.{i}."
+        shapes[b + "ffn_norm.weight"] = (n,)
+        if m.n_expert and i >= m.dense_lead:      # lfm2moe
+            e = m.n_expert
+            shapes.update({b + "ffn_gate_inp.weight": (e, n),
+                           b + "ffn_gate_exps.weight": (e, m.n_ff_exp, n),
+                           b + "ffn_down_exps.weight": (e, n, m.n_ff_exp),
+                           b + "ffn_up_exps.weight": (e, m.n_ff_exp, n),
+                           b + "exp_probs_b.bias": (e,)})
+        else:
+            shapes.update({b + "ffn_gate.weight": (m.n_ff, n), b + "ffn_down.weight": (n, m.n_ff),
+                           b + "ffn_up.weight": (m.n_ff, n)})
+        shapes[b + "attn_norm.weight"] = (n,)
+        if kv == 0:
+            shapes.update({b + "shortconv.conv.weight": (n, m.l_cache),
+                           b + "shortconv.in_proj.weight": (3 * n, n),
+                           b + "shortconv.out_proj.weight": (n, n)})
+        else:
+            shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,),
+                           b + "attn_q.weight": (n, n), b + "attn_k.weight": (kv * hd, n),
+                           b + "attn_v.weight": (kv * hd, n), b + "attn_output.weight": (n, n)})
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    return shapes
+
+
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    if m.arch in ("lfm2", "lfm2moe"):
+        return lfm2_shapes(m)
     if m.arch == "deepseek2":
         return deepseek2_shapes(m)
     if m.arch in ("qwen35", "qwen35moe"):
@@ -576,7 +653,7 @@ def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str
     """Stores 1-D tensors and an expert router (ffn_gate_inp) as f32 always, as llama.cpp's
     converters do (and its quantizer never quantizes the router)."""
     if (data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name
-            or ".ssm_conv1d." in name                   # ggml's f32-only conv
+            or ".ssm_conv1d." in name or ".shortconv.conv." in name   # ggml's f32-only conv
             or name.endswith(".bias")):                 # gpt-oss's 2-D expert biases
         writer.add_tensor(name, data)
     elif weight_type == "f16":
@@ -601,7 +678,10 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     if "feed_forward_length" not in arrays and m.n_ff:    # qwen35moe's real files lack it
         writer.add_feed_forward_length(m.n_ff)
     writer.add_head_count(m.n_head)
-    if "attention.head_count_kv" not in arrays:
+    if m.kv_layers:                 # lfm2: one per layer, 0 for a short-conv layer
+        writer.add_head_count_kv(list(m.kv_layers))
+        writer.add_shortconv_l_cache(m.l_cache)
+    elif "attention.head_count_kv" not in arrays:
         writer.add_head_count_kv(m.n_head_kv)
     if m.head_dim:
         writer.add_key_length(m.head_dim)
@@ -625,6 +705,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_ssm_inner_size(d_inner)
         if m.interval:
             writer.add_full_attention_interval(m.interval)
+    elif m.sections:
+        writer.add_rope_dimension_sections(list(m.sections))
     if "rope.freq_base" not in dict(m.metadata):
         writer.add_rope_freq_base(ROPE_FREQ_BASE)
     writer.add_layer_norm_rms_eps(RMS_EPS)
@@ -641,6 +723,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_leading_dense_block_count(m.dense_lead)
     if m.arch == "glm4moe":
         writer.add_expert_shared_count(m.n_expert_shared)
+        writer.add_leading_dense_block_count(m.dense_lead)
+    if m.arch == "lfm2moe":
         writer.add_leading_dense_block_count(m.dense_lead)
     if m.nextn:
         writer.add_nextn_predict_layers(m.nextn)

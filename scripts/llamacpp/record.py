@@ -49,7 +49,9 @@ MODELS = ["tiny-llama-f32", "tiny-llama-f16", "tiny-llama-q8_0", "tiny-llama-tie
           "tiny-qwen3moe-f16", "tiny-qwen3moe-q8_0", "tiny-glm4moe-f16", "tiny-glm4moe-q8_0",
           "tiny-qwen35-f16", "tiny-qwen35-q8_0", "tiny-gemma4moe-f16", "tiny-gemma4moe-q8_0",
           "tiny-qwen35moe-f16", "tiny-qwen35moe-q8_0",
-          "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16"]
+          "tiny-deepseek2-f16", "tiny-deepseek2-q8_0", "tiny-deepseek2-lite-f16",
+          "tiny-qwen3vl-f16", "tiny-qwen3vl-q8_0", "tiny-qwen3vlmoe-f16", "tiny-qwen3vlmoe-q8_0",
+          "tiny-lfm2-f16", "tiny-lfm2-q8_0", "tiny-lfm2moe-f16", "tiny-lfm2moe-q8_0"]
 GPT_OSS_MODELS = ["tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4"]
 MODELS += GPT_OSS_MODELS
 # sliding-window models: the grid again with --swa-full (llama-cpp-python's default is a
@@ -89,7 +91,12 @@ COMMITTED_IDS = {"tiny-llama-f16/c256/ub32/fa0/nglall", "tiny-llama-f16/c256/ub3
                  "tiny-qwen35moe-f16/c256/ub32/fa0/ngl2",
                  "tiny-qwen35moe-q8_0/c256/ub32/fa0/nglall/ot-exps-cpu",
                  # deepseek2: MLA's K-only cache, v_cont / kqv_mla and fattn_mla
-                 "tiny-deepseek2-f16/c256/ub32/fa0/nglall", "tiny-deepseek2-q8_0/c256/ub32/fa1/ngl2"}
+                 "tiny-deepseek2-f16/c256/ub32/fa0/nglall",
+                 "tiny-deepseek2-q8_0/c256/ub32/fa1/ngl2",
+                 # qwen3vl(moe): the padded token rows, deepstack views, IMROPE
+                 "tiny-qwen3vl-f16/c256/ub32/fa0/ngl2", "tiny-qwen3vlmoe-f16/c256/ub32/fa1/nglall",
+                 # lfm2: the short-conv state (concat, ssm_conv, the state's copy) beside KV
+                 "tiny-lfm2-f16/c256/ub32/fa0/ngl2", "tiny-lfm2-q8_0/c256/ub32/fa1/nglall"}
 GGML_LIBS = ["libggml-base.so.0", "libggml-cpu.so.0", "libggml-rpc.so.0", "libggml.so.0"]
 
 
@@ -282,6 +289,56 @@ EXTRAS += [
                          ("np3", {"ngl": "all", "parallel": 3, "flash_attn": True, "ubatch": 512}),
                          ("np4", {"ngl": 0, "parallel": 4, "ctx": 1024}))
 ]
+# qwen3vl / qwen3vlmoe: the deepstack slices (views into the padded token rows) under -np 2
+# (two KV streams), two ubatches, -nkvo; the MoE one's experts on the CPU (-ot exps=CPU,
+# --n-cpu-moe)
+EXTRAS += [
+    (model, "np2", {"ngl": 2, "parallel": 2})
+    for model in ("tiny-qwen3vl-f16", "tiny-qwen3vl-q8_0", "tiny-qwen3vlmoe-f16",
+                  "tiny-qwen3vlmoe-q8_0")
+] + [
+    (model, "t40", {"ngl": ngl, "tokens": TOKENS_2UB})
+    for model in ("tiny-qwen3vl-f16", "tiny-qwen3vlmoe-q8_0") for ngl in (2, "all")
+] + [
+    ("tiny-qwen3vl-f16", "nkvo", {"ngl": "all", "no_kv_offload": True}),
+    ("tiny-qwen3vl-q8_0", "", {"ngl": 3}),
+] + [
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in ("tiny-qwen3vlmoe-f16", "tiny-qwen3vlmoe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True,
+                                          "ubatch": 512}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}))
+]
+# lfm2: the short-conv state under -np (a row per sequence, a KV stream per sequence unless
+# -kvu) and -nkvo, carried across two ubatches (t40), -ngl splitting conv and attention layers,
+# -ot moving the conv weights (not their state)
+EXTRAS += [
+    (model, suffix, opts)
+    for model in ("tiny-lfm2-f16", "tiny-lfm2-q8_0")
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("np2-kvu", {"ngl": "all", "parallel": 2, "kv_unified": True}),
+                         ("np3", {"ngl": "all", "parallel": 3, "flash_attn": True, "ubatch": 512}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": "all", "tokens": TOKENS_2UB, "flash_attn": True}),
+                         ("nkvo", {"ngl": "all", "no_kv_offload": True}),
+                         ("", {"ngl": 3}),
+                         ("ot-conv-cpu", {"ngl": "all", "overrides": [["shortconv", "CPU"]]}))
+]
+# lfm2moe: its experts on the CPU (-ot exps=CPU, --cpu-moe, --n-cpu-moe), -np 2, two ubatches
+EXTRAS += [
+    (model, suffix, opts)
+    for model in ("tiny-lfm2moe-f16", "tiny-lfm2moe-q8_0")
+    for suffix, opts in (("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]],
+                                          "flash_attn": True, "ubatch": 512}),
+                         ("cpu-moe", {"ngl": "all", "cpu_moe": True}),
+                         ("n-cpu-moe3", {"ngl": "all", "n_cpu_moe": 3}),
+                         ("np2", {"ngl": 2, "parallel": 2}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}))
+]
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 # ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,
             "q5_0": 6, "q5_1": 7}
@@ -376,7 +433,7 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     rpc.ggml_backend_rpc_add_server.restype = ctypes.c_void_p
     rpc.ggml_backend_rpc_add_server.argtypes = [ctypes.c_char_p]
     ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    for endpoint in endpoints[:max(1, len(cfg["tensor_split"]))]:   # devices RPC0, RPC1, in order
+    for endpoint in [e for e in endpoints if e][:max(1, len(cfg["tensor_split"]))]:  # RPC0, RPC1
         ggml.ggml_backend_register(rpc.ggml_backend_rpc_add_server(endpoint.encode()))
     shim = ctypes.CDLL(None)
     shim.shim_mark.argtypes = [ctypes.c_char_p]
@@ -412,7 +469,8 @@ def run_config(cfg: dict, endpoints: list[str]) -> dict:
     cparams.n_batch = N_BATCH
     cparams.n_ubatch = cfg["ubatch"]
     cparams.n_threads = cparams.n_threads_batch = N_THREADS
-    cparams.flash_attn_type = 1 if cfg["flash_attn"] else 0
+    cparams.flash_attn_type = (-1 if cfg["flash_attn"] == "auto"     # LLAMA_FLASH_ATTN_TYPE_AUTO
+                               else 1 if cfg["flash_attn"] else 0)
     cparams.offload_kqv = not cfg["no_kv_offload"]
     cparams.type_k = KV_TYPES[cfg.get("type_k", cfg["kv_type"])]   # -ctk (record_kv_types.py:
     cparams.type_v = KV_TYPES[cfg.get("type_v", cfg["kv_type"])]   # -ctv   K and V apart)

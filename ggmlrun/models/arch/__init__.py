@@ -37,6 +37,10 @@ _MODULES = {
     "gpt-oss": "ggmlrun.models.arch.gpt_oss",
     "qwen35moe": "ggmlrun.models.arch.qwen35moe",
     "deepseek2": "ggmlrun.models.arch.deepseek2",
+    "qwen3vl": "ggmlrun.models.arch.qwen3vl",
+    "qwen3vlmoe": "ggmlrun.models.arch.qwen3vlmoe",
+    "lfm2": "ggmlrun.models.arch.lfm2",
+    "lfm2moe": "ggmlrun.models.arch.lfm2moe",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -21,6 +21,7 @@ from ggmlrun.models.gguf.names import MODEL_TENSOR, tn
 
 ROPE_TYPE_NORM = 0      # LLAMA_ROPE_TYPE_NORM: pairs of consecutive values
 ROPE_TYPE_NEOX = 2      # LLAMA_ROPE_TYPE_NEOX: pairs n_rot/2 apart
+ROPE_TYPE_IMROPE = 40   # LLAMA_ROPE_TYPE_IMROPE: NeoX pairs, interleaved multi-section positions
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.gguf.names import MODEL_TENSOR as T
-from ggmlrun.models.arch.base import TensorSpec
+from ggmlrun.models.arch.base import ROPE_TYPE_IMROPE, TensorSpec  # noqa: F401 (qwen35's)
 from ggmlrun.models.gguf.names import tn
 from ggmlrun.models.hparams.record import HParams
-
-ROPE_TYPE_IMROPE = 40    # LLAMA_ROPE_TYPE_IMROPE (GGML_ROPE_TYPE_IMROPE)
+from ggmlrun.models.hparams.rules import check_rope_sections
 
 
 # a card's own keys: card key -> (GGUF key under the architecture, required, default)
@@ -55,13 +54,7 @@ def read_hparams(get, common: dict, **extra) -> HParams:
     if hp.n_embd_head_k != hp.n_embd_head_v:
         raise InputError(f"attention.key_length {hp.n_embd_head_k} must equal "
                          f"attention.value_length {hp.n_embd_head_v}")
-    if not any(hp.rope_sections[:3]):
-        raise InputError(f"rope.dimension_sections {list(hp.rope_sections)}: one of the first "
-                         f"three must be > 0 (ggml's multi-rope asserts it and divides by "
-                         f"their sum)")
-    if sum(hp.rope_sections) * 2 > hp.n_rot:
-        raise InputError(f"rope.dimension_sections {list(hp.rope_sections)} add up past "
-                         f"rope.dimension_count / 2 = {hp.n_rot // 2}")
+    check_rope_sections(hp.rope_sections, hp.n_rot)
     return hp
 
 

@@ -66,7 +66,7 @@ def read_hparams(get, common: dict) -> HParams:
                              ("n_head_kv", "attention.head_count_kv"),
                              ("n_ff", "feed_forward_length"))}
     for il in range(n_layer):
-        if per["n_head"][il] % per["n_head_kv"][il]:
+        if not per["n_head_kv"][il] or per["n_head"][il] % per["n_head_kv"][il]:
             raise InputError(f"{ARCH_NAME}: layer {il}'s {per['n_head'][il]} heads are not a "
                              f"multiple of its {per['n_head_kv'][il]} KV heads")
     n_rot_swa = get("rope.dimension_count_swa", common["n_rot"])

@@ -19,9 +19,10 @@ def tensors(hp):
     return decoder_tensors("qwen3", hp, q_k_norm=True)
 
 
-def build(d: Decoder, ffn=None):
+def build(d: Decoder, ffn=None, layer_out=None):
     """qwen3's layers; `ffn(il, cur)` is the feed-forward block (default: the dense SwiGLU),
-    the one place qwen3moe's layers differ."""
+    the one place qwen3moe's layers differ; `layer_out(il, cur)` what follows `l_out`
+    (qwen3vl's deepstack). The rope is the context's: qwen3vl's IMROPE sections with it."""
     hp, b = d.hp, d.b
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
@@ -37,6 +38,8 @@ def build(d: Decoder, ffn=None):
         b.cb(v, "Vcur", il)
         cur = d.attn(il, q, k, v, kq_scale)
         inpL = d.ffn_block(il, cur, inpSA, ffn)
+        if layer_out is not None:
+            inpL = layer_out(il, inpL)
     return inpL
 
 

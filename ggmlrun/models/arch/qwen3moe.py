@@ -29,12 +29,12 @@ def tensors(hp):
                            ffn=lambda name, il: moe_tensors(hp, name, il))
 
 
-def build(d: Decoder):
-    """qwen3's layers with build_moe_ffn in place of the dense FFN."""
+def build(d: Decoder, layer_out=None):
+    """qwen3's layers with build_moe_ffn in place of the dense FFN (`layer_out`: qwen3.build's)."""
     hp = d.hp
     return qwen3.build(d, ffn=lambda il, cur: d.moe_ffn(il, cur, n_expert=hp.n_expert,
                                                        n_expert_used=hp.n_expert_used,
-                                                       norm_w=True))
+                                                       norm_w=True), layer_out=layer_out)
 
 
 ARCH = Arch(name="qwen3moe", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,

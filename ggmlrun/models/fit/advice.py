@@ -41,7 +41,21 @@ def advice(probe: Prober, ctx: int, dev_ngl: int | None, n_max: int, costs) -> s
             return (message + f"; the largest context that fits is --ctx {best_ctx}, with "
                     f"-ngl {best_ngl} (the most layers at that context)")
     need = ", ".join(f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short)
-    return message + f"; it needs {need} (or a smaller --margin)"
+    # a smaller margin helps only where one is kept (the host keeps none by default)
+    margin = " (or a smaller --margin)" if any(r.margin_bytes > 0 for r in short) else ""
+    return message + f"; it needs {need}{margin}"
+
+
+def pinned_advice(probe: Prober, ctx: int, ngl: int, n_max: int, costs) -> str:
+    """-ngl given (a llama.cpp command's, which llama.cpp's --fit leaves alone) and short:
+    who is short and by how much, and the most layers that fit at this context instead."""
+    short = [r for r in probe(ngl, ctx, complete=True) if not r.fits]
+    parts = [f"{human_bytes(-r.free_bytes)} more on {r.name}" for r in short]
+    message = f"-ngl {ngl} does not fit at -c {ctx}: it needs " + ", ".join(parts)
+    best = ngl_that_fits(probe, ctx, n_max, costs)
+    if best is not None and best != ngl:
+        return message + f"; -ngl {best} fits (the most layers at that context)"
+    return message
 
 
 def ctx_ceiling(model: ModelFile, rows: list[FitBackend], ctx: int) -> int:

@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from ggmlrun.models.draft import add_figures, measure_draft, with_draft
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.reserve import BackendFigures, ModelMeasure, measure_model
 
@@ -54,10 +55,16 @@ class FitResult:
     seconds: float = 0.0
     advice: str = ""
     command: str = ""             # llama.cpp's options that reproduce the answer (command_line)
+    program: str = "llama-server" # whose defaults the line leaves out (--for): llama-server, llama-cli
     n_cpu_moe: int | None = None  # a mixture of experts: the answer's --n-cpu-moe (else None)
     # the layer split fit chose over several devices (layers per device: -ts); None: llama.cpp's
     # default (by memory) or the one given
     tensor_split: tuple[float, ...] | None = None
+    # with a draft (-md): the answer of the same search without it (what keeping it costs)
+    without_draft: FitResult | None = None
+    # what one more change of the options frees (fit/steps.py's Step), where the answer
+    # leaves layers on the CPU, falls short of the context or nothing fits
+    steps: list = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -78,10 +85,14 @@ class Prober:
     (rows without a compute buffer: only where the next guess does not need one).
     `complete=True` asks for the whole reserve (what is shown to the user)."""
 
-    def __init__(self, model, backends, opts, margins):
+    def __init__(self, model, backends, opts, margins, draft=None):
         self.model, self.backends, self.opts, self.margins = model, backends, opts, margins
         # (ngl, ctx, n_cpu_moe, split) -> rows and measure, in the order first measured
         self.seen: dict[tuple, tuple[list[FitBackend], ModelMeasure]] = {}
+        # the draft model (-md): placed by its own -ngld, so measured once per context and
+        # split (what its options follow of the target's) and added to every probe's rows
+        self.draft = draft
+        self.draft_seen: dict[tuple, ModelMeasure] = {}
         self.n_cpu_moe = opts.n_cpu_moe          # what (ngl, ctx) probes are measured with
         self.split = opts.tensor_split
 
@@ -103,14 +114,28 @@ class Prober:
         key = (ngl, ctx, ncm, split)
         known = self.seen.get(key)
         if known is None or (complete and known[1].partial):
+            draft = self._draft(ctx, split)
+            both = (lambda figures: add_figures(figures, draft.backends)) if draft else \
+                (lambda figures: figures)
             m = measure_model(self.model, self.backends,
                               replace(self.opts, ngl=ngl, ctx=ctx, n_cpu_moe=ncm,
                                       tensor_split=split),
                               enough=None if complete else
                               lambda figures, reserved: ((weights_decide or reserved != "none")
-                                                         and self._a_device_short(figures)))
+                                                         and self._a_device_short(both(figures))))
+            m = with_draft(m, draft) if draft else m
             self.seen[key] = known = (self._rows(m.backends), m)
         return known
+
+    def _draft(self, ctx: int, split) -> ModelMeasure | None:
+        if self.draft is None:
+            return None
+        key = (ctx, split)
+        if key not in self.draft_seen:
+            opts = replace(self.opts, ctx=ctx, tensor_split=split)
+            self.draft_seen[key] = measure_draft(self.draft, self.backends, opts,
+                                                 self.model.hparams)
+        return self.draft_seen[key]
 
     @property
     def order(self) -> list[tuple[int, int]]:

@@ -70,11 +70,12 @@ def attention_scores(probe: Prober):
     outgrow the rest of the buffer (the knee), the buffer grows with them:
     Qwen3-235B-A22B at 24 GiB, -ngl all, 83 expert layers on the CPU: 744 MiB flat up to about
     6,000 cells (the op-offloaded experts' copies), then 128 KiB a cell (64 heads x 512 tokens x
-    4 bytes). None with flash attention (no KQ is made) or a KV stream per sequence."""
+    4 bytes). None with flash attention (no KQ is made; -fa auto counted as on) or a KV
+    stream per sequence."""
     from ggmlrun.models.options.params import kv_streams
 
     opts = probe.opts
-    if opts.flash_attn or kv_streams(opts) > 1:
+    if opts.flash_attn is not False or kv_streams(opts) > 1:   # auto: FA where it can
         return None
     n_head = probe.model.hparams.n_head
     return lambda ctx: n_head * min(opts.ubatch, ctx) * ctx * 4

@@ -38,6 +38,7 @@ class _SplitModel:
     def __init__(self, costs: dict[int, int], experts: dict[int, int], n_max: int,
                  devices: list[int]):
         self.costs, self.experts, self.n_max, self.devices = costs, experts, n_max, devices
+        self.start = 0                        # the first layer on the devices (n_max - ngl)
         self.kv = 0.0
         self.room = [0.0] * len(devices)      # memory less margin less the fixed part
 
@@ -48,8 +49,10 @@ class _SplitModel:
 
     def learn(self, rows: list[FitBackend], ends: tuple[int, ...], n: int) -> None:
         devs = [rows[i] for i in self.devices]
-        self.kv = sum(r.kv_bytes + r.state_bytes for r in devs) / max(1, self.n_max - 1)
-        for d, (r, (s, e)) in enumerate(zip(devs, _runs(ends, self.n_max))):
+        repeating = self.n_max - 1 - self.start        # layers with KV on the devices
+        if repeating > 0:
+            self.kv = sum(r.kv_bytes + r.state_bytes for r in devs) / repeating
+        for d, (r, (s, e)) in enumerate(zip(devs, _runs(ends, self.n_max, self.start))):
             held = sum(self.layer(il, n) for il in range(s, e))
             self.room[d] = r.memory_bytes - r.margin_bytes - (r.total_bytes - held)
 
@@ -63,7 +66,7 @@ class _SplitModel:
 
     def greedy(self, n: int) -> tuple[tuple[int, ...], bool]:
         """The greedy split's ends (devices but the last) and whether the last fits, modeled."""
-        ends, start = [], 0
+        ends, start = [], self.start
         for d in range(len(self.devices) - 1):
             start = self.longest(d, start, n)
             ends.append(start)
@@ -71,14 +74,14 @@ class _SplitModel:
         return tuple(ends), rest <= self.room[-1]
 
 
-def _runs(ends: tuple[int, ...], n_max: int) -> list[tuple[int, int]]:
-    bounds = (0, *ends, n_max)
+def _runs(ends: tuple[int, ...], n_max: int, start: int = 0) -> list[tuple[int, int]]:
+    bounds = (start, *ends, n_max)
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def split_of(ends: tuple[int, ...], n_max: int) -> tuple[float, ...]:
-    """-ts as layers per device."""
-    return tuple(float(e - s) for s, e in _runs(ends, n_max))
+def split_of(ends: tuple[int, ...], n_max: int, start: int = 0) -> tuple[float, ...]:
+    """-ts as layers per device (of the layers from `start` on: -ngl n_max - start)."""
+    return tuple(float(e - s) for s, e in _runs(ends, n_max, start))
 
 
 class _Search:
@@ -86,8 +89,9 @@ class _Search:
         self.probe, self.ctx, self.n_max, self.model = probe, ctx, n_max, model
 
     def rows(self, n: int, ends: tuple[int, ...], complete: bool = False) -> list[FitBackend]:
-        rows = self.probe.full(self.n_max, self.ctx, n, split_of(ends, self.n_max),
-                               complete=complete)[0]
+        start = self.model.start
+        rows = self.probe.full(self.n_max - start, self.ctx, n,
+                               split_of(ends, self.n_max, start), complete=complete)[0]
         self.model.learn(rows, ends, n)
         return rows
 
@@ -105,7 +109,7 @@ class _Search:
         done: tuple[int, ...] = ()
         k = len(self.model.devices)
         for d in range(k - 1):
-            start = done[-1] if done else 0
+            start = done[-1] if done else self.model.start
             end = self.longest(n, done, d, start)
             if end is None:
                 return None

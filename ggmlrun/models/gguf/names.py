@@ -27,7 +27,10 @@ _SAME_NAME = {MODEL_TENSOR.FFN_NORM: MODEL_TENSOR.FFN_PRE_NORM}
 _NEXTN = frozenset({MODEL_TENSOR.NEXTN_EH_PROJ, MODEL_TENSOR.NEXTN_ENORM, MODEL_TENSOR.NEXTN_HNORM,
                     MODEL_TENSOR.NEXTN_EMBED_TOKENS, MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD,
                     MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM})
-_LOADER_ONLY = {"qwen35": _NEXTN, "qwen35moe": _NEXTN}
+# lfm2moe: the optional output (and ColBert's dense_2_out) llama_model_lfm2moe creates as
+# lfm2's loader does
+_LOADER_ONLY = {"qwen35": _NEXTN, "qwen35moe": _NEXTN,
+                "lfm2moe": frozenset({MODEL_TENSOR.OUTPUT, MODEL_TENSOR.DENSE_2_OUT})}
 
 
 def tn(arch: str, tensor: MODEL_TENSOR, suffix: str = "weight", bid: int | None = None) -> str:

@@ -164,3 +164,53 @@ def shown_text(text: str | None) -> str:
         return "?"
     text = text.replace("\u2581", " ").replace("\u0120", " ").replace("\u010a", "\n")
     return repr(text)
+
+
+def all_token_texts(path: Path | str) -> list[bytes] | None:
+    """Every token's text, whole and undecoded (the draft check compares them as llama.cpp's
+    strcmp does); None when the file cannot be read that far or has no tokens array."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            r = _Reader(handle, size)
+            if r.take(4) != b"GGUF" or r.u32() < 2:
+                return None
+            r.u64()                        # tensor count
+            for _ in range(r.u64()):
+                key, vtype = r.string(), r.u32()
+                if key != TOKENS_KEY:
+                    r.skip_value(vtype)
+                    continue
+                if vtype != ARRAY or r.u32() != STRING:
+                    return None
+                return _whole_strings(handle, size, r.u64())
+    except (OSError, _Truncated, struct.error, OverflowError, MemoryError):
+        pass
+    return None
+
+
+def _whole_strings(handle, size: int, count: int) -> list[bytes] | None:
+    """`count` strings from the handle's position, read in 1 MiB chunks (never the rest of a
+    file of weights)."""
+    if count * 8 > size - handle.tell():
+        return None
+    unpack = struct.Struct("<Q").unpack_from
+    texts: list[bytes] = []
+    buf, p = b"", 0
+
+    def need(n: int) -> bool:
+        nonlocal buf, p
+        if p + n > len(buf):
+            more = handle.read(max(1 << 20, p + n - len(buf)))
+            buf, p = buf[p:] + more, 0
+        return p + n <= len(buf)
+
+    for _ in range(count):
+        if not need(8):
+            return None
+        (length,) = unpack(buf, p)
+        if length > size or not need(8 + length):
+            return None
+        texts.append(buf[p + 8:p + 8 + length])
+        p += 8 + length
+    return texts

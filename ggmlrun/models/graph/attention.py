@@ -119,7 +119,7 @@ def attn_inputs(b: GraphBuilder, hp, n_tokens: int, n_kv: int, n_stream: int,
     over (f16 for flash attention), and the rotations of `cache` (the memory's KVCache) where
     its K or V type is quantized. An iSWA model makes a second set for its sliding-window
     cache, named as the first."""
-    v_rows = n_tokens if flash_attn else n_tokens * hp.n_embd_v_gqa
+    v_rows = n_tokens if not cache.v_trans else n_tokens * hp.n_embd_v_gqa
     out = {"k_idxs": b.leaf("attn_inp_k_idxs", (n_tokens,), "i64"),
            "v_idxs": b.leaf("attn_inp_v_idxs", (v_rows,), "i64"),
            "kq_mask": b.leaf("attn_inp_kq_mask", (n_stream, 1, n_tokens // n_stream, n_kv),
@@ -224,6 +224,7 @@ def build_attn_mha(ctx: LayerContext, q_cur: Tensor, k: Tensor, v: Tensor, mask:
         srcs = [q, k, v, mask] + ([sinks] if sinks is not None else [])
         cur = b.op("flash_attn_ext", srcs, (ns, T // ns, n_head, dv), scale=kq_scale,
                    max_bias=0.0, logit_softcap=0.0, prec="f32")
+        b.fa_nodes.append((cur, il))    # llm_graph_result's fused nodes: -fa auto's probe
         if v_mla is not None:
             cur = b.permute(cur, (0, 2, 1, 3))
             cur = b.cb(ctx.mul_mat(v_mla, cur), "fattn_mla", il)

@@ -70,6 +70,7 @@ class GraphBuilder:
     leafs: list[Tensor] = field(default_factory=list)
     pins: list[tuple[Tensor, str, int]] = field(default_factory=list)   # (node, cb name, il)
     kqv_outs: list[Tensor] = field(default_factory=list)   # attention outputs (no flash attn)
+    fa_nodes: list[tuple[Tensor, int]] = field(default_factory=list)   # (flash_attn_ext, il)
     _visited: set = field(default_factory=set)
 
     # --- creating tensors --------------------------------------------------------------------

@@ -38,7 +38,7 @@ class Decoder:
         flash attention) is the graph's."""
         hp = self.hp = model.hparams
         kv = memory.kv
-        kv_size, n_stream, flash_attn = kv.cells, kv.n_stream, not kv.v_trans
+        kv_size, n_stream, flash_attn = kv.cells, kv.n_stream, memory.graph_fa
         self.model, self.arch = model, arch
         self.table = table if table is not None else arch.tensors(hp)   # what llama.cpp loads
         b = self.b = GraphBuilder()
@@ -62,13 +62,22 @@ class Decoder:
             raise InputError(f"rope scaling 'longrope' is not supported for {arch.name} yet "
                              f"(its rope_factors_long/short tensors)")
         self.rope_freqs_name = self._rope_factors_name(kv_size)
-        # build_inp_embd: tokens and the (unused, still allocated) embeddings input
+        # build_inp_embd: tokens and the (unused, still allocated) embeddings input, n_embd_inp
+        # wide; a deepstack model's token rows are padded to that width and the layers read
+        # an n_embd view of them (deepstack reads the further slices)
         tokens = b.leaf("inp_tokens", (n_tokens,), "i32")
-        inp_embd = b.leaf("inp_embd", (n_tokens, hp.n_embd), "f32")
-        self.inpL = b.op("get_rows", [self.weight(T.TOKEN_EMBD), tokens], (n_tokens, hp.n_embd))
-        b.expand(self.inpL)
+        width = hp.n_embd_inp
+        inp_embd = b.leaf("inp_embd", (n_tokens, width), "f32")
+        rows = b.op("get_rows", [self.weight(T.TOKEN_EMBD), tokens], (n_tokens, hp.n_embd))
+        if width != hp.n_embd:
+            rows = b.op("pad", [rows], (n_tokens, width), pad=[0, width - hp.n_embd])
+        b.expand(rows)
         b.expand(inp_embd)           # ggml_build_forward_select adds both candidates
+        self.inpL = rows if width == hp.n_embd else b.view(
+            rows, (n_tokens, hp.n_embd), (rows.strides[-2], rows.strides[-1]))
+        b.expand(self.inpL)
         b.cb(self.inpL, "embd", -1)
+        self.t_inp_embd = self.inpL      # llm_graph_result's t_inp_embd
         self.inputs = {
             "tokens": tokens, "embd": inp_embd,
             "pos": b.leaf("inp_pos", (n_tokens * arch.n_pos_per_embd,), "i32"),
@@ -280,6 +289,17 @@ class Decoder:
         n = self.hp.n_embd
         return (self.b.op("get_rows", [cur, ids], (self.n_outputs, n)),
                 self.b.op("get_rows", [residual, ids], (self.n_outputs, n)))
+
+    def deepstack(self, il: int, cur: Tensor) -> Tensor:
+        """qwen3vl(moe): after each of the first n_deepstack_layers layers, the (il + 1)-th
+        n_embd slice of the input embeddings added to the layer's output (`deepstack_out`);
+        for token input those slices are the pad's zeros, still added."""
+        if il >= self.hp.n_deepstack_layers:
+            return cur
+        src, n = self.t_inp_embd, self.hp.n_embd
+        item = TYPES[src.dtype].type_size
+        ds = self.b.view(src, (self.n_tokens, n), (src.strides[-2], item), (il + 1) * n * item)
+        return self.b.cb(self.add(cur, ds), "deepstack_out", il)
 
     def add(self, a: Tensor, c: Tensor) -> Tensor:
         return self.b.op("add", [a, c], a.shape)

@@ -29,6 +29,7 @@ class ModelGraph:
     rope_freqs_name: str = "rope_freqs.weight"   # the GGUF tensor rope_freqs' leaves hold
     # inputs an architecture adds, each with how run fills it from the token positions
     extra_inputs: dict[Tensor, Callable] = field(default_factory=dict)
+    fa_nodes: list[tuple[Tensor, int]] = field(default_factory=list)   # (node, layer)
     # llama_kv_cache_iswa: the sliding-window layers' cache and its own attention inputs
     # (k_idxs, v_idxs, kq_mask, named as the full cache's); None / {} without SWA layers
     swa_cache: KVCache | None = None
@@ -49,17 +50,18 @@ def output_head(d, inpL: Tensor, softcap: float | None = None,
     graph."""
     b = d.b
     outputs = []
+    norm_w = d.weights[d.hp.output_norm]      # output_norm (lfm2: token_embd_norm)
     if rows_after_norm:    # gemma4: every row normed (h_nextn, an output), then out_ids'
-        h = b.cb(d.norm(inpL, d.weight(T.OUTPUT_NORM), -1), "h_nextn", -1)
+        h = b.cb(d.norm(inpL, norm_w, -1), "h_nextn", -1)
         outputs.append(h)
         cur = b.cb(b.op("get_rows", [h, d.inputs["out_ids"]], (d.n_outputs, h.shape[-1])),
                    "result_norm", -1)
     elif rows_before_norm:    # gpt-oss: every row out of the last layer (t_h_nextn, an
         outputs.append(inpL)  # output), then out_ids' rows, then the norm
         cur = b.op("get_rows", [inpL, d.inputs["out_ids"]], (d.n_outputs, inpL.shape[-1]))
-        cur = b.cb(d.norm(cur, d.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
+        cur = b.cb(d.norm(cur, norm_w, -1), "result_norm", -1)
     else:
-        cur = b.cb(d.norm(inpL, d.weight(T.OUTPUT_NORM), -1), "result_norm", -1)
+        cur = b.cb(d.norm(inpL, norm_w, -1), "result_norm", -1)
     result_norm = cur
     cur = d.ctx.mul_mat(d.output_w, cur)
     bias = d.optional(T.OUTPUT, None, "bias")
@@ -79,7 +81,7 @@ def output_head(d, inpL: Tensor, softcap: float | None = None,
     return ModelGraph(graph=graph, weights=d.weights, output_weight=d.output_w,
                       cache=d.cache, inputs=d.inputs,
                       norm_pins=[(t, il) for t, _, il in b.pins],
-                      kqv_outs=list(b.kqv_outs), rope_freqs=d.rope_freqs,
+                      kqv_outs=list(b.kqv_outs), fa_nodes=list(b.fa_nodes), rope_freqs=d.rope_freqs,
                       n_tokens=d.n_tokens, n_outputs=d.n_outputs,
                       rope_freqs_name=d.rope_freqs_name or "rope_freqs.weight",
                       extra_inputs=d.extra_inputs, swa_cache=d.swa_cache,

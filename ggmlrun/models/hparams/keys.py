@@ -63,6 +63,9 @@ class Rule:
     choices: tuple = ()           # strings: the accepted values
     why: str = ""                 # what the range is for, in a message
     or_zero: bool = False         # floats: 0 ("none") is accepted besides the range
+    # per-layer arrays read by an architecture that takes them per layer: 0 is accepted for a
+    # layer that has none of it (lfm2's head_count_kv: 0 for a short-conv layer)
+    zero_layers: bool = False
 
     def range_text(self) -> str:
         if self.or_zero:
@@ -83,7 +86,7 @@ RULES: dict[str, Rule] = {
     "embedding_length": Rule("u32"),
     "feed_forward_length": Rule("u32", per_layer=True),
     "attention.head_count": Rule("u32", per_layer=True),
-    "attention.head_count_kv": Rule("u32", per_layer=True),
+    "attention.head_count_kv": Rule("u32", per_layer=True, zero_layers=True),
     "attention.key_length": Rule("u32"),
     "attention.value_length": Rule("u32"),
     "rope.dimension_count": Rule("u32"),
@@ -145,8 +148,12 @@ RULES: dict[str, Rule] = {
     "ssm.time_step_rank": Rule("u32"),
     "ssm.group_count": Rule("u32"),
     "full_attention_interval": Rule("u32", 1, LLAMA_MAX_LAYERS),
+    # lfm2's short-conv layers: the kernel length (the state keeps l_cache - 1 columns)
+    "shortconv.l_cache": Rule("u32", 2, 64, why="the state keeps l_cache - 1 columns"),
     "rope.dimension_sections": Rule("u32arr", 0, MAX_DIM, why="up to 4 section sizes"),
     "attention.recurrent_layers": Rule("boolarr", why="one per layer: recurrent or not"),
+    # qwen3vl(moe): the vision encoder's deepstack features, added after the first layers
+    "n_deepstack_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="0: none"),
     "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="MTP / NextN blocks"),
     # deepseek2's multi-head latent attention: the low-rank Q (0: none, the lite variant) and
     # KV compressions, and the per-head sizes Q/K and V decompress to

@@ -46,7 +46,10 @@ class HParams:
     yarn_beta_slow: float = 1.0
     rope_yarn_log_mul: float = 0.0
     yarn_mscale_all_dims: bool = False   # deepseek2's YaRN mscale (hparams/rope.py)
-    rope_sections: tuple = ()       # M-RoPE / IMROPE sections (the qwen35 family)
+    rope_sections: tuple = ()       # M-RoPE / IMROPE sections (the qwen35 family, qwen3vl)
+    # qwen3vl(moe): layers 0..n-1 each add one more n_embd slice of the input embeddings (the
+    # vision encoder's deepstack features), so an embeddings input is n_embd_inp wide
+    n_deepstack_layers: int = 0
     # NextN (multi-token prediction) layers at the end of block_count (glm4moe): counted by
     # -ngl and in the layer split, never loaded nor run; n_layer is the trunk (llama.cpp's
     # n_layer(), n_layer_all being block_count)
@@ -94,6 +97,11 @@ class HParams:
     ssm_n_group: int = 0            # ssm.group_count (key heads)
     full_attention_interval: int = 4
     recurrent_layers: tuple = ()    # attention.recurrent_layers, when the file has it
+    # lfm2's short-conv layers (0: none): the conv kernel's length, shortconv.l_cache
+    n_shortconv_l_cache: int = 0
+    # the output norm's GGUF name (lfm2's is "token_embd_norm", llama.cpp's
+    # LLM_TENSOR_OUTPUT_NORM_LFM2: of the output layer, wherever its name)
+    output_norm: str = "output_norm.weight"
 
     def __post_init__(self):
         for key in ("n_layer", "n_embd", "n_ff", "n_vocab", "n_ctx_train", "n_rot"):
@@ -180,13 +188,22 @@ class HParams:
 
     @property
     def n_embd_r(self) -> int:
-        """The conv state per sequence: (d_conv - 1) * (d_inner + 2 n_group d_state)."""
+        """The conv state per sequence (llama_hparams::n_embd_r): a short conv's n_embd
+        (l_cache - 1), else (d_conv - 1) * (d_inner + 2 n_group d_state)."""
+        if self.n_shortconv_l_cache:
+            return self.n_embd * (self.n_shortconv_l_cache - 1)
         return (self.ssm_d_conv - 1) * (self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state)
 
     @property
     def n_embd_s(self) -> int:
         """The delta state per sequence: d_state * d_inner."""
         return self.ssm_d_state * self.ssm_d_inner
+
+    @property
+    def n_embd_inp(self) -> int:
+        """llama_hparams::n_embd_inp: the input embeddings' width (the token rows and, for a
+        deepstack model, one more n_embd per deepstack layer)."""
+        return self.n_embd * (1 + self.n_deepstack_layers)
 
     @property
     def n_layer_all(self) -> int:
@@ -217,11 +234,13 @@ def read_hparams(fields: dict, spec, types: dict | None = None) -> HParams:
     arch = spec.name
     prefix = f"{arch}."
     values = rules.check(fields, prefix=prefix, types=types, per_layer=spec.per_layer)
-    # per-layer values (an architecture that has them: gemma4): layer 0's stands for the
-    # common scalar, the whole tuple is the architecture's to read (get.arrays)
+    # per-layer values (an architecture that has them: gemma4, lfm2): the first layer's that
+    # is not 0 stands for the common scalar (lfm2's layer 0 may have no KV heads: a short-conv
+    # layer), the whole tuple is the architecture's to read (get.arrays)
     arrays = {key: value for key, value in values.items() if isinstance(value, tuple)
               and key in spec.per_layer}
-    values.update((key, value[0]) for key, value in arrays.items())
+    values.update((key, next((v for v in value if v), value[0]))
+                  for key, value in arrays.items())
 
     def get(key: str, default=None, required: bool = True):
         if key in values:

@@ -17,7 +17,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.hparams.keys import F32_MAX, MAX_DIM, RULES, VOCAB_LIST, Rule
 
 # architectures whose graph rotates the whole head (llama.cpp: n_rot == n_embd_head)
-FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3", "qwen3moe")
+FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3", "qwen3moe", "qwen3vl", "qwen3vlmoe")
 # architectures whose cached key and value differ in size (MLA: K is kv_lora_rank plus the
 # rotated part, V the first kv_lora_rank values of the same row)
 MLA_HEADS = ("deepseek2",)
@@ -193,8 +193,8 @@ def check(values: dict, *, prefix: str = "", types: dict | None = None,
                 raise HParamError(key, f"{name} has {len(items)} per-layer values but "
                                        f"block_count is {out.get('block_count')}")
             elem = (types.get(full) or "")[6:-1] or None
-            one = Rule(rule.kind, rule.lo, rule.hi, rule.lo_open, False, False, rule.choices,
-                       rule.why, rule.or_zero)
+            one = Rule(rule.kind, 0 if rule.zero_layers else rule.lo, rule.hi, rule.lo_open,
+                       False, False, rule.choices, rule.why, rule.or_zero)
             out[key] = tuple(_one(key, one, int(v) if isinstance(v, bool) else v,
                                   None if elem in (None, "INT32", "BOOL") else elem,
                                   f"{name}[{i}]", None) for i, v in enumerate(items))
@@ -224,7 +224,7 @@ def check_heads(arch: str, *, n_embd: int, n_head: int, n_head_kv: int, head_k: 
         raise HParamError("attention.head_count",
                           f"{name('attention.head_count')} {n_head} is more than "
                           f"{name('embedding_length')} {n_embd}: the head size would be 0")
-    if n_head % n_head_kv:
+    if n_head_kv < 1 or n_head % n_head_kv:
         raise HParamError("attention.head_count_kv",
                           f"{name('attention.head_count')} {n_head} is not a multiple of "
                           f"{name('attention.head_count_kv')} {n_head_kv}")
@@ -253,6 +253,20 @@ def check_weight_type(dtype, name: str) -> None:
     if dtype not in WEIGHT_TYPES:
         raise InputError(f"type {dtype!r} for {name} is not a weight type ggmlrun can compute "
                          f"with; weight types: {', '.join(WEIGHT_TYPES)}")
+
+
+def check_rope_sections(sections: tuple, n_rot: int) -> tuple:
+    """M-RoPE / IMROPE sections (the qwen35 family, qwen3vl) as ggml's multi-rope takes them:
+    one of the first three counts positive (it asserts it and divides by their sum), and no
+    more pairs than the rotated dimensions have."""
+    if not any(sections[:3]):
+        raise InputError(f"rope.dimension_sections {list(sections)}: one of the first "
+                         f"three must be > 0 (ggml's multi-rope asserts it and divides by "
+                         f"their sum)")
+    if sum(sections) * 2 > n_rot:
+        raise InputError(f"rope.dimension_sections {list(sections)} add up past "
+                         f"rope.dimension_count / 2 = {n_rot // 2}")
+    return sections
 
 
 def check_experts(arch: str, n_expert: int, n_expert_used: int, n_ff: int, n_ff_exp: int,

@@ -13,7 +13,7 @@ from ggmlrun.core.ir.types import TYPES
 from ggmlrun.core.util.fmt import align_up
 from ggmlrun.models.memory.caches import Memory
 from ggmlrun.models.memory.placement import Placement
-from ggmlrun.models.options.params import ModelOptions
+from ggmlrun.models.options.params import ModelOptions, seq_max
 
 GGUF_ALIGNMENT = 32
 
@@ -119,4 +119,4 @@ def output_bytes(hp, opts: ModelOptions) -> int:
     """llama_context::output_reserve at creation: logits for max(n_outputs, n_seq_max) rows,
     n_outputs being n_seq_max then: n_vocab floats per sequence, in host memory (the CPU's
     buffer type, or the output device's pinned host buffer type, CUDA_Host)."""
-    return hp.n_vocab * 4 * opts.parallel
+    return hp.n_vocab * 4 * seq_max(opts)

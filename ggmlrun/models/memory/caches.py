@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ggmlrun.core.ir.types import TYPES
-from ggmlrun.models.options.params import ModelOptions, kv_size, kv_streams, swa_kv_size
+from ggmlrun.models.options.params import (ModelOptions, kv_size, kv_streams, seq_max,
+                                           swa_kv_size)
 
 STATE_TYPE = "f32"     # llama_memory_recurrent: r and s in F32 whatever the KV type
 
@@ -91,6 +92,14 @@ class Memory:
     swa: KVCache | None = None
     recurrent: RecurrentState | None = None
     swa_full: bool = False        # --swa-full: the SWA cache has the full cache's cells
+    # the graph's flash attention where it is not the cache's layout's: -fa auto makes the
+    # cache for flash attention (V not transposed) before its probe may turn it off
+    # (llama_context: create_memory, then sched_reserve's resolve_fused_ops); None: not v_trans
+    flash_attn: bool | None = None
+
+    @property
+    def graph_fa(self) -> bool:
+        return not self.kv.v_trans if self.flash_attn is None else self.flash_attn
 
     @property
     def key(self) -> tuple:
@@ -98,7 +107,7 @@ class Memory:
         one model are equal memories (a graph cache's key)."""
         kv, swa, rec = self.kv, self.swa, self.recurrent
         return (kv.type_k, kv.type_v, kv.cells, kv.n_stream, kv.v_trans, swa.cells if swa else 0,
-                rec.rows if rec else 0, self.swa_full)
+                rec.rows if rec else 0, self.swa_full, self.graph_fa)
 
     @property
     def caches(self) -> list[KVCache]:
@@ -146,9 +155,10 @@ def create_memory(hp, *, cells: int, flash_attn: bool, kv_type: str = "f16",
 
 def model_memory(hp, opts: ModelOptions) -> Memory:
     """The memory a context with these options makes (llama_context's cparams: the padded
-    context per stream, the streams, the SWA cache's cells, the sequences)."""
+    context per stream, the streams, the SWA cache's cells, the sequences). -fa auto counts
+    as on here: cparams.flash_attn is "not disabled" when the memory is made."""
     return create_memory(hp, type_k=opts.type_k, type_v=opts.type_v,
                          cells=kv_size(opts, hp.n_ctx_train),
-                         flash_attn=opts.flash_attn, n_stream=kv_streams(opts),
-                         swa_cells=swa_kv_size(opts, hp), n_seq_max=opts.parallel,
+                         flash_attn=opts.flash_attn is not False, n_stream=kv_streams(opts),
+                         swa_cells=swa_kv_size(opts, hp), n_seq_max=seq_max(opts),
                          swa_full=opts.swa_full)

@@ -155,7 +155,7 @@ def place(hp: HParams, tensor_names, backends: list[BackendSpec],
             continue          # a NextN layer's tensors: TENSOR_SKIP, never loaded
         if il is not None:
             default = layer[il] if il < n_layer else cpu
-        elif name.startswith("output"):
+        elif name.startswith("output") or name == hp.output_norm:   # lfm2: token_embd_norm
             default = output
         elif name.startswith(LAYER_DUPLICATED):     # a repeating-layer tensor, made at layer 0
             default = layer[dup_layers[0]] if layer else cpu   # (gemma4: its first full one)

@@ -9,8 +9,10 @@ spellings, back into the fields of a ModelOptions; an option the table does not 
 ValueError naming it, never dropped.
 
 Always spelled out, whatever ggmlrun's default: `-ngl` and `-c` (llama.cpp defaults them to
-`auto`/the model's context), and `-fa` (llama.cpp's default is `auto`, which turns flash
-attention on where the device has it). A device split is written with `-ts` even when ggmlrun
+`auto`/the model's context), `-ngld` with a draft (`auto` too). `-fa` only when given (on or off): ggmlrun's default is llama.cpp's
+`auto`, resolved on the placement as llama.cpp resolves it, so llama.cpp's own default asks for
+the same. `-np`/`-kvu` only where they differ from the target's (`--for`: llama-server's -np
+auto, 4 sequences in one unified cache; llama-cli's -np 1). A device split is written with `-ts` even when ggmlrun
 split by device memory: llama.cpp splits by the *free* memory it finds, which is not the size
 ggmlrun was told. `-b` is written only when `-ub` is past its default, which would clamp it.
 Device names in `-ot` are ggmlrun's backend names (GPU0, SIM0, ...): llama.cpp names buffers by
@@ -23,7 +25,7 @@ import shlex
 from dataclasses import replace
 
 from ggmlrun.models.options.kinds import split_text  # noqa: F401  (the line's -ts; tests)
-from ggmlrun.models.options.params import ModelOptions
+from ggmlrun.models.options.params import ModelOptions, seq_max, unified
 from ggmlrun.models.options.table import BY_NAME, OPTIONS, Option
 
 GiB, MiB, KiB = 2**30, 2**20, 2**10
@@ -36,6 +38,12 @@ def memory_split(devices) -> tuple[float, ...]:
     sizes = [d.memory for d in devices]
     unit = next(u for u in (GiB, MiB, KiB, 1) if all(s % u == 0 for s in sizes))
     return tuple(float(s // unit) for s in sizes)
+
+
+def seq_max_default(target: str) -> tuple[int, bool]:
+    """(n_seq_max, kv_unified) a target sets when -np is not given."""
+    opts = ModelOptions(target=target)
+    return seq_max(opts), unified(opts)
 
 
 def _words(option: Option, value) -> list[str]:
@@ -60,13 +68,29 @@ def llama_cpp_args(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -
     if values["tensor_split"] is None and len(devices) > 1:
         values["tensor_split"] = memory_split(devices)
     values["load_mode"] = None                 # --no-mmap is written instead
+    values["fit_target"] = BY_NAME["fit_target"].default    # llama.cpp's --fit: not an answer
+    values["fit_ctx"] = BY_NAME["fit_ctx"].default
+    # -np and -kvu against the target's own pair: llama-server's auto (4, unified), llama-cli's
+    # (1, not); a pair that differs is written whole (-np 4 -kvu for llama-cli)
+    pair, default = (seq_max(opts), unified(opts)), seq_max_default(opts.target)
+    values["parallel"] = None if pair == default else pair[0]
+    values["kv_unified"] = pair[1] and pair != default
     values["rpc"] = tuple(e for e in (getattr(b, "endpoint", None) for b in devices
                                       if b.kind == "rpc") if e)
     args: list[str] = []
     for option in OPTIONS:
+        if option.name.endswith("_draft") and opts.model_draft is None:
+            continue                           # a draft's options, only with a draft (-md)
         if option.llama:
             args += _words(option, values[option.name])
     return args
+
+
+PROGRAMS = {"server": "llama-server", "cli": "llama-cli"}     # --for: the program the line is for
+
+
+def program(opts: ModelOptions) -> str:
+    return PROGRAMS[opts.target]
 
 
 def llama_cpp_line(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -> str:

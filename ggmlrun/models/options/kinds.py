@@ -86,22 +86,23 @@ _TRUE, _FALSE = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0"
 
 @dataclass(frozen=True)
 class OnOff(Kind):
-    """A switch spelled with its value (-fa on), as llama.cpp's is_truthy / is_falsey read it."""
-    metavar = "[on|off]"
+    """-fa on|off|auto as common/arg.cpp reads it (is_truthy, is_falsey, is_autoy): True,
+    False, or None for auto (llama.cpp's default, resolved per placement)."""
+    metavar = "[on|off|auto]"
 
-    def read(self, text: str) -> bool:
+    def read(self, text: str) -> bool | None:
         word = str(text).strip().lower()
         if word in _TRUE or word in _FALSE:
             return word in _TRUE
         if word in ("auto", "-1"):
-            raise ValueError("auto (llama.cpp's default) is not planned for yet: give on or off")
-        raise ValueError(f"{text!r} is neither on nor off")
+            return None
+        raise ValueError(f"{text!r} is neither on, off nor auto")
 
-    def check(self, value) -> bool:
-        return value if isinstance(value, bool) else self.read(value)
+    def check(self, value) -> bool | None:
+        return value if value is None or isinstance(value, bool) else self.read(value)
 
     def write(self, value) -> str:
-        return "on" if value else "off"
+        return "auto" if value is None else "on" if value else "off"
 
 
 @dataclass(frozen=True)
@@ -284,6 +285,48 @@ class LoadMode(Kind):
 
 
 @dataclass(frozen=True)
+class ModelName(Kind):
+    """A MODEL as the command line names one (a path, a URL, hf://OWNER/REPO[:QUANT]): text,
+    read by the loader, not here."""
+    metavar = "MODEL"
+
+    def read(self, text: str) -> str:
+        if not str(text).strip():
+            raise ValueError("give a model: a path, a URL or hf://OWNER/REPO")
+        return str(text)
+
+    def check(self, value) -> str:
+        import os
+
+        return self.read(os.fspath(value) if isinstance(value, os.PathLike) else value)
+
+
+@dataclass(frozen=True)
+class Devices(Kind):
+    """-devd DEV,DEV,... or none (no device): backend names, in order; the names are checked
+    against the backends where the model is planned."""
+    metavar = "NAME,...|none"
+
+    def read(self, text: str) -> tuple[str, ...]:
+        text = str(text).strip()
+        if text == "none":
+            return ()
+        names = tuple(n.strip() for n in text.split(","))
+        if not all(names) or len(set(names)) != len(names):
+            raise ValueError(f"{text!r}: give device names separated by commas, each once, "
+                             f"or none")
+        return names
+
+    def check(self, value):
+        if value is None or isinstance(value, str):
+            return value if value is None else self.read(value)
+        return self.read(",".join(value)) if value else ()
+
+    def write(self, value) -> str:
+        return ",".join(value) if value else "none"
+
+
+@dataclass(frozen=True)
 class Endpoints(Kind):
     """--rpc HOST:PORT,...: ggml rpc-servers, the devices (SPEC section 3)."""
     metavar = "HOST:PORT,..."
@@ -296,15 +339,25 @@ class Endpoints(Kind):
 
 
 @dataclass(frozen=True)
-class ModelName(Kind):
-    """A model file as the model argument takes it: a path, a URL or an hf:// name."""
-    metavar = "MODEL"
+class Targets(Kind):
+    """--fit-target MiB0,MiB1,...: what llama.cpp's own --fit keeps free per device, in MiB
+    (common/arg.cpp splits on ',' and '/'; one value is every device's)."""
+    metavar = "MiB,..."
 
-    def read(self, text: str) -> str:
-        text = str(text)
-        if not text.strip():
-            raise ValueError("an empty name names no file")
-        return text
+    def read(self, text: str) -> tuple[int, ...]:
+        parts = [p for p in str(text).replace("/", ",").split(",") if p.strip()]
+        values = tuple(_whole(p) for p in parts)
+        if not values or any(v < 0 for v in values):
+            raise ValueError(f"{text!r}: MiB per device as whole numbers >= 0 (e.g. 1024 or "
+                             f"2048,512)")
+        return values
+
+    def check(self, value):
+        return self.read(value) if isinstance(value, str) else self.read(
+            ",".join(str(v) for v in (value if isinstance(value, (tuple, list)) else (value,))))
 
     def write(self, value) -> str:
-        return str(value)
+        return ",".join(str(v) for v in value)
+
+    def json(self, value):
+        return list(value)

@@ -16,7 +16,7 @@ KV_PAD = 256          # llama-context.cpp: n_ctx = GGML_PAD(n_ctx, 256)
 class ModelOptions:
     ctx: int | None = None        # None: min(n_ctx_train, 4096)
     ubatch: int = 512             # clamped to ctx
-    flash_attn: bool = False
+    flash_attn: bool | None = None   # None: auto, resolved per placement (fa_resolved)
     ngl: int | None = None        # None: all (n_layer + 1)
     no_kv_offload: bool = False
     type_k: str = "f16"           # -ctk: the K cache's type (KV_TYPES)
@@ -28,14 +28,23 @@ class ModelOptions:
     swa_full: bool = False        # --swa-full: sliding-window layers get a full-size cache
     sched_copies: int = 4         # GGML_SCHED_MAX_COPIES: pipeline-parallel copies (1: off)
     no_mmap: bool = False         # --no-mmap: CPU weights allocated, not mapped
-    parallel: int = 1             # -np: n_seq_max, the sequences the context serves
-    kv_unified: bool = False      # -kvu: one KV cache for all sequences (else one per sequence)
+    parallel: int | None = None   # -np: n_seq_max; None: llama-server's auto (seq_max)
+    kv_unified: bool = False      # -kvu: one KV cache for all sequences (else one per sequence);
+                                  # read unified(): -np auto is unified whatever this says
+    target: str = "server"        # --for: whose defaults (llama-server's -np auto, llama-cli's 1)
     cpu_moe: bool = False         # --cpu-moe: every expert tensor on the CPU
     n_cpu_moe: int = 0            # --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
     # the multimodal projector llama-server loads beside the model (models/projector/)
     mmproj: str | None = None     # --mmproj: its clip GGUF (a path, URL or hf:// file)
     no_mmproj: bool = False       # --no-mmproj: left out, even when --mmproj names one
     mmproj_offload: bool = True   # --no-mmproj-offload: on the CPU, not the main device
+    # the draft model of speculative decoding (models/draft.py derives its options from these)
+    model_draft: str | None = None   # -md MODEL, as given (a path, URL or hf:// name)
+    ngl_draft: int | None = None     # -ngld: None all, as llama.cpp's default (-1) loads it
+    ctx_draft: int | None = None     # None: the target's context, as llama.cpp sizes it
+    type_k_draft: str = "f16"        # -ctkd: the draft's own K type (not the target's -ctk)
+    type_v_draft: str = "f16"        # -ctvd
+    devices_draft: tuple[str, ...] | None = None   # -devd: its devices, in order (): none
     # --kv-type: K and V both, when given (replace(opts, kv_type=T) too); never read back
     # (opts.kv_type is None): read type_k and type_v
     kv_type: InitVar[str | None] = None
@@ -68,9 +77,31 @@ def context_size(opts: ModelOptions, n_ctx_train: int) -> int:
     return opts.ctx if opts.ctx is not None else min(n_ctx_train, 4096)
 
 
+# tools/server/server.cpp: n_parallel < 0 (common/arg.cpp's server default -1, "auto") becomes
+# 4 slots with kv_unified = true, whatever -kvu/-no-kvu said; llama-cli keeps common.h's 1
+SERVER_AUTO_PARALLEL = 4
+
+
+TARGETS = ("server", "cli")
+
+
+def seq_max(opts: ModelOptions) -> int:
+    """n_seq_max: -np as given, else the target's default: llama-server's auto (4),
+    llama-cli's common_params.n_parallel (1)."""
+    if opts.parallel is None:
+        return SERVER_AUTO_PARALLEL if opts.target == "server" else 1
+    return max(1, opts.parallel)
+
+
+def unified(opts: ModelOptions) -> bool:
+    """kv_unified as llama-server sets it: true under -np auto (whatever -kvu said), else
+    -kvu's; llama-cli's is -kvu's."""
+    return (opts.parallel is None and opts.target == "server") or opts.kv_unified
+
+
 def kv_streams(opts: ModelOptions) -> int:
     """KV streams: one, or with -np N and no -kvu one per sequence."""
-    return 1 if opts.kv_unified else max(1, opts.parallel)
+    return 1 if unified(opts) else seq_max(opts)
 
 
 def kv_size(opts: ModelOptions, n_ctx_train: int) -> int:
@@ -100,9 +131,20 @@ def swa_kv_size(opts: ModelOptions, hp) -> int:
     size = kv_size(opts, hp.n_ctx_train)
     if opts.swa_full:
         return size
-    windows = max(1, opts.parallel) if opts.kv_unified else 1
+    windows = seq_max(opts) if unified(opts) else 1
     n = min(size, hp.n_swa * windows + ubatch_size(opts, hp.n_ctx_train))
     return (n + KV_PAD - 1) // KV_PAD * KV_PAD
+
+
+def fa_requested(opts: ModelOptions) -> bool | None:
+    """-fa after llama_init_from_model's own rule: auto with a quantized (block) V cache is
+    enabled outright ("enabling flash_attn since it is required for quantized V cache"), no
+    probe; None: auto, left to the probe (reserve.resolve_flash_attn)."""
+    from ggmlrun.core.ir.types import TYPES     # the type table: not for --version's start
+
+    if opts.flash_attn is None and TYPES[opts.type_v].is_block:
+        return True
+    return opts.flash_attn
 
 
 def gpu_layers(opts: ModelOptions, n_layer: int) -> int:

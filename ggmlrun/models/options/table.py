@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ggmlrun.models.options.kinds import (Choice, Count, Endpoints, Kind, Layers, LoadMode,
-                                          ModelName, OnOff, Overrides, Split, Switch)
-from ggmlrun.models.options.params import I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions
+from ggmlrun.models.options.kinds import (Choice, Count, Devices, Endpoints, Kind, Layers,
+                                          LoadMode, ModelName, OnOff, Overrides, Split, Switch,
+                                          Targets)
+from ggmlrun.models.options.params import (I32_MAX, KV_TYPES, LLAMA_MAX_SEQ, U32_MAX, ModelOptions,
+                                           TARGETS, fa_requested, seq_max, unified)
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(ModelOptions)}
 _FROM_FIELD = object()      # a row whose default is ModelOptions' field of the same name
@@ -80,8 +82,10 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
     Option("ctx", Count(1, U32_MAX, "llama.cpp's uint32"), "context", "Context length",
            flag="--ctx", dest="ctx_size", llama=(("-c", "--ctx-size"),),
            default_text="the model's, at most 4096", always=True),
-    Option("flash_attn", OnOff(), "context", "Flash attention", flag="--flash-attn",
-           llama=(("-fa", "--flash-attn"),), always=True),
+    Option("flash_attn", OnOff(), "context", "Flash attention; auto: on unless a layer's "
+           "device lacks it for the model (llama.cpp's probe), on for a quantized V cache",
+           flag="--flash-attn", llama=(("-fa", "--flash-attn"),),
+           default_text="auto (resolved as llama.cpp resolves it)"),
     Option("batch", Count(1, U32_MAX, "llama.cpp's uint32"), "context",
            "Logical batch: -ub is clamped to it, so it is written only for a larger -ub",
            llama=(("-b", "--batch-size"),), own_default=2048),
@@ -120,15 +124,49 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
            "tensors of the first N layers on the CPU (fit: the fewest that fit)",
            flag="--n-cpu-moe", llama=(("--n-cpu-moe", "-ncmoe"),)),
     Option("parallel", Count(1, LLAMA_MAX_SEQ, "llama.cpp's LLAMA_MAX_SEQ"), "context",
-           "Sequences the context serves (n_seq_max): an output buffer each; with "
-           "--kv-unified one shared cache", flag="--parallel", llama=(("-np", "--parallel"),)),
-    Option("kv_unified", Switch(), "context", "One KV cache for all --parallel sequences",
+           "Sequences the context serves (n_seq_max): an output buffer each, a KV stream each "
+           "unless --kv-unified", flag="--parallel", llama=(("-np", "--parallel"),),
+           default_text="llama-server's auto: 4 with a unified cache (--for cli: 1)"),
+    Option("kv_unified", Switch(), "context", "One KV cache for all --parallel sequences "
+           "(always, under llama-server's -np auto)",
            flag="--kv-unified", llama=(("-kvu", "--kv-unified"),),
            llama_off=("-no-kvu", "--no-kv-unified")),
+    Option("target", Choice(TARGETS), "server", "Whose defaults the answer and the line to "
+           "paste are for: llama-server's (-np auto: 4 sequences, one unified KV cache) or "
+           "llama-cli's (-np 1)", flag="--for"),
+    Option("model_draft", ModelName(), "server", "Draft model of speculative decoding (a path, "
+           "URL or hf:// name): its weights, KV cache and compute buffers beside the target's",
+           flag="--model-draft", aliases=("-md",),
+           llama=(("-md", "--model-draft", "--spec-draft-model"),), default_text="none"),
+    Option("ngl_draft", Layers(), "model", "The draft's layers on the devices, or 'all'",
+           flag="--gpu-layers-draft", aliases=("-ngld",),
+           llama=(("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl"),),
+           default_text="all", always=True),
+    Option("ctx_draft", Count(1, U32_MAX, "llama.cpp's uint32"), "context", "The draft's "
+           "context; the vendored llama.cpp has no -cd and gives the draft the target's, so "
+           "another value is a what-if the line to paste cannot ask for", flag="--ctx-draft", aliases=("-cd",),
+           default_text="the target's"),
+    Option("type_k_draft", Choice(KV_TYPES), "context", "The draft's K cache type (not the "
+           "target's -ctk)", flag="--cache-type-k-draft", aliases=("-ctkd",),
+           llama=(("-ctkd", "--cache-type-k-draft", "--spec-draft-type-k"),)),
+    Option("type_v_draft", Choice(KV_TYPES), "context", "The draft's V cache type (not the "
+           "target's -ctv)", flag="--cache-type-v-draft", aliases=("-ctvd",),
+           llama=(("-ctvd", "--cache-type-v-draft", "--spec-draft-type-v"),)),
+    Option("devices_draft", Devices(), "server", "The devices the draft's layers go to, in "
+           "order (a backend's name), or none: the CPU alone; -ts's first proportions split "
+           "them", flag="--device-draft", aliases=("-devd",),
+           llama=(("-devd", "--device-draft", "--spec-draft-device"),),
+           default_text="the target's devices"),
     Option("no_mmap", Switch(), "model", "CPU weights allocated, not memory-mapped",
            flag="--no-mmap", llama=(("--no-mmap",),), llama_off=("--mmap",)),
     Option("load_mode", LoadMode(), "model", "-lm none is --no-mmap; read, never written",
            llama=(("-lm", "--load-mode"),), own_default=None),
+    Option("fit_target", Targets(), "server", "llama.cpp's own --fit: MiB it keeps free on "
+           "each device (one value: every device's)", llama=(("-fitt", "--fit-target"),),
+           own_default=(1024,)),
+    Option("fit_ctx", Count(1, U32_MAX, "llama.cpp's uint32"), "server", "llama.cpp's own "
+           "--fit: the shortest context it shrinks -c to", llama=(("-fitc", "--fit-ctx"),),
+           own_default=4096),
     Option("sched_copies", Count(1, 64), "ggml", "ggml's GGML_SCHED_MAX_COPIES, a build "
            "option: the copies of every input the scheduler keeps when llama.cpp turns on "
            "pipeline parallelism (every layer over 2+ devices); 1 turns it off",
@@ -180,10 +218,12 @@ def make_options(values: dict) -> ModelOptions:
     return ModelOptions(**fields)
 
 
-def given(value, takes_value: bool = True) -> bool:
-    """Whether click got the option: not None, no repeat (()) or, for a switch, not False;
-    0 and off are values given (`--ngl 0`, `--flash-attn off`), though 0 == False."""
-    return value is not None and value != () and (takes_value or value is not False)
+def given(value, takes_value: bool = True, repeatable: bool = True) -> bool:
+    """Whether click got the option: not None, no repeat (() of a repeatable option; -devd
+    none is () given) or, for a switch, not False; 0 and off are values given (`--ngl 0`,
+    `--flash-attn off`), though 0 == False."""
+    return (value is not None and (value != () or not repeatable)
+            and (takes_value or value is not False))
 
 
 def from_cli(kw: dict) -> dict:
@@ -192,17 +232,24 @@ def from_cli(kw: dict) -> dict:
     out = {}
     for option in OPTIONS:
         value = kw.get(option.dest or option.name)
-        if not option.flag or not given(value, option.kind.takes_value):
+        if not option.flag or not given(value, option.kind.takes_value,
+                                        option.kind.repeatable):
             continue
         out[option.name] = (not option.default) if not option.kind.takes_value else value
     return out
 
 
-def options_json(opts: ModelOptions) -> dict:
+def options_json(opts: ModelOptions, flash_attn: bool | None = None) -> dict:
     """The options as JSON, by name (the API's keywords); `kv_type` is K's and V's type when
-    they are one, else null."""
+    they are one, else null; `parallel` and `kv_unified` as llama-server sets them (-np auto:
+    4, true); `flash_attn` the flash attention planned for (`flash_attn`: -fa auto resolved
+    on the placement; null when auto was not resolved), `flash_attn_mode` what was asked
+    (on, off, auto)."""
     out = {o.name: o.kind.json(getattr(opts, o.name)) for o in OPTIONS if o.field}
     out["kv_type"] = opts.type_k if opts.type_k == opts.type_v else None
+    out["parallel"], out["kv_unified"] = seq_max(opts), unified(opts)   # -np auto as set
+    out["flash_attn_mode"] = OnOff().write(opts.flash_attn)
+    out["flash_attn"] = fa_requested(opts) if flash_attn is None else flash_attn
     return out
 
 

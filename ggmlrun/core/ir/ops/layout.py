@@ -187,10 +187,15 @@ def _view_infer(srcs, *, shape, offset, strides):
             raise InputError(f"view: strides {list(st)} and shape {list(dims)} differ in length")
         if any(s < 0 for s in st):
             raise InputError(f"view: strides must be >= 0 bytes, got {list(st)}")
+    # the bytes reached, in the root's memory: a view of a view (as ggml resolves it to the
+    # root) may reach past its source's own extent, never past the root's
+    root, base = (a.view_src, a.view_offset) if a.view_src is not None else (a, 0)
     end = off + span_bytes(dims, st, a.itemsize, block)
-    if end > a.nbytes:
+    if base + end > root.nbytes:
+        where = a if root is a else root
         raise InputError(f"view: shape {list(dims)}, strides {list(st)} at offset {off} reach "
-                         f"byte {end}, past the end of a {who(a)} ({a.nbytes} bytes)")
+                         f"byte {base + end}, past the end of a {who(where)} ({where.nbytes} "
+                         f"bytes)")
     need_view_fits(a, dims, off)
     return OpResult(dims, a.dtype, strides=st, view_of=0, view_offset=off)
 
