@@ -166,3 +166,44 @@ def test_a_position_grid_libmtmd_cannot_interpolate_is_refused():
         pos.name, pos.shape, "f16")})
     with pytest.raises(InputError, match="takes f32 only"):
         measure_projector(f16, load_backends(RPC))
+
+
+def test_the_projector_takes_the_models_fa_as_given():
+    """llama-server hands libmtmd its -fa as given (params_base.flash_attn_type), not as the
+    text context resolved it: under the default auto the projector runs clip's own probe, and
+    a -fa on/off is the projector's too."""
+    from ggmlrun.models.modelfile import read_gguf
+    from ggmlrun.models.options.params import ModelOptions
+    from ggmlrun.models.reserve import projector_figures
+
+    model, clip = read_gguf(TEXT), DATA / "tiny-mmproj-gemma3-b-q8_0.gguf"
+    rpc, cpu = load_backends(RPC)
+    no_fa = [dataclasses.replace(rpc, unsupported=frozenset({"flash_attn_ext"})), cpu]
+    for fa, mode in ((None, "auto"), (True, "on"), (False, "off")):
+        got, _ = projector_figures(model, no_fa, ModelOptions(mmproj=str(clip), flash_attn=fa))
+        assert got == measure_projector(read_clip(clip), no_fa, flash_attn=mode)
+
+
+@pytest.mark.parametrize("spare", [100_000, 400_000, -2_000_000])
+def test_llamacpp_fit_keeps_room_for_the_projector(spare):
+    """llama-server adds the projector's bytes on each device to that device's --fit-target
+    before its fit (mtmd_get_memory_usage): the prediction with --mmproj is the one without it
+    at the larger targets, and a device with less spare room than the projector gets fewer
+    layers."""
+    from ggmlrun.models.fit.llamacpp import FIT_TARGET, llamacpp_fit
+    from ggmlrun.models.modelfile import read_gguf
+    from ggmlrun.models.options.params import ModelOptions
+    from ggmlrun.models.reserve import measure_model, projector_figures
+
+    model, clip = read_gguf(TEXT), str(DATA / "tiny-mmproj-gemma3-b-q8_0.gguf")
+    rpc, cpu = load_backends(RPC)
+    full = measure_model(model, [rpc, cpu], ModelOptions(ctx=4096)).backends[0]
+    used = full.weights_bytes + full.kv_bytes + full.arena_bytes
+    dev = dataclasses.replace(rpc, memory=FIT_TARGET + used + spare)
+    plain, with_mm = ModelOptions(ctx=4096), ModelOptions(ctx=4096, mmproj=clip)
+    projector, _ = projector_figures(model, [dev, cpu], with_mm)
+    fit = llamacpp_fit(model, [dev, cpu], with_mm, ctx_auto=False)
+    assert fit == llamacpp_fit(model, [dev, cpu], plain, ctx_auto=False,
+                               margins=[FIT_TARGET + projector.bytes_on(dev.name)])
+    if 0 <= spare < projector.bytes_on(dev.name):
+        assert fit.ngl < llamacpp_fit(model, [dev, cpu], plain, ctx_auto=False).ngl
