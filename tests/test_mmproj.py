@@ -207,3 +207,20 @@ def test_llamacpp_fit_keeps_room_for_the_projector(spare):
                                margins=[FIT_TARGET + projector.bytes_on(dev.name)])
     if 0 <= spare < projector.bytes_on(dev.name):
         assert fit.ngl < llamacpp_fit(model, [dev, cpu], plain, ctx_auto=False).ngl
+
+
+def test_the_projector_is_the_targets_alone():
+    """With a draft (-md) the projector is counted once, the target's: the draft brings none,
+    and each backend's projector bytes are those without the draft."""
+    from ggmlrun.models.draft import draft_options
+    from ggmlrun.models.modelfile import read_gguf
+    from ggmlrun.models.options.params import ModelOptions
+    from ggmlrun.models.reserve import projector_figures
+
+    model = read_gguf(TEXT)
+    opts = ModelOptions(mmproj=str(MMPROJ), model_draft=str(TEXT))
+    assert projector_figures(model, load_backends(RPC),
+                             draft_options(opts, model.hparams)) == (None, None)
+    both = _json("measure", "--mmproj", MMPROJ, "-md", TEXT)
+    alone = _json("measure", "--mmproj", MMPROJ)
+    assert both["mmproj"] == alone["mmproj"] and "mmproj" not in both["draft"]
