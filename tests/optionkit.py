@@ -3,9 +3,9 @@ many option sets (tests/test_option_table.py, tests/test_api.py)."""
 
 from __future__ import annotations
 
-from ggmlrun.models.options.params import I32_MAX
 from pathlib import Path
 
+from ggmlrun.models.options.params import I32_MAX
 from ggmlrun.models.options.kinds import (Choice, Count, Devices, Layers, ModelName, OnOff,
                                           Overrides, Split, Switch)
 from ggmlrun.models.options.table import OPTIONS
@@ -15,6 +15,8 @@ DRAFT = Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny-l
 DRAFT_ONLY = ("ngl_draft", "ctx_draft", "type_k_draft", "type_v_draft", "devices_draft")
 PATTERNS = (r"ffn_.*", r"blk\.1\..*", r"blk\.(0|2)\.ffn_(up|down)", r"attn_[qkv]\.weight$",
             r"output", r"token_embd")
+MMPROJS = tuple(str(p) for p in sorted(
+    (Path(__file__).parent / "data" / "llamacpp").glob("tiny-mmproj-*.gguf")))
 SMALL = {"ctx": (1, 4096), "ubatch": (1, 1024), "ngl": (0, 40), "n_cpu_moe": (0, 8),
          "parallel": (1, 6)}
 
@@ -48,7 +50,9 @@ def draw(rng, option, backends: tuple[str, ...], devices: int, big: bool):
         rng.shuffle(names)
         chosen = names[:rng.randint(0, len(names))]
         return rng.choice([tuple(chosen), ",".join(chosen) or "none"])
-    if isinstance(kind, ModelName):     # a draft every tiny model's vocabulary matches
+    if isinstance(kind, ModelName):     # by option: --mmproj a tiny projector, -md a draft
+        if option.name == "mmproj":     # every tiny model's vocabulary matches
+            return rng.choice(MMPROJS)
         return str(DRAFT)
     raise AssertionError(f"no drawing for {option.name}")  # a new kind needs a case here
 

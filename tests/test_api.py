@@ -37,10 +37,8 @@ def _cli_args(values: dict) -> list[str]:
     args = []
     for name, value in check_values(values).items():
         option = BY_NAME[name]
-        if name == "op_offload":
-            args += ["--no-op-offload"] if value is False else []
-        elif not option.kind.takes_value:
-            args += [option.flag] if value else []
+        if not option.kind.takes_value:         # a switch's flag turns it from its default
+            args += [option.flag] if value != option.default else []
         elif option.kind.repeatable:
             args += [w for rule in value for w in (option.flag, option.kind.write(rule))]
         else:

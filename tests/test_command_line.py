@@ -25,6 +25,7 @@ TINY_SWA = ROOT / "examples/models/tiny-gemma3-f16.gguf"     # sliding-window la
 # (the tiny llama's 16, which llama.cpp refuses)
 TINY_HEAD_32 = ROOT / "examples/models/tiny-qwen3-f16.gguf"
 CARD_70B = ROOT / "ggmlrun/models/cards/llama-3-70b-q4_k_m.yaml"
+MMPROJ = str(ROOT / "tests/data/llamacpp/tiny-mmproj-gemma3-f16.gguf")   # a gemma3 projector
 DRAFT = ROOT / "examples/models/tiny-llama-q8_0.gguf"           # a draft for the tiny llama
 
 MiB = 2**20
@@ -76,6 +77,10 @@ CASES = {
                         type_v_draft="f32"),
     "ctx_draft": dict(model_draft="d.gguf", ctx_draft=512),   # not llama.cpp's: not written
     "devices_draft": dict(model_draft="d.gguf", devices_draft=("GPU1",)),
+    # the projector (--mmproj): its bytes on its backends (mmproj_bytes)
+    "mmproj": dict(mmproj=MMPROJ, flash_attn=True),
+    "mmproj_offload": dict(mmproj=MMPROJ, mmproj_offload=False),
+    "no_mmproj": dict(mmproj=MMPROJ, no_mmproj=True),
 }
 MOE_CASES = ("cpu_moe", "n_cpu_moe", "n_cpu_moe_and_ot")
 MODEL_OF = {"swa_full": TINY_SWA}   # a case whose option needs a model that has it
@@ -93,7 +98,8 @@ def _block_cache(case: dict) -> bool:
 
 
 def _figures(m):
-    return ([(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes) for b in m.backends],
+    return ([(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes, b.mmproj_bytes)
+             for b in m.backends],
             m.n_nodes, m.n_splits, m.ctx, m.ubatch, m.ngl)
 
 
@@ -212,7 +218,9 @@ def test_every_cli_model_option_reaches_the_line():
                f"--gpu-layers-draft 2 -md {DRAFT}": "-ngld 2",
                f"--cache-type-k-draft f32 -md {DRAFT}": "-ctkd f32",
                f"--cache-type-v-draft bf16 -md {DRAFT}": "-ctvd bf16",
-               f"--device-draft none -md {DRAFT}": "-devd none"}
+               f"--device-draft none -md {DRAFT}": "-devd none",
+               f"--mmproj {MMPROJ}": f"--mmproj {MMPROJ}", "--no-mmproj": "--no-mmproj",
+               "--no-mmproj-offload": "--no-mmproj-offload"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N",
                  "--ctx-draft": "the vendored llama.cpp has no -cd: the draft gets the "

@@ -3,7 +3,7 @@
 docs/architecture.md draws the same order. A lazy import inside a function counts too: a
 cycle hidden in a function body is still a cycle. models/ is staged inside as llama.cpp's
 model code is: the GGUF reader, the hyperparameter record, the options, memory sized from
-those two, the graph pieces, the architectures (the registry and one module each), the model a
+those two, the graph pieces, the projectors (--mmproj), the architectures (the registry and one module each), the model a
 header or card holds, the reserve, fit and run.
 """
 
@@ -20,8 +20,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "ggmlrun"
 STAGES = ["version", "core.util", "core.ir", "core.backends", "core.frontend", "core.sched", "core.memory",
           "core.run", "core.observe", "core.engine",
           "models.gguf", "models.hparams", "models.options", "models.memory", "models.graph",
-          "models.arch", "models.modelfile", "models.cards", "models.load", "models.reserve",
-          "models.draft", "models.fit", "models.run",
+          "models.projector", "models.arch", "models.modelfile", "models.cards", "models.load",
+          "models.reserve", "models.draft", "models.fit", "models.run",
           "report", "visual", "cli", "api"]
 NEVER_IN_CORE = {"click", "rich", "gguf", "yaml"}
 GGUF_ONLY_IN = {"core.ir.types"}      # ggml's type table, as the gguf package publishes it

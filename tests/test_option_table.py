@@ -102,7 +102,7 @@ def test_two_devices_pin_the_memory_split():
 
 @pytest.mark.parametrize("line,named", [
     ("-m model.gguf", "-m"), ("-hf owner/repo:Q4_K_M", "-hf"), ("-sm row", "-sm"),
-    ("--mmproj p.gguf", "--mmproj"), ("-cd 4096", "-cd"), ("--fit on", "--fit"),
+    ("-mmu https://x/p.gguf", "-mmu"), ("-cd 4096", "-cd"), ("--fit on", "--fit"),
     ("--fit-target x", "whole number"), ("--fit-ctx 0", "--fit-ctx"),
     ("--cache-ram 8192", "--cache-ram"),
     ("--no-repack", "--no-repack"), ("-nr", "-nr"),

@@ -174,6 +174,9 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
     draft = draft_of(model_input)
     result = fit_model(model_file, backends, opts, margin_device, margin_cpu, fit_ctx == "auto",
                        min_ctx=min_ctx, margins=by_name, draft=draft, ngl=ngl)
+    note = getattr(result.measure, "mmproj_note", None)
+    if note:
+        click.echo(f"ggmlrun: note: {note}", err=True)
     extra = {}
     if draft is not None and result.measure is not None and result.measure.draft is not None:
         from ggmlrun.models.draft import main_backend

@@ -44,6 +44,8 @@ def measure_answer(model_input):
 
     model, backends, opts = model_input
     figures = measure_model(model, backends, opts)
+    if figures.mmproj_note:
+        click.echo(f"ggmlrun: note: {figures.mmproj_note}", err=True)
     _, memory = engine.plan_memory(figures.schedule, "ggml")
     draft = draft_of(model_input)
     extra = {}
@@ -118,7 +120,8 @@ def model_fit(figures):
         def host_bytes(self) -> int:
             return self.backends[-1].need_bytes
 
-    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.state_bytes + b.output_bytes,
+    rows = [BackendFit(b.name, b.kind, b.weights_bytes + b.kv_bytes + b.state_bytes + b.output_bytes
+                       + b.mmproj_bytes,
                        b.arena_bytes,
                        b.memory_bytes) for b in figures.backends]
     return ModelFit(rows, rows[-1].memory_bytes)

@@ -75,7 +75,8 @@ def draft_options(opts: ModelOptions, target_hp) -> ModelOptions:
     """The draft's options from the target's, as common_base_params_to_speculative and
     common_speculative_init_result derive them (module docstring). With -devd the target's
     -ts is read over the draft's devices as llama.cpp reads its float array: the first
-    proportions, one per device (all 0: by memory, as no -ts)."""
+    proportions, one per device (all 0: by memory, as no -ts). The projector is the
+    target's alone (llama-server gives libmtmd the target's --mmproj, or -hf's repository's)."""
     ctx = opts.ctx_draft if opts.ctx_draft is not None else target_n_ctx(opts,
                                                                           target_hp.n_ctx_train)
     split = opts.tensor_split
@@ -86,7 +87,7 @@ def draft_options(opts: ModelOptions, target_hp) -> ModelOptions:
     return replace(opts, ngl=opts.ngl_draft, ctx=ctx, type_k=opts.type_k_draft,
                    type_v=opts.type_v_draft, overrides=(), cpu_moe=False, n_cpu_moe=0,
                    tensor_split=split, model_draft=None, ngl_draft=None, ctx_draft=None,
-                   devices_draft=None)
+                   devices_draft=None, mmproj=None, no_mmproj=True)
 
 
 def draft_backends(backends: list, opts: ModelOptions) -> list:

@@ -37,6 +37,8 @@ from ggmlrun.models.memory.buffers import (WeightBytes, kv_bytes, output_bytes, 
                                            weights_bytes)
 from ggmlrun.models.memory.caches import Memory, model_memory
 from ggmlrun.models.memory.placement import Placement, place
+from ggmlrun.models.projector.clip import read_clip
+from ggmlrun.models.projector.measure import ProjectorFigures, measure_projector
 
 @dataclass
 class BackendFigures:
@@ -50,6 +52,7 @@ class BackendFigures:
     mapped_bytes: int = 0         # the CPU: the mapped file range (--no-mmap: allocated)
     repack_bytes: int = 0         # the CPU: ggml-cpu's CPU_REPACK buffer
     state_bytes: int = 0          # the recurrent state (llama_memory_recurrent), hybrid models
+    mmproj_bytes: int = 0         # the projector's (--mmproj) weights and compute buffer here
     # of kv_bytes, the caches whose cells are the context (the full cache, and the SWA cache
     # under --swa-full): what grows in proportion to it (fit's context bounds); None: all
     kv_linear_bytes: int | None = None
@@ -75,6 +78,8 @@ class ModelMeasure:
     # the graphs reserved: "pp+tg" (llama.cpp's whole reserve), or, cut short by
     # measure_model's `enough`, "pp" or "none" (arenas a lower bound; "none": no schedule)
     reserved: str = "pp+tg"
+    mmproj: ProjectorFigures | None = None    # --mmproj: the projector, measured on its own
+    mmproj_note: str | None = None    # why an hf:// repository's projector was left out
     # the draft model's own figures (models/draft.py), already added into `backends`
     draft: ModelMeasure | None = None
 
@@ -228,7 +233,10 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     def graph(tokens: int, outputs: int) -> ModelGraph:
         return model_graph(model, memory, tokens, outputs, placement.shared_copies())
 
+    mmproj, mmproj_note = projector_figures(model, backends, opts)
     static = _figures(model, opts, backends, placement, memory, wb)  # no compute buffer yet
+    if mmproj is not None:
+        static = [replace(f, mmproj_bytes=mmproj.bytes_on(f.name)) for f in static]
     figures, arena, reserved, sched, n_nodes = static, [0] * len(backends), "none", None, 0
     if enough is None or not enough(static, "none"):
         if flash_attn is None:
@@ -255,7 +263,8 @@ def _measure(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
                         n_splits=len(sched.splits) if sched else 0,
                         ctx=context_size(opts, hp.n_ctx_train), ubatch=n_tokens,
                         ngl=gpu_layers(opts, hp.n_layer_all), backends=figures, schedule=sched,
-                        n_copies=n_copies, reserved=reserved, flash_attn=flash_attn)
+                        n_copies=n_copies, reserved=reserved, flash_attn=flash_attn,
+                        mmproj=mmproj, mmproj_note=mmproj_note)
 
 
 def fa_probe(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
@@ -274,6 +283,54 @@ def fa_probe(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     where = scheduler.schedule(mg.graph, placed=placed_tensors(mg, placement, backends)
                                ).backend_of
     return all(where.get(node) == placement.layer[il] for node, il in mg.fa_nodes)
+
+
+_PROJECTORS: dict[tuple, tuple[ProjectorFigures | None, str | None]] = {}
+_REPO_MMPROJ: dict[tuple[str, str], str | None] = {}
+
+
+def projector_figures(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions
+                      ) -> tuple[ProjectorFigures | None, str | None]:
+    """llama-server's projector and, when there is none, why (None: none asked for).
+    `--mmproj` names it; without it an hf:// model brings its repository's, as `-hf` does
+    (gguf/source.py repo_mmproj); `--no-mmproj` leaves either out. One the user named and
+    ggmlrun cannot size is refused (exit 2); a repository's is left out with a note. Measured
+    once per file, backends and settings: it is placed whole, whatever -ngl, so fit's probes
+    share it. Its flash attention is the model's -fa as given, not as the text context resolved
+    it: llama-server hands params_base.flash_attn_type to libmtmd, so auto (None) is clip's own
+    probe (measure_projector)."""
+    if opts.no_mmproj:
+        return None, None
+    from ggmlrun.models.gguf import hub
+
+    name, named = opts.mmproj, bool(opts.mmproj)
+    # a remote name's file is the Hub's: the same name on another endpoint is another file
+    where = hub.endpoint() if hub.is_hf(str(name or model.source or "")) else ""
+    if not named:
+        source = model.source or ""
+        if not hub.is_hf(source):
+            return None, None
+        if (where, source) not in _REPO_MMPROJ:
+            from ggmlrun.models.gguf.source import repo_mmproj
+
+            _REPO_MMPROJ[where, source] = repo_mmproj(source)
+        name = _REPO_MMPROJ[where, source]
+        if name is None:
+            return None, None
+    key = (where, name, tuple((b.name, b.kind, b.alignment, b.row_padding) for b in backends),
+           opts.mmproj_offload, opts.flash_attn, opts.ggml)
+    if key not in _PROJECTORS:
+        try:
+            _PROJECTORS[key] = (measure_projector(read_clip(name), backends,
+                                                  offload=opts.mmproj_offload,
+                                                  flash_attn=opts.flash_attn, ggml=opts.ggml),
+                                None)
+        except InputError as err:
+            if named:
+                raise
+            _PROJECTORS[key] = (None, f"the repository's projector {name} is left out (give "
+                                      f"--no-mmproj to skip it): {err}")
+    return _PROJECTORS[key]
 
 
 def _figures(model: ModelFile, opts: ModelOptions, backends: list[BackendSpec],

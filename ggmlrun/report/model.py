@@ -81,6 +81,17 @@ def _why_none(said: list[str]) -> list[str]:
     return words
 
 
+def mmproj_dict(p) -> dict:
+    """SPEC section 5's `mmproj`: name, backend, weights_bytes, kv_bytes (none: an encoder
+    keeps no cache), arena_bytes (its compute buffer on its backend); then what libmtmd logs
+    beside them: its compute buffer per backend (the raw image is a CPU input), nodes,
+    splits, flash attention as resolved, the warm-up image."""
+    return {"name": p.name, "backend": p.backend, "weights_bytes": p.weights_bytes,
+            "kv_bytes": 0, "arena_bytes": p.arena_bytes, "projector_type": p.projector_type,
+            "arena_by_backend": dict(p.arena), "n_nodes": p.n_nodes, "n_splits": p.n_splits,
+            "flash_attn": p.flash_attn, "image_size": p.image_size}
+
+
 def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
     """SPEC section 5's keys; `lower_bound_bytes` is the allocator's lower bound of the last
     reserved graph (a pp graph), so it bounds that graph's arena, not the max over reserves."""
@@ -95,7 +106,10 @@ def model_measure_dict(model, figures, memory: list[BackendMemory]) -> dict:
                           "memory_bytes": b.memory_bytes,
                           **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
                               "output_bytes": b.output_bytes}
-                             if b.kind == "cpu" else {})} for b in figures.backends]}
+                             if b.kind == "cpu" else {}),
+                          **({"mmproj_bytes": b.mmproj_bytes} if figures.mmproj else {})}
+                         for b in figures.backends],
+            **({"mmproj": mmproj_dict(figures.mmproj)} if figures.mmproj else {})}
 
 
 def _unit(values) -> tuple[str, int]:
@@ -123,13 +137,17 @@ def model_measure_table(model, figures) -> Table:
     table.add_column("kind", drop=2)
     # a hybrid model's recurrent state sits with its KV cache (both per layer, on its device)
     kv = "KV + state" if any(b.state_bytes for b in figures.backends) else "KV cache"
-    for col in ("model (weights)", kv, "compute", "total"):
+    # --mmproj: the projector's weights and compute buffer, a column of their own
+    mm = getattr(figures, "mmproj", None)
+    cols = ("model (weights)", kv, "compute") + ((f"projector ({mm.projector_type})",) if mm else ())
+    for col in cols + ("total",):
         table.add_column(col, "right", number=True)
     table.add_column("memory", "right", number=True, drop=1)
     for b in figures.backends:
-        total = b.weights_bytes + b.kv_bytes + b.state_bytes + b.arena_bytes
+        total = b.weights_bytes + b.kv_bytes + b.state_bytes + b.arena_bytes + b.mmproj_bytes
         table.add_row(b.name, b.kind, Bytes(b.weights_bytes), Bytes(b.kv_bytes + b.state_bytes),
-                      Bytes(b.arena_bytes), Bytes(total), Bytes(b.memory_bytes))
+                      Bytes(b.arena_bytes), *([Bytes(b.mmproj_bytes)] if mm else []),
+                      Bytes(total), Bytes(b.memory_bytes))
     return table
 
 
@@ -180,6 +198,7 @@ def model_run_dict(result: RunResult, summaries: dict[str, dict]) -> dict:
 def model_fit_dict(model, result) -> dict:
     from ggmlrun.models.options.kinds import split_numbers
 
+    mmproj = getattr(result.measure, "mmproj", None)
     return {"model": model.name, "ngl": result.ngl, "n_cpu_moe": result.n_cpu_moe,
             "ctx": result.ctx, "n_layer": result.n_layer, "fits": result.fits, "shown_ngl": result.shown_ngl,
             "backends": [{"name": b.name, "kind": b.kind, "weights_bytes": b.weights_bytes,
@@ -187,6 +206,7 @@ def model_fit_dict(model, result) -> dict:
                           "arena_bytes": b.arena_bytes, "total_bytes": b.total_bytes, "memory_bytes": b.memory_bytes,
                           "margin_bytes": b.margin_bytes, "free_bytes": b.free_bytes,
                           "fits": b.fits,
+                          **({"mmproj_bytes": b.mmproj_bytes} if mmproj else {}),
                           **({"mapped_bytes": b.mapped_bytes, "repack_bytes": b.repack_bytes,
                               "output_bytes": b.output_bytes} if b.kind == "cpu" else {})}
                          for b in result.backends],
@@ -204,6 +224,7 @@ def model_fit_dict(model, result) -> dict:
                                "on": list(st.where)} for st in getattr(result, "steps", [])],
             "seconds": result.seconds, "command": result.command or None,
             "program": result.program,
+            **({"mmproj": mmproj_dict(mmproj)} if mmproj else {}),
             **({"advice": result.advice} if result.advice else {})}
 
 
@@ -223,13 +244,16 @@ def fit_table(model, result) -> Table:
                         f"sizes in {unit}")
     table.add_column("backend")
     kv = "KV+state" if any(b.state_bytes for b in rows) else "KV"
-    for col, drop in (("model", 0), (kv, 0), ("compute", 0), ("total", 0), ("memory", 0),
+    mm = getattr(result.measure, "mmproj", None)     # --mmproj: a column of its own
+    for col, drop in (("model", 0), (kv, 0), ("compute", 0),
+                      *((("projector", 0),) if mm else ()), ("total", 0), ("memory", 0),
                       ("margin", 1), ("free", 0)):
         table.add_column(col, "right", number=True, drop=drop)
     table.add_column("fits")
     for b in rows:
         table.add_row(b.name, _in(b.weights_bytes, size), _in(b.kv_bytes + b.state_bytes, size),
-                      _in(b.arena_bytes, size), _in(b.total_bytes, size),
+                      _in(b.arena_bytes, size), *([_in(b.mmproj_bytes, size)] if mm else []),
+                      _in(b.total_bytes, size),
                       _in(b.memory_bytes, size), _in(b.margin_bytes, size),
                       _in(b.free_bytes, size), "yes" if b.fits else "NO")
     return table

@@ -27,7 +27,9 @@ def advice(probe: Prober, ctx: int, dev_ngl: int | None, n_max: int, costs) -> s
     parts = [f"{r.name} needs {human_bytes(r.total_bytes)} (weights {human_bytes(r.weights_bytes)}"
              f" + KV {human_bytes(r.kv_bytes)}"
              + (f" + state {human_bytes(r.state_bytes)}" if r.state_bytes else "")
-             + f" + compute {human_bytes(r.arena_bytes)}) but "
+             + f" + compute {human_bytes(r.arena_bytes)}"
+             + (f" + projector {human_bytes(r.mmproj_bytes)}" if r.mmproj_bytes else "")
+             + ") but "
              f"{has(r)}" for r in short]
     message = f"nothing fits: {where} " + "; ".join(parts)
     top = (ctx - 1) // CTX_STEP * CTX_STEP        # contexts below the one asked, 256 apart

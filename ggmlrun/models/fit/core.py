@@ -27,7 +27,7 @@ class FitBackend(BackendFigures):
     @property
     def total_bytes(self) -> int:
         return (self.weights_bytes + self.kv_bytes + self.state_bytes + self.arena_bytes
-                + self.output_bytes)
+                + self.output_bytes + self.mmproj_bytes)
 
     @property
     def free_bytes(self) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from ggmlrun.core.backends.spec import BackendSpec
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options.params import ModelOptions, kv_streams
-from ggmlrun.models.reserve import measure_model
+from ggmlrun.models.reserve import measure_model, projector_figures
 
 MiB = 1024 * 1024
 FIT_TARGET = 1024 * MiB        # common.h fit_params_target: 1 GiB per device
@@ -134,7 +134,8 @@ def llamacpp_fit(model: ModelFile, backends: list[BackendSpec], opts: ModelOptio
     hp = model.hparams
     hp_ngl, hp_nct, hp_nex = hp.n_layer, hp.n_ctx_train, hp.n_expert
     nd = sum(1 for b in backends if b.kind != "cpu")
-    margins = list(margins or [FIT_TARGET] * max(nd, 1))
+    margins = with_projector(model, backends, opts,
+                             list(margins or [FIT_TARGET] * max(nd, 1)))
     n_streams = kv_streams(opts)
     n_ctx_max = min(hp_nct * n_streams, U32 - 1)
     n_ctx_min_total = min(fit_ctx * n_streams, U32 - 1)
@@ -152,6 +153,19 @@ def llamacpp_fit(model: ModelFile, backends: list[BackendSpec], opts: ModelOptio
         answer.refused = str(err)
     answer.ctx = fit.n_ctx
     return answer
+
+
+def with_projector(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
+                   margins: list[int]) -> list[int]:
+    """The --fit-target llama-server's fit runs with: with a projector (--mmproj, or an hf://
+    repository's) it first adds the projector's bytes on each device to that device's target
+    (mtmd_get_memory_usage, server-context.cpp), so the model is fitted around it."""
+    mmproj, _ = projector_figures(model, backends, opts)
+    if mmproj is None:
+        return margins
+    devices = [b for b in backends if b.kind != "cpu"]
+    return [m + (mmproj.bytes_on(devices[i].name) if i < len(devices) else 0)
+            for i, m in enumerate(margins)]
 
 
 def _fit(fit, answer, opts, hp_ngl, hp_nex, nd, n_ctx_max, n_ctx_min_total, ctx_auto,

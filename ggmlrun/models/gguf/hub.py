@@ -151,6 +151,48 @@ def pick_quant(ref: HfName, files: list[str]) -> str:
                      file=ref.shown)
 
 
+_SPLIT = re.compile(r"^(.+)-([0-9]{5})-of-([0-9]{5})$", re.IGNORECASE)
+_TAG = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
+
+
+def _split_info(path: str) -> tuple[str, str]:
+    """common/download.cpp's get_gguf_split_info: (prefix without -NNNNN-of-NNNNN, tag)."""
+    prefix = path[:-len(".gguf")] if path.endswith(".gguf") else ""
+    m = _SPLIT.match(prefix)
+    if m:
+        prefix = m.group(1)
+    tag = _TAG.search(prefix)
+    return prefix, tag.group(1).upper() if tag else ""
+
+
+def _quant_bits(path: str) -> int:
+    """extract_quant_bits: the first number of the tag (Q4_K_M 4, F16 16, none 0)."""
+    m = re.search(r"\d+", _split_info(path)[1])
+    return int(m.group(0)) if m else 0
+
+
+def pick_sibling(files: list[str], model: str, keyword: str = "mmproj") -> str | None:
+    """common/download.cpp's find_best_sibling, as `-hf` picks the model's projector: a .gguf
+    whose path holds `keyword` in the model's folder or above, the deepest shared folder
+    first, then the quant bits closest to the model's; the first in listing order on a tie."""
+    model_dir = model.split("/")[:-1]
+    model_bits = _quant_bits(model)
+    best, best_key = None, None
+    for f in files:
+        if not f.endswith(".gguf") or keyword not in f:
+            continue
+        sib_dir = f.split("/")[:-1]
+        depth = 0
+        while depth < min(len(model_dir), len(sib_dir)) and model_dir[depth] == sib_dir[depth]:
+            depth += 1
+        if depth != len(sib_dir):
+            continue
+        key = (depth, -abs(_quant_bits(f) - model_bits))
+        if best is None or key > best_key:
+            best, best_key = f, key
+    return best
+
+
 def call(ref: HfName, action):
     """`action()` against the Hub; its failures as one line each (exit 2)."""
     from huggingface_hub import errors

@@ -137,6 +137,25 @@ def _outcome(job):
         return err
 
 
+def repo_mmproj(name: str, *, refresh: bool = False, stats=None, cache=None) -> str | None:
+    """The projector `-hf` loads beside an hf:// model (common/download.cpp: the repo's
+    `mmproj` file closest to the model, hub.pick_sibling), as an hf:// name; None for any
+    other name or a repository without one."""
+    from ggmlrun.models.gguf import hub
+
+    if not hub.is_hf(str(name)):
+        return None
+    from ggmlrun.models.gguf.cache import HeaderCache
+    from ggmlrun.models.gguf.stats import Stats
+
+    reader = _Remote(refresh, stats or Stats(), cache or HeaderCache())
+    ref = hub.parse_hf(str(name))
+    files = reader.listing(ref)
+    model = ref.path or hub.pick_quant(ref, files)
+    found = hub.pick_sibling(files, model)
+    return None if found is None else ref.file(found).shown
+
+
 class _Remote:
     """Remote headers through the cache; a fetch's bytes stop at the tensor infos' end."""
 
@@ -165,6 +184,12 @@ class _Remote:
     def pick(self, ref) -> str:
         from ggmlrun.models.gguf import hub
 
+        return hub.pick_quant(ref, self.listing(ref))
+
+    def listing(self, ref) -> list[str]:
+        """The repository's .gguf files, through the cache."""
+        from ggmlrun.models.gguf import hub
+
         identity = f"tree:{hub.endpoint()}/{ref.repo}@{ref.revision or 'main'}"
         files = None if self.refresh else self.cache.get_fresh_json(
             "tree", identity, fresh=not hub.offline())
@@ -175,7 +200,7 @@ class _Remote:
             files = hub.list_gguf(ref)
             self.stats.add(requests=1)
             self.cache.put_fresh_json("tree", identity, files)
-        return hub.pick_quant(ref, files)
+        return files
 
     def hub_file(self, ref) -> GGUFHeader:
         from ggmlrun.models.gguf import hub

@@ -34,6 +34,10 @@ class ModelOptions:
     target: str = "server"        # --for: whose defaults (llama-server's -np auto, llama-cli's 1)
     cpu_moe: bool = False         # --cpu-moe: every expert tensor on the CPU
     n_cpu_moe: int = 0            # --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
+    # the multimodal projector llama-server loads beside the model (models/projector/)
+    mmproj: str | None = None     # --mmproj: its clip GGUF (a path, URL or hf:// file)
+    no_mmproj: bool = False       # --no-mmproj: left out, even when --mmproj names one
+    mmproj_offload: bool = True   # --no-mmproj-offload: on the CPU, not the main device
     # the draft model of speculative decoding (models/draft.py derives its options from these)
     model_draft: str | None = None   # -md MODEL, as given (a path, URL or hf:// name)
     ngl_draft: int | None = None     # -ngld: None all, as llama.cpp's default (-1) loads it

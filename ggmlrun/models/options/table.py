@@ -174,6 +174,18 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
     Option("ggml", Choice(("0.25", "0.15")), "ggml", "Whose scheduler and allocator rules: "
            "ggml 0.25.3 (llama.cpp's) or 0.15.3", flag="--ggml", shared=True),
 )
+# --- the multimodal projector (llama-server's --mmproj; models/projector/), a block of its own
+OPTIONS += (
+    Option("mmproj", ModelName(), "server", "The multimodal projector (a clip GGUF: path, URL "
+           "or hf:// file) loaded beside the model: its weights and the vision encoder's "
+           "compute buffer, on the main device", flag="--mmproj", llama=(("--mmproj", "-mm"),),
+           default_text="none"),
+    Option("no_mmproj", Switch(), "server", "Leave the projector out", flag="--no-mmproj",
+           llama=(("--no-mmproj", "--no-mmproj-auto"),), llama_off=("--mmproj-auto",)),
+    Option("mmproj_offload", Switch(), "server", "The projector on the CPU, not the main "
+           "device", flag="--no-mmproj-offload", dest="no_mmproj_offload",
+           llama=(("--no-mmproj-offload",),), llama_off=("--mmproj-offload",)),
+)
 BY_NAME = {o.name: o for o in OPTIONS}
 assert {o.name for o in OPTIONS if o.field} == set(_FIELD_DEFAULTS), "a field without a row"
 
