@@ -298,6 +298,50 @@ MODELS += [
     for kind, weight, experts, seed in (("f16", "f16", "", 17), ("q8_0", "q8_0", "", 18),
                                         ("mxfp4", "q8_0", "mxfp4", 19))]
 
+# --- the Mamba-2 hybrids (nemotron_h, nemotron_h_moe, granitehybrid) ------------------------
+# nemotron_h (Nemotron-H in miniature): each layer a Mamba-2 block (no KV heads, no FFN), an
+# attention block (KV heads, no FFN, no rope) or a squared-ReLU MLP (an FFN width), per layer;
+# SSM: conv kernel 4, state 16, 2 groups, 4 heads of 16 (d_inner 64). The f16 file's layers
+# are M, MLP, A, MLP, M, MLP (the last an MLP); the q8_0 one M, A, MLP, M, tied output.
+NEMOTRON_H_EPS = (("attention.layer_norm_epsilon", 1e-5),)
+MODELS += [
+    TinyModel("tiny-nemotronh-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=40,
+              arch="nemotron_h", n_layer=6, ssm=(4, 16, 2, 4, 64), kv_layers=(0, 0, 2, 0, 0, 0),
+              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 128, 0, 128, 0, 128)),)),
+    TinyModel("tiny-nemotronh-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=128, seed=41,
+              arch="nemotron_h", ssm=(4, 16, 2, 4, 64), kv_layers=(0, 1, 0, 0), tied=True,
+              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 0, 128, 0)),)),
+]
+
+
+def nemotron_h_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """llama_model_nemotron_h::load_arch_tensors' order; ssm_a / ssm_d are [H, 1], ssm_norm
+    [G, d_inner / G] (kept f32 by add_weight, as the converter stores them)."""
+    d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+    n, hd = m.n_embd, m.n_embd_head
+    ff = dict(m.metadata)["feed_forward_length"]
+    conv_dim = d_inner + 2 * n_group * d_state
+    shapes = {"token_embd.weight": (N_VOCAB, n), "output_norm.weight": (n,)}
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    for i, (kv, f) in enumerate(zip(m.kv_layers, ff)):
+        b = f"blk.{i}."
+        shapes[b + "attn_norm.weight"] = (n,)
+        if kv == 0 and f == 0:
+            shapes.update({b + "ssm_in.weight": (2 * d_inner + 2 * n_group * d_state + dt_rank, n),
+                           b + "ssm_conv1d.weight": (conv_dim, d_conv),
+                           b + "ssm_conv1d.bias": (conv_dim,), b + "ssm_dt.bias": (dt_rank,),
+                           b + "ssm_a": (dt_rank, 1), b + "ssm_d": (dt_rank, 1),
+                           b + "ssm_norm.weight": (n_group, d_inner // n_group),
+                           b + "ssm_out.weight": (n, d_inner)})
+        elif f == 0:
+            shapes.update({b + "attn_q.weight": (n, n), b + "attn_k.weight": (kv * hd, n),
+                           b + "attn_v.weight": (kv * hd, n), b + "attn_output.weight": (n, n)})
+        else:
+            shapes.update({b + "ffn_down.weight": (n, f), b + "ffn_up.weight": (f, n)})
+    return shapes
+
+
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "mxfp4": LlamaFileType.MOSTLY_MXFP4_MOE,
               "q8_0": LlamaFileType.MOSTLY_Q8_0,
@@ -513,6 +557,8 @@ def lfm2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
 
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    if m.arch.startswith("nemotron_h"):
+        return nemotron_h_shapes(m)
     if m.arch in ("lfm2", "lfm2moe"):
         return lfm2_shapes(m)
     if m.arch == "deepseek2":
@@ -654,6 +700,7 @@ def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str
     converters do (and its quantizer never quantizes the router)."""
     if (data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name
             or ".ssm_conv1d." in name or ".shortconv.conv." in name   # ggml's f32-only conv
+            or name.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight"))   # Mamba-2's [H, 1]
             or name.endswith(".bias")):                 # gpt-oss's 2-D expert biases
         writer.add_tensor(name, data)
     elif weight_type == "f16":
@@ -680,7 +727,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_head_count(m.n_head)
     if m.kv_layers:                 # lfm2: one per layer, 0 for a short-conv layer
         writer.add_head_count_kv(list(m.kv_layers))
-        writer.add_shortconv_l_cache(m.l_cache)
+        if m.l_cache:
+            writer.add_shortconv_l_cache(m.l_cache)
     elif "attention.head_count_kv" not in arrays:
         writer.add_head_count_kv(m.n_head_kv)
     if m.head_dim:
@@ -697,7 +745,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_rope_dimension_count(m.n_rot or m.n_embd_head)
     if m.ssm:
         d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
-        writer.add_rope_dimension_sections([3, 3, 2, 0])
+        if m.arch.startswith("qwen35"):
+            writer.add_rope_dimension_sections([3, 3, 2, 0])
         writer.add_ssm_conv_kernel(d_conv)
         writer.add_ssm_state_size(d_state)
         writer.add_ssm_group_count(n_group)

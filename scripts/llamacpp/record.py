@@ -338,6 +338,20 @@ EXTRAS += [
                          ("np2", {"ngl": 2, "parallel": 2}),
                          ("t40", {"ngl": 2, "tokens": TOKENS_2UB}))
 ]
+# --- the Mamba-2 hybrids (nemotron_h, nemotron_h_moe, granitehybrid): the grid, and the SSM
+# and conv state under -np 2 (a row per sequence), across two ubatches (t40), -ngl splitting
+# the layer kinds; the MoE ones' experts on the CPU
+MAMBA2_MODELS = ["tiny-nemotronh-f16", "tiny-nemotronh-q8_0"]
+MODELS += MAMBA2_MODELS
+EXTRAS += [
+    (model, suffix, opts)
+    for model in MAMBA2_MODELS
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("np2", {"ngl": "all", "parallel": 2, "flash_attn": True}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": "all", "tokens": TOKENS_2UB, "flash_attn": True}),
+                         ("", {"ngl": 3}))
+]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 # ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,

@@ -84,7 +84,7 @@ RULES: dict[str, Rule] = {
     "block_count": Rule("u32", 1, LLAMA_MAX_LAYERS, why="llama.cpp's LLAMA_MAX_LAYERS"),
     "context_length": Rule("u32", 1, U32_MAX),
     "embedding_length": Rule("u32"),
-    "feed_forward_length": Rule("u32", per_layer=True),
+    "feed_forward_length": Rule("u32", per_layer=True, zero_layers=True),
     "attention.head_count": Rule("u32", per_layer=True),
     "attention.head_count_kv": Rule("u32", per_layer=True, zero_layers=True),
     "attention.key_length": Rule("u32"),
@@ -93,6 +93,8 @@ RULES: dict[str, Rule] = {
     "vocab_size": Rule("u32"),
     "rope.freq_base": Rule("f32", 1.0, F32_MAX, why=_BASE_WHY),
     "attention.layer_norm_rms_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
+    # nemotron_h(_moe): required by llama.cpp (its MTP head's final norm)
+    "attention.layer_norm_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
     "rope.scaling.factor": Rule("f32", MIN_INVERTED, F32_MAX, or_zero=True,
                                 why="0: no scaling; rope takes its inverse"),
     "rope.scaling.type": Rule("str", choices=ROPE_SCALING_TYPES),

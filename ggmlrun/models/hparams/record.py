@@ -140,7 +140,10 @@ class HParams:
                 and (il + 1) % self.full_attention_interval != 0)
 
     def has_kv(self, il: int) -> bool:
-        """Whether layer il stores K and V: every layer but those reading another's cache."""
+        """Whether layer il stores K and V: every layer but those reading another's cache and
+        those without KV heads (nemotron_h's MLP layers: the hybrid's attention filter)."""
+        if self.n_head_kv_arr and not self.n_head_kv_arr[il]:
+            return False
         return not self.n_layer_kv_from_start or il < self.n_layer_kv_from_start
 
     def kv_source(self, il: int) -> int:
