@@ -115,3 +115,30 @@ def test_each_mamba2_layer_keeps_a_conv_and_an_ssm_state_per_sequence(
 def test_files_llama_cpp_refuses_or_ggmlrun_does_not_build_are_input_errors(change, message):
     with pytest.raises(InputError, match=message):
         from_metadata(fields((0, 2, 0, 0), (0, 0, 96, 0), **change), "nemotron_h")
+
+
+def moe_fields(**extra) -> dict:
+    out = {k.replace("nemotron_h.", "nemotron_h_moe."): v
+           for k, v in fields((0, 2, 0, 0), (0, 0, 32, 0)).items()}
+    base = {"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 32,
+            "expert_shared_feed_forward_length": 48}
+    base.update(extra)
+    out.update({f"nemotron_h_moe.{k}": v for k, v in base.items() if v is not None})
+    return out
+
+
+@pytest.mark.parametrize("latent", [0, 16])
+def test_moe_layers_are_ungated_experts_at_the_latent_width_beside_a_shared_expert(latent):
+    hp = from_metadata(moe_fields(moe_latent_size=latent), "nemotron_h_moe")
+    table = get_arch("nemotron_h_moe").tensors(hp)
+    width = latent or 64
+    assert table["blk.2.ffn_up_exps.weight"].shape == (8, 32, width)
+    assert table["blk.2.ffn_down_exps.weight"].shape == (8, width, 32)
+    assert table["blk.2.ffn_up_shexp.weight"].shape == (48, 64)
+    assert "blk.2.ffn_gate_exps.weight" not in table
+    assert table["blk.2.ffn_latent_down.weight"].required is False
+
+
+def test_grouped_expert_selection_is_refused():
+    with pytest.raises(InputError, match="expert_group_count"):
+        from_metadata(moe_fields(expert_group_count=2), "nemotron_h_moe")

@@ -39,7 +39,7 @@ def test_registry_lists_the_recorded_architectures_in_order():
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
                                   "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
                                   "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe", "lfm2",
-                                  "lfm2moe", "nemotron_h"}
+                                  "lfm2moe", "nemotron_h", "nemotron_h_moe"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -70,6 +70,10 @@ REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                  "lfm2": {"shortconv.l_cache": 3, "attention.head_count_kv": [0, 4]},
                  "nemotron_h": {"attention.head_count_kv": [0, 4],
                                 "attention.layer_norm_epsilon": 1e-5},
+                 "nemotron_h_moe": {"attention.head_count_kv": [0, 4],
+                                    "attention.layer_norm_epsilon": 1e-5, "expert_count": 8,
+                                    "expert_used_count": 2, "expert_feed_forward_length": 32,
+                                    "moe_latent_size": 32},
                  "lfm2moe": {"shortconv.l_cache": 3, "attention.head_count_kv": [0, 4],
                              "expert_count": 8, "expert_used_count": 2,
                              "expert_feed_forward_length": 32, "expert_gating_func": 2},

@@ -313,6 +313,40 @@ MODELS += [
               metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 0, 128, 0)),)),
 ]
 
+# nemotron_h_moe (Nemotron-3-Nano in miniature): the MLP layers are 8 experts of 32 (2 used,
+# no gate, sigmoid router with a selection bias) beside a shared expert of 64; the f16 file's
+# weights normalised and scaled by 2.5 (M, E, A, E, M, E), the q8_0 one's through a latent of
+# 32 (moe_latent_size), neither normalised nor scaled (M, E, A, M, E), tied output
+NEMOTRON_H_MOE = dict(n_embd=64, n_head=4, n_ff=32, arch="nemotron_h_moe", ssm=(4, 16, 2, 4, 64),
+                      n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, probs_b=True)
+MODELS += [
+    TinyModel("tiny-nemotronhmoe-f16", "f16", n_head_kv=2, seed=42, n_layer=6,
+              kv_layers=(0, 0, 2, 0, 0, 0), **NEMOTRON_H_MOE,
+              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 32, 0, 32, 0, 32)),
+                                         ("expert_weights_norm", True),
+                                         ("expert_weights_scale", 2.5),
+                                         ("expert_shared_count", 1))),
+    TinyModel("tiny-nemotronhmoe-q8_0", "q8_0", n_head_kv=1, seed=43, n_layer=5,
+              kv_layers=(0, 0, 1, 0, 0), tied=True, **NEMOTRON_H_MOE,
+              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 32, 0, 0, 32)),
+                                         ("moe_latent_size", 32), ("expert_shared_count", 1))),
+]
+
+
+def nemotron_h_experts(m: TinyModel, b: str, shapes: dict) -> None:
+    """An MoE layer: router, selection bias, the optional latent projections, up/down experts
+    (no gate), the shared expert."""
+    n, ne = m.n_embd, m.n_expert
+    lat = dict(m.metadata).get("moe_latent_size", 0)
+    w = lat or n
+    shapes.update({b + "ffn_gate_inp.weight": (ne, n), b + "exp_probs_b.bias": (ne,)})
+    if lat:
+        shapes.update({b + "ffn_latent_down.weight": (lat, n), b + "ffn_latent_up.weight": (n, lat)})
+    shapes.update({b + "ffn_down_exps.weight": (ne, w, m.n_ff_exp),
+                   b + "ffn_up_exps.weight": (ne, m.n_ff_exp, w),
+                   b + "ffn_down_shexp.weight": (n, m.n_ff_shexp),
+                   b + "ffn_up_shexp.weight": (m.n_ff_shexp, n)})
+
 
 def nemotron_h_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """llama_model_nemotron_h::load_arch_tensors' order; ssm_a / ssm_d are [H, 1], ssm_norm
@@ -337,6 +371,8 @@ def nemotron_h_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
         elif f == 0:
             shapes.update({b + "attn_q.weight": (n, n), b + "attn_k.weight": (kv * hd, n),
                            b + "attn_v.weight": (kv * hd, n), b + "attn_output.weight": (n, n)})
+        elif m.n_expert:
+            nemotron_h_experts(m, b, shapes)
         else:
             shapes.update({b + "ffn_down.weight": (n, f), b + "ffn_up.weight": (f, n)})
     return shapes

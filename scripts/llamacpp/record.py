@@ -341,7 +341,9 @@ EXTRAS += [
 # --- the Mamba-2 hybrids (nemotron_h, nemotron_h_moe, granitehybrid): the grid, and the SSM
 # and conv state under -np 2 (a row per sequence), across two ubatches (t40), -ngl splitting
 # the layer kinds; the MoE ones' experts on the CPU
-MAMBA2_MODELS = ["tiny-nemotronh-f16", "tiny-nemotronh-q8_0"]
+MAMBA2_MODELS = ["tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-nemotronhmoe-f16",
+                 "tiny-nemotronhmoe-q8_0"]
+MAMBA2_MOE_MODELS = ["tiny-nemotronhmoe-f16", "tiny-nemotronhmoe-q8_0"]
 MODELS += MAMBA2_MODELS
 EXTRAS += [
     (model, suffix, opts)
@@ -351,6 +353,14 @@ EXTRAS += [
                          ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
                          ("t40", {"ngl": "all", "tokens": TOKENS_2UB, "flash_attn": True}),
                          ("", {"ngl": 3}))
+] + [
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in MAMBA2_MOE_MODELS
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True,
+                                          "ubatch": 512}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}))
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 # ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)

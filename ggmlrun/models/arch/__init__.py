@@ -43,6 +43,7 @@ _MODULES = {
     "lfm2moe": "ggmlrun.models.arch.lfm2moe",
     # the Mamba-2 hybrids
     "nemotron_h": "ggmlrun.models.arch.nemotron_h",
+    "nemotron_h_moe": "ggmlrun.models.arch.nemotron_h_moe",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

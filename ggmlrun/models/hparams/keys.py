@@ -115,6 +115,9 @@ RULES: dict[str, Rule] = {
     "expert_weights_scale": Rule("f32", 0.0, MAX_EXPERT_WEIGHTS_SCALE,
                                  why="it multiplies every routed expert's output"),
     "expert_weights_norm": Rule("bool"),
+    # nemotron_h_moe: the experts' latent width (0: n_embd); expert groups (1 or absent: none)
+    "moe_latent_size": Rule("u32", 0),
+    "expert_group_count": Rule("u32", 0, LLAMA_MAX_EXPERTS),
     "expert_gating_func": Rule("u32", 0, 3, why="none, softmax, sigmoid, softmax_weight"),
     # rope scaling as llama_context derives it (every architecture), and keys some
     # architectures' load_arch_hparams read (mistral3: YaRN's betas and log multiplier,

@@ -79,6 +79,7 @@ class HParams:
     n_expert_used: int = 0          # expert_used_count
     n_ff_exp: int = 0               # expert_feed_forward_length
     n_ff_shexp: int = 0             # expert_shared_feed_forward_length
+    n_moe_latent: int = 0           # moe_latent_size: the experts' width (0: n_embd)
     n_expert_shared: int = 0        # expert_shared_count
     n_layer_dense_lead: int = 0     # leading_dense_block_count
     expert_weights_scale: float = 0.0
