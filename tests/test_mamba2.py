@@ -5,7 +5,9 @@ whatever the context) and the files refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from ggmlrun.models.memory.caches import create_memory
 from opkit import node_for, randn, run
 
 F64 = np.float64
+MODELS = Path(__file__).resolve().parents[1] / "examples" / "models"
 
 
 def scan_ref(s, x, dt, A, B, C, ids, K):
@@ -142,3 +145,33 @@ def test_moe_layers_are_ungated_experts_at_the_latent_width_beside_a_shared_expe
 def test_grouped_expert_selection_is_refused():
     with pytest.raises(InputError, match="expert_group_count"):
         from_metadata(moe_fields(expert_group_count=2), "nemotron_h_moe")
+
+
+def granite_fields(**extra) -> dict:
+    base = {"block_count": 4, "embedding_length": 64, "feed_forward_length": 96,
+            "vocab_size": 320, "context_length": 512, "attention.head_count": 4,
+            "attention.head_count_kv": [0, 2, 0, 0], "attention.layer_norm_rms_epsilon": 1e-5,
+            "ssm.conv_kernel": 4, "ssm.inner_size": 128, "ssm.state_size": 16,
+            "ssm.time_step_rank": 8, "ssm.group_count": 2}
+    base.update(extra)
+    return {f"granitehybrid.{k}": v for k, v in base.items() if v is not None}
+
+
+def test_granite_layers_without_kv_heads_are_mamba2_and_d_inner_must_be_twice_n_embd():
+    hp = from_metadata(granite_fields(), "granitehybrid")
+    assert [hp.is_recurrent(il) for il in range(4)] == [True, False, True, True]
+    with pytest.raises(InputError, match="inner_size"):
+        from_metadata(granite_fields(**{"ssm.inner_size": 96}), "granitehybrid")
+
+
+@pytest.mark.parametrize("finetuned", [None, True, False])
+def test_granite_attention_ropes_unless_rope_scaling_finetuned_is_false(finetuned):
+    from ggmlrun.models.arch.build import build_graph
+    from ggmlrun.models.modelfile import read_gguf
+
+    model = read_gguf(MODELS / "tiny-granitehybrid-f16.gguf")      # rope on (no key)
+    hp = from_metadata(granite_fields(**{"rope.scaling.finetuned": finetuned}), "granitehybrid")
+    model.hparams = dataclasses.replace(model.hparams, rope_finetuned=hp.rope_finetuned)
+    ropes = [n for n in build_graph(model, 8, 1, 256, 256, False, "f16").graph.nodes
+             if n.op == "rope"]
+    assert len(ropes) == (0 if finetuned is False else 2)     # Q and K of its one attention

@@ -39,7 +39,8 @@ def test_registry_lists_the_recorded_architectures_in_order():
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
                                   "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
                                   "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe", "lfm2",
-                                  "lfm2moe", "nemotron_h", "nemotron_h_moe"}
+                                  "lfm2moe", "nemotron_h", "nemotron_h_moe",
+                                  "granitehybrid"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -70,6 +71,9 @@ REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                  "lfm2": {"shortconv.l_cache": 3, "attention.head_count_kv": [0, 4]},
                  "nemotron_h": {"attention.head_count_kv": [0, 4],
                                 "attention.layer_norm_epsilon": 1e-5},
+                 "granitehybrid": {"attention.head_count_kv": [0, 4], "ssm.inner_size": 128,
+                                   "expert_count": 8, "expert_used_count": 2,
+                                   "expert_shared_feed_forward_length": 32},
                  "nemotron_h_moe": {"attention.head_count_kv": [0, 4],
                                     "attention.layer_norm_epsilon": 1e-5, "expert_count": 8,
                                     "expert_used_count": 2, "expert_feed_forward_length": 32,
@@ -108,7 +112,7 @@ def test_tensor_tables_use_gguf_names(arch):
     hp = from_metadata({f"{arch}.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, **{"attention.head_count": 4}, feed_forward_length=96,
         vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5},
-        **ssm, **REQUIRED_KEYS.get(arch, {})).items()}, arch)
+        **ssm | REQUIRED_KEYS.get(arch, {})).items()}, arch)
     table = get_arch(arch).tensors(hp)
     assert "token_embd.weight" in table
     assert table["output.weight"].required is (arch in OUTPUT_REQUIRED)

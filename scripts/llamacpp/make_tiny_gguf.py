@@ -332,6 +332,62 @@ MODELS += [
                                          ("moe_latent_size", 32), ("expert_shared_count", 1))),
 ]
 
+# granitehybrid (Granite 4.0-H in miniature): Mamba-2 layers (d_inner 2 n_embd: 8 heads of 16,
+# 2 groups, state 16) where head_count_kv is 0, attention elsewhere, every layer an FFN; Granite's
+# multipliers (embeddings x12, residuals x0.22, logits /8, KQ scale 0.125). The f16 file: dense
+# SwiGLU, rope (M, M, A, M); the q8_0 one: 8 experts of 32 (2 used) and a shared expert of 64,
+# no rope (rope.scaling.finetuned false, as the real files), tied output (M, A, M, M)
+GRANITE_KEYS = (("embedding_scale", 12.0), ("residual_scale", 0.22), ("logit_scale", 8.0),
+                ("attention.scale", 0.125))
+MODELS += [
+    TinyModel("tiny-granitehybrid-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+              seed=44, arch="granitehybrid", ssm=(4, 16, 2, 8, 128), kv_layers=(0, 0, 2, 0),
+              metadata=GRANITE_KEYS),
+    TinyModel("tiny-granitehybrid-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=32,
+              seed=45, arch="granitehybrid", ssm=(4, 16, 2, 8, 128), kv_layers=(0, 1, 0, 0),
+              n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, tied=True,
+              metadata=GRANITE_KEYS + (("rope.scaling.finetuned", False),)),
+]
+
+
+def granite_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """llama_model_granite_hybrid::load_arch_tensors' order: nemotron_h's Mamba-2 and attention
+    tensors, then ffn_norm and the dense FFN or the experts (gate, down, up of n_ff) and the
+    shared expert."""
+    d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+    n, hd, ff = m.n_embd, m.n_embd_head, m.n_ff
+    shapes = {"token_embd.weight": (N_VOCAB, n), "output_norm.weight": (n,)}
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    for i, kv in enumerate(m.kv_layers):
+        b = f"blk.{i}."
+        shapes[b + "attn_norm.weight"] = (n,)
+        if kv == 0:
+            shapes.update({b + "ssm_in.weight": (2 * d_inner + 2 * n_group * d_state + dt_rank, n),
+                           b + "ssm_conv1d.weight": (d_inner + 2 * n_group * d_state, d_conv),
+                           b + "ssm_conv1d.bias": (d_inner + 2 * n_group * d_state,),
+                           b + "ssm_dt.bias": (dt_rank,), b + "ssm_a": (dt_rank, 1),
+                           b + "ssm_d": (dt_rank, 1),
+                           b + "ssm_norm.weight": (n_group, d_inner // n_group),
+                           b + "ssm_out.weight": (n, d_inner)})
+        else:
+            shapes.update({b + "attn_q.weight": (n, n), b + "attn_k.weight": (kv * hd, n),
+                           b + "attn_v.weight": (kv * hd, n), b + "attn_output.weight": (n, n)})
+        shapes[b + "ffn_norm.weight"] = (n,)
+        if m.n_expert:
+            ne = m.n_expert
+            shapes.update({b + "ffn_gate_inp.weight": (ne, n),
+                           b + "ffn_gate_exps.weight": (ne, ff, n),
+                           b + "ffn_down_exps.weight": (ne, n, ff),
+                           b + "ffn_up_exps.weight": (ne, ff, n),
+                           b + "ffn_gate_shexp.weight": (m.n_ff_shexp, n),
+                           b + "ffn_up_shexp.weight": (m.n_ff_shexp, n),
+                           b + "ffn_down_shexp.weight": (n, m.n_ff_shexp)})
+        else:
+            shapes.update({b + "ffn_gate.weight": (ff, n), b + "ffn_down.weight": (n, ff),
+                           b + "ffn_up.weight": (ff, n)})
+    return shapes
+
 
 def nemotron_h_experts(m: TinyModel, b: str, shapes: dict) -> None:
     """An MoE layer: router, selection bias, the optional latent projections, up/down experts
@@ -595,6 +651,8 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
     if m.arch.startswith("nemotron_h"):
         return nemotron_h_shapes(m)
+    if m.arch == "granitehybrid":
+        return granite_shapes(m)
     if m.arch in ("lfm2", "lfm2moe"):
         return lfm2_shapes(m)
     if m.arch == "deepseek2":

@@ -342,8 +342,8 @@ EXTRAS += [
 # and conv state under -np 2 (a row per sequence), across two ubatches (t40), -ngl splitting
 # the layer kinds; the MoE ones' experts on the CPU
 MAMBA2_MODELS = ["tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-nemotronhmoe-f16",
-                 "tiny-nemotronhmoe-q8_0"]
-MAMBA2_MOE_MODELS = ["tiny-nemotronhmoe-f16", "tiny-nemotronhmoe-q8_0"]
+                 "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-f16", "tiny-granitehybrid-q8_0"]
+MAMBA2_MOE_MODELS = ["tiny-nemotronhmoe-f16", "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-q8_0"]
 MODELS += MAMBA2_MODELS
 EXTRAS += [
     (model, suffix, opts)

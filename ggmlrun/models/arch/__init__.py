@@ -44,6 +44,7 @@ _MODULES = {
     # the Mamba-2 hybrids
     "nemotron_h": "ggmlrun.models.arch.nemotron_h",
     "nemotron_h_moe": "ggmlrun.models.arch.nemotron_h_moe",
+    "granitehybrid": "ggmlrun.models.arch.granitehybrid",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

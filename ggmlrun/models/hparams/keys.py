@@ -95,6 +95,11 @@ RULES: dict[str, Rule] = {
     "attention.layer_norm_rms_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
     # nemotron_h(_moe): required by llama.cpp (its MTP head's final norm)
     "attention.layer_norm_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
+    # granitehybrid's multipliers (0 or absent: none) and attention scale (0: 1/sqrt(head))
+    "logit_scale": Rule("f32", 0.0, F32_MAX),
+    "residual_scale": Rule("f32", 0.0, F32_MAX),
+    "embedding_scale": Rule("f32", 0.0, F32_MAX),
+    "attention.scale": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.factor": Rule("f32", MIN_INVERTED, F32_MAX, or_zero=True,
                                 why="0: no scaling; rope takes its inverse"),
     "rope.scaling.type": Rule("str", choices=ROPE_SCALING_TYPES),

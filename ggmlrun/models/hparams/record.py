@@ -72,6 +72,13 @@ class HParams:
     n_embd_per_layer: int = 0       # per-layer embeddings' width (gemma4)
     f_final_logit_softcapping: float = 0.0
     f_attention_scale: float = 0.0
+    # granite's multipliers (0: none): logits divided by f_logit_scale, each block's output
+    # (attention/SSM and FFN) times f_residual_scale, the token embeddings times
+    # f_embedding_scale (llama.cpp's build_inp_embd)
+    f_logit_scale: float = 0.0
+    f_residual_scale: float = 0.0
+    f_embedding_scale: float = 0.0
+    rope_finetuned: bool = True     # granitehybrid: rope.scaling.finetuned false = no rope
     attn_temp_scale: float = 0.0          # attention.temperature_scale (mistral3)
     n_attn_temp_floor_scale: int = 0      # n_ctx_orig_yarn when the scale is set
     # mixture of experts (0 experts: a dense model)
