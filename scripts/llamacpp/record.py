@@ -345,6 +345,12 @@ MAMBA2_MODELS = ["tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-nemotronhmoe
                  "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-f16", "tiny-granitehybrid-q8_0"]
 MAMBA2_MOE_MODELS = ["tiny-nemotronhmoe-f16", "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-q8_0"]
 MODELS += MAMBA2_MODELS
+# their committed dumps: the Mamba-2 block (ssm_conv, ssm_scan by ids, the state copies) split
+# between devices, the MLP / expert layers, granite's multipliers with and without rope
+COMMITTED_IDS |= {"tiny-nemotronh-f16/c256/ub32/fa0/ngl2",
+                  "tiny-nemotronhmoe-q8_0/c256/ub32/fa1/nglall",
+                  "tiny-granitehybrid-f16/c256/ub32/fa0/ngl2",
+                  "tiny-granitehybrid-q8_0/c256/ub32/fa1/nglall"}
 EXTRAS += [
     (model, suffix, opts)
     for model in MAMBA2_MODELS

@@ -67,4 +67,4 @@ def mamba2_layer(d, cur, il: int):
     if norm is not None:              # the grouped RMS norm
         y = d.norm(b.reshape(y, (ns, Tn, G, d_inner // G)), norm, il)
     y = b.reshape(y, (Tn * ns, d_inner))
-    return ctx.mul_mat(w(T.SSM_OUT, il), y)
+    return b.cb(ctx.mul_mat(w(T.SSM_OUT, il), y), "mamba_out", il)
