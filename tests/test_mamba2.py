@@ -175,3 +175,12 @@ def test_granite_attention_ropes_unless_rope_scaling_finetuned_is_false(finetune
     ropes = [n for n in build_graph(model, 8, 1, 256, 256, False, "f16").graph.nodes
              if n.op == "rope"]
     assert len(ropes) == (0 if finetuned is False else 2)     # Q and K of its one attention
+
+
+@pytest.mark.parametrize("rms, eps", [(1e-5, 1e-6), (None, 1e-6), (None, 3e-5)])
+def test_nemotron_h_rms_norms_fall_back_to_the_layer_norm_epsilon(rms, eps):
+    """As the converter writes the files (layer_norm_epsilon only) and llama.cpp reads them."""
+    hp = from_metadata(fields((0, 2, 0, 0), (0, 0, 96, 0), **{
+        "attention.layer_norm_rms_epsilon": rms, "attention.layer_norm_epsilon": eps}),
+        "nemotron_h")
+    assert hp.norm_rms_eps == pytest.approx(rms or eps, rel=1e-6)

@@ -69,6 +69,8 @@ class TinyModel:
     sections: tuple = ()       # rope.dimension_sections of an IMROPE model without SSM (qwen3vl)
     l_cache: int = 0           # lfm2: shortconv.l_cache; attention.head_count_kv per layer
     kv_layers: tuple = ()      # (0: a short-conv layer)
+    rms_eps: bool = True       # attention.layer_norm_rms_epsilon written (nemotron_h's converter
+    #                            writes only attention.layer_norm_epsilon)
 
     @property
     def n_embd_head(self) -> int:
@@ -316,7 +318,8 @@ MODELS += [
 # nemotron_h_moe (Nemotron-3-Nano in miniature): the MLP layers are 8 experts of 32 (2 used,
 # no gate, sigmoid router with a selection bias) beside a shared expert of 64; the f16 file's
 # weights normalised and scaled by 2.5 (M, E, A, E, M, E), the q8_0 one's through a latent of
-# 32 (moe_latent_size), neither normalised nor scaled (M, E, A, M, E), tied output
+# 32 (moe_latent_size), neither normalised nor scaled (M, E, A, M, E), tied output, and as the
+# converter writes them only attention.layer_norm_epsilon (1e-6: the RMS norms' epsilon)
 NEMOTRON_H_MOE = dict(n_embd=64, n_head=4, n_ff=32, arch="nemotron_h_moe", ssm=(4, 16, 2, 4, 64),
                       n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, probs_b=True)
 MODELS += [
@@ -327,8 +330,9 @@ MODELS += [
                                          ("expert_weights_scale", 2.5),
                                          ("expert_shared_count", 1))),
     TinyModel("tiny-nemotronhmoe-q8_0", "q8_0", n_head_kv=1, seed=43, n_layer=5,
-              kv_layers=(0, 0, 1, 0, 0), tied=True, **NEMOTRON_H_MOE,
-              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 32, 0, 0, 32)),
+              kv_layers=(0, 0, 1, 0, 0), tied=True, **NEMOTRON_H_MOE, rms_eps=False,
+              metadata=(("attention.layer_norm_epsilon", 1e-6),
+                        ("feed_forward_length", (0, 32, 0, 0, 32)),
                                          ("moe_latent_size", 32), ("expert_shared_count", 1))),
 ]
 
@@ -852,7 +856,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_rope_dimension_sections(list(m.sections))
     if "rope.freq_base" not in dict(m.metadata):
         writer.add_rope_freq_base(ROPE_FREQ_BASE)
-    writer.add_layer_norm_rms_eps(RMS_EPS)
+    if m.rms_eps:
+        writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
     writer.add_file_type(FILE_TYPES[m.expert_type or m.weight_type])
     if m.n_expert:

@@ -59,6 +59,9 @@ class Arch:
     rows_before_norm: bool = False
     # feed_forward_length may be absent (0): the FFN widths have keys of their own (qwen35moe)
     n_ff_optional: bool = False
+    # attention.layer_norm_rms_epsilon may be absent, attention.layer_norm_epsilon standing for
+    # it (nemotron_h: its converter writes only the latter)
+    rms_eps_fallback: bool = False
     # the fewest tensors a layer has (attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up
     # and down; nemotron_h's MLP layer: attn_norm, up, down)
     min_layer_tensors: int = 6

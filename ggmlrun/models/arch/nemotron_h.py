@@ -39,7 +39,8 @@ def ssm_hparams(get, arch: str) -> dict:
 
 def read_hparams(get, common: dict, **extra) -> HParams:
     """load_arch_hparams: a layer is recurrent iff it has neither KV heads nor an FFN;
-    attention.layer_norm_epsilon is required (read for the MTP head's norm, unused here)."""
+    attention.layer_norm_epsilon is required (the MTP head's norm; the RMS norms' epsilon when
+    the file has no attention.layer_norm_rms_epsilon, as the converter writes them)."""
     n_layer, arch = common["n_layer"], common["arch"]
     get("attention.layer_norm_epsilon")
     kv = get.arrays.get("attention.head_count_kv", (common["n_head_kv"],) * n_layer)
@@ -154,4 +155,5 @@ def build(d, ffn=None):
 
 ARCH = Arch(name="nemotron_h", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
             read_hparams=read_hparams, hybrid=True, rows_after_norm=True, min_layer_tensors=3,
+            rms_eps_fallback=True,
             per_layer=frozenset({"attention.head_count_kv", "feed_forward_length"}))

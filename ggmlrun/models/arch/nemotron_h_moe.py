@@ -74,4 +74,5 @@ def build(d):
 
 ARCH = Arch(name=NAME, rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build,
             read_hparams=read_hparams, hybrid=True, rows_after_norm=True, min_layer_tensors=3,
+            rms_eps_fallback=True,
             per_layer=nemotron_h.ARCH.per_layer)

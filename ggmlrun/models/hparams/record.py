@@ -285,6 +285,9 @@ def read_hparams(fields: dict, spec, types: dict | None = None) -> HParams:
     # rope_freq_scale_train = 1 / rope.scaling.factor (or the older rope.scale_linear), whatever
     # the scaling type; the context turns it back to 1 for type none (decoder.rope_params)
     factor = get("rope.scaling.factor", 0.0) or get("rope.scale_linear", 0.0)
+    rms_eps = get("attention.layer_norm_rms_epsilon", required=not spec.rms_eps_fallback)
+    if rms_eps is None:            # nemotron_h: the layer norm's epsilon stands for it
+        rms_eps = get("attention.layer_norm_epsilon")
     common = dict(
         arch=arch, ff_optional=spec.n_ff_optional,
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
@@ -295,7 +298,8 @@ def read_hparams(fields: dict, spec, types: dict | None = None) -> HParams:
         rope_freq_base=get("rope.freq_base", 10000.0),
         rope_freq_scale=1.0 / factor if factor else 1.0,
         # required: every registered architecture's load_arch_hparams reads it without a default
-        norm_rms_eps=get("attention.layer_norm_rms_epsilon"),
+        # (but nemotron_h's, which falls back to attention.layer_norm_epsilon)
+        norm_rms_eps=rms_eps,
         n_embd_head_k=head_k, n_embd_head_v=head_v,
         rope_scaling=scaling,
         n_ctx_orig_yarn=get("rope.scaling.original_context_length", 0),
