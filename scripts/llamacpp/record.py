@@ -360,6 +360,12 @@ EXTRAS += [
                          ("t40", {"ngl": "all", "tokens": TOKENS_2UB, "flash_attn": True}),
                          ("", {"ngl": 3}))
 ] + [
+    # the state follows the KV cache to the CPU under -nkvo; -ot moves the SSM weights only
+    (model, suffix, opts)
+    for model in ("tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-granitehybrid-f16")
+    for suffix, opts in (("nkvo", {"ngl": "all", "no_kv_offload": True}),
+                         ("ot-ssm-cpu", {"ngl": "all", "overrides": [["ssm_", "CPU"]]}))
+] + [
     (model, suffix, dict({"ngl": "all"}, **opts))
     for model in MAMBA2_MOE_MODELS
     for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
