@@ -401,7 +401,8 @@ def nemotron_h_experts(m: TinyModel, b: str, shapes: dict) -> None:
     w = lat or n
     shapes.update({b + "ffn_gate_inp.weight": (ne, n), b + "exp_probs_b.bias": (ne,)})
     if lat:
-        shapes.update({b + "ffn_latent_down.weight": (lat, n), b + "ffn_latent_up.weight": (n, lat)})
+        shapes.update({b + "ffn_latent_down.weight": (lat, n),
+                       b + "ffn_latent_up.weight": (n, lat)})
     shapes.update({b + "ffn_down_exps.weight": (ne, w, m.n_ff_exp),
                    b + "ffn_up_exps.weight": (ne, m.n_ff_exp, w),
                    b + "ffn_down_shexp.weight": (n, m.n_ff_shexp),

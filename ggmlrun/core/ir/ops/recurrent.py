@@ -1,7 +1,8 @@
 """The ops of recurrent (linear-attention) layers llama.cpp's hybrid models use: ssm_conv (the
 short causal convolution over a sequence, its past taken from the conv state), ssm_scan (the
-selective scan of Mamba-2's SSM, its state read by row ids) and gated_delta_net (the fused gated delta rule of Qwen3-Next / Qwen3.5, its result holding the
-attention output and the new state side by side). Shapes are NumPy order (ggml's ne reversed);
+selective scan of Mamba-2's SSM, its state read by row ids) and gated_delta_net (the fused
+gated delta rule of Qwen3-Next / Qwen3.5, its result holding the attention output and the new
+state side by side). Shapes are NumPy order (ggml's ne reversed);
 each kernel follows ggml-cpu's (ggml/src/ggml-cpu/ops.cpp), in f32.
 """
 
