@@ -470,7 +470,9 @@ def test_run_downloads_from_the_hub(hub, tmp_path):
 
 CARD_REFUSED = {"tiny-deepseek2-lite-f16", "tiny-deepseek2-q8_0", "tiny-gemma4-f16",
                 "tiny-gemma4-q8_0", "tiny-gemma4moe-q8_0", "tiny-glm4moe-q8_0",
-                "tiny-lfm2-f16", "tiny-lfm2moe-f16"}   # lfm2(moe): per-layer KV heads, no card key
+                "tiny-lfm2-f16", "tiny-lfm2moe-f16",   # lfm2(moe): per-layer KV heads, no card key
+                "tiny-nemotronh-f16",    # nemotron_h(_moe): per-layer KV heads and FFN widths
+                "tiny-nemotronhmoe-f16", "tiny-granitehybrid-f16"}
 
 
 @pytest.mark.parametrize("model", PER_ARCH, ids=lambda m: m.stem)

@@ -45,6 +45,10 @@ SWA_MODELS = ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-ge
 # gpt-oss: f16, q8_0, and ggml-org's mix (MXFP4 experts, q8_0 matrices); sliding layers too
 GPT_OSS_MODELS = ("tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4")
 GRID_MODELS += GPT_OSS_MODELS
+# the Mamba-2 hybrids
+MAMBA2_MODELS = ("tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-nemotronhmoe-f16",
+                 "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-f16", "tiny-granitehybrid-q8_0")
+GRID_MODELS += MAMBA2_MODELS
 SWA_MODELS += GPT_OSS_MODELS
 
 

@@ -39,7 +39,8 @@ def test_registry_lists_the_recorded_architectures_in_order():
     assert set(ARCHITECTURES) <= {"llama", "qwen2", "qwen3", "mistral3", "phi3", "gemma3",
                                   "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
                                   "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe", "lfm2",
-                                  "lfm2moe"}
+                                  "lfm2moe", "nemotron_h", "nemotron_h_moe",
+                                  "granitehybrid"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -68,6 +69,15 @@ def test_unknown_architecture_exits_2_listing_the_supported_ones(tmp_path):
 REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                  "qwen3vl": {"rope.dimension_sections": [3, 3, 2, 0]},
                  "lfm2": {"shortconv.l_cache": 3, "attention.head_count_kv": [0, 4]},
+                 "nemotron_h": {"attention.head_count_kv": [0, 4],
+                                "attention.layer_norm_epsilon": 1e-5},
+                 "granitehybrid": {"attention.head_count_kv": [0, 4], "ssm.inner_size": 128,
+                                   "expert_count": 8, "expert_used_count": 2,
+                                   "expert_shared_feed_forward_length": 32},
+                 "nemotron_h_moe": {"attention.head_count_kv": [0, 4],
+                                    "attention.layer_norm_epsilon": 1e-5, "expert_count": 8,
+                                    "expert_used_count": 2, "expert_feed_forward_length": 32,
+                                    "moe_latent_size": 32},
                  "lfm2moe": {"shortconv.l_cache": 3, "attention.head_count_kv": [0, 4],
                              "expert_count": 8, "expert_used_count": 2,
                              "expert_feed_forward_length": 32, "expert_gating_func": 2},
@@ -102,14 +112,14 @@ def test_tensor_tables_use_gguf_names(arch):
     hp = from_metadata({f"{arch}.{k}": v for k, v in dict(
         block_count=2, embedding_length=64, **{"attention.head_count": 4}, feed_forward_length=96,
         vocab_size=320, context_length=512, **{"attention.layer_norm_rms_epsilon": 1e-5},
-        **ssm, **REQUIRED_KEYS.get(arch, {})).items()}, arch)
+        **ssm | REQUIRED_KEYS.get(arch, {})).items()}, arch)
     table = get_arch(arch).tensors(hp)
     assert "token_embd.weight" in table
     assert table["output.weight"].required is (arch in OUTPUT_REQUIRED)
-    # LLM_TENSOR_SSM_A_NOSCAN is the one name without a suffix ("blk.N.ssm_a"); lfm2's
+    # LLM_TENSOR_SSM_A_NOSCAN and SSM_D are the names without a suffix ("blk.N.ssm_a"); lfm2's
     # short-conv tensors the ones with a dot in their class ("blk.N.shortconv.conv")
     assert all(re.fullmatch(r"(blk\.\d+\.)?(shortconv\.)?[a-z_]+[a-z0-9_]*\.(weight|bias)", name)
-               or hybrid and re.fullmatch(r"blk\.\d+\.ssm_a", name) for name in table)
+               or hybrid and re.fullmatch(r"blk\.\d+\.ssm_[ad]", name) for name in table)
     if not hybrid:
         with pytest.raises(KeyError):
             tn(arch, MODEL_TENSOR.SSM_A, "weight", 0)

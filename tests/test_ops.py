@@ -20,7 +20,7 @@ F16, F32, I32 = np.float16, np.float32, np.int32
 SPEC_OPS = ("add sub mul div neg abs sqr sqrt log exp relu silu sigmoid tanh gelu scale clamp "
             "sum sum_rows mean argmax norm rms_norm soft_max diag_mask_inf mul_mat get_rows "
             "repeat concat cont rope view reshape permute transpose cpy set_rows flash_attn_ext glu cast "
-            "pad softplus ssm_conv gated_delta_net mul_mat_id argsort add_id").split()
+            "pad softplus ssm_conv ssm_scan gated_delta_net mul_mat_id argsort add_id").split()
 SPEC_INPLACE = ("add sub mul div sqr sqrt log scale neg abs relu silu sigmoid tanh gelu exp "
                 "diag_mask_inf rope rms_norm soft_max clamp softplus add_id").split()
 

@@ -69,6 +69,8 @@ class TinyModel:
     sections: tuple = ()       # rope.dimension_sections of an IMROPE model without SSM (qwen3vl)
     l_cache: int = 0           # lfm2: shortconv.l_cache; attention.head_count_kv per layer
     kv_layers: tuple = ()      # (0: a short-conv layer)
+    rms_eps: bool = True       # attention.layer_norm_rms_epsilon written (nemotron_h's converter
+    #                            writes only attention.layer_norm_epsilon)
 
     @property
     def n_embd_head(self) -> int:
@@ -298,6 +300,145 @@ MODELS += [
     for kind, weight, experts, seed in (("f16", "f16", "", 17), ("q8_0", "q8_0", "", 18),
                                         ("mxfp4", "q8_0", "mxfp4", 19))]
 
+# --- the Mamba-2 hybrids (nemotron_h, nemotron_h_moe, granitehybrid) ------------------------
+# nemotron_h (Nemotron-H in miniature): each layer a Mamba-2 block (no KV heads, no FFN), an
+# attention block (KV heads, no FFN, no rope) or a squared-ReLU MLP (an FFN width), per layer;
+# SSM: conv kernel 4, state 16, 2 groups, 4 heads of 16 (d_inner 64). The f16 file's layers
+# are M, MLP, A, MLP, M, MLP (the last an MLP); the q8_0 one M, A, MLP, M, tied output.
+NEMOTRON_H_EPS = (("attention.layer_norm_epsilon", 1e-5),)
+MODELS += [
+    TinyModel("tiny-nemotronh-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=40,
+              arch="nemotron_h", n_layer=6, ssm=(4, 16, 2, 4, 64), kv_layers=(0, 0, 2, 0, 0, 0),
+              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 128, 0, 128, 0, 128)),)),
+    TinyModel("tiny-nemotronh-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=128, seed=41,
+              arch="nemotron_h", ssm=(4, 16, 2, 4, 64), kv_layers=(0, 1, 0, 0), tied=True,
+              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 0, 128, 0)),)),
+]
+
+# nemotron_h_moe (Nemotron-3-Nano in miniature): the MLP layers are 8 experts of 32 (2 used,
+# no gate, sigmoid router with a selection bias) beside a shared expert of 64; the f16 file's
+# weights normalised and scaled by 2.5 (M, E, A, E, M, E), the q8_0 one's through a latent of
+# 32 (moe_latent_size), neither normalised nor scaled (M, E, A, M, E), tied output, and as the
+# converter writes them only attention.layer_norm_epsilon (1e-6: the RMS norms' epsilon)
+NEMOTRON_H_MOE = dict(n_embd=64, n_head=4, n_ff=32, arch="nemotron_h_moe", ssm=(4, 16, 2, 4, 64),
+                      n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, probs_b=True)
+MODELS += [
+    TinyModel("tiny-nemotronhmoe-f16", "f16", n_head_kv=2, seed=42, n_layer=6,
+              kv_layers=(0, 0, 2, 0, 0, 0), **NEMOTRON_H_MOE,
+              metadata=NEMOTRON_H_EPS + (("feed_forward_length", (0, 32, 0, 32, 0, 32)),
+                                         ("expert_weights_norm", True),
+                                         ("expert_weights_scale", 2.5),
+                                         ("expert_shared_count", 1))),
+    TinyModel("tiny-nemotronhmoe-q8_0", "q8_0", n_head_kv=1, seed=43, n_layer=5,
+              kv_layers=(0, 0, 1, 0, 0), tied=True, **NEMOTRON_H_MOE, rms_eps=False,
+              metadata=(("attention.layer_norm_epsilon", 1e-6),
+                        ("feed_forward_length", (0, 32, 0, 0, 32)),
+                                         ("moe_latent_size", 32), ("expert_shared_count", 1))),
+]
+
+# granitehybrid (Granite 4.0-H in miniature): Mamba-2 layers (d_inner 2 n_embd: 8 heads of 16,
+# 2 groups, state 16) where head_count_kv is 0, attention elsewhere, every layer an FFN; Granite's
+# multipliers (embeddings x12, residuals x0.22, logits /8, KQ scale 0.125). The f16 file: dense
+# SwiGLU, rope (M, M, A, M); the q8_0 one: 8 experts of 32 (2 used) and a shared expert of 64,
+# no rope (rope.scaling.finetuned false, as the real files), tied output (M, A, M, M)
+GRANITE_KEYS = (("embedding_scale", 12.0), ("residual_scale", 0.22), ("logit_scale", 8.0),
+                ("attention.scale", 0.125))
+MODELS += [
+    TinyModel("tiny-granitehybrid-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+              seed=44, arch="granitehybrid", ssm=(4, 16, 2, 8, 128), kv_layers=(0, 0, 2, 0),
+              metadata=GRANITE_KEYS),
+    TinyModel("tiny-granitehybrid-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=32,
+              seed=45, arch="granitehybrid", ssm=(4, 16, 2, 8, 128), kv_layers=(0, 1, 0, 0),
+              n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64, tied=True,
+              metadata=GRANITE_KEYS + (("rope.scaling.finetuned", False),)),
+]
+
+
+def granite_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """llama_model_granite_hybrid::load_arch_tensors' order: nemotron_h's Mamba-2 and attention
+    tensors, then ffn_norm and the dense FFN or the experts (gate, down, up of n_ff) and the
+    shared expert."""
+    d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+    n, hd, ff = m.n_embd, m.n_embd_head, m.n_ff
+    shapes = {"token_embd.weight": (N_VOCAB, n), "output_norm.weight": (n,)}
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    for i, kv in enumerate(m.kv_layers):
+        b = f"blk.{i}."
+        shapes[b + "attn_norm.weight"] = (n,)
+        if kv == 0:
+            shapes.update({b + "ssm_in.weight": (2 * d_inner + 2 * n_group * d_state + dt_rank, n),
+                           b + "ssm_conv1d.weight": (d_inner + 2 * n_group * d_state, d_conv),
+                           b + "ssm_conv1d.bias": (d_inner + 2 * n_group * d_state,),
+                           b + "ssm_dt.bias": (dt_rank,), b + "ssm_a": (dt_rank, 1),
+                           b + "ssm_d": (dt_rank, 1),
+                           b + "ssm_norm.weight": (n_group, d_inner // n_group),
+                           b + "ssm_out.weight": (n, d_inner)})
+        else:
+            shapes.update({b + "attn_q.weight": (n, n), b + "attn_k.weight": (kv * hd, n),
+                           b + "attn_v.weight": (kv * hd, n), b + "attn_output.weight": (n, n)})
+        shapes[b + "ffn_norm.weight"] = (n,)
+        if m.n_expert:
+            ne = m.n_expert
+            shapes.update({b + "ffn_gate_inp.weight": (ne, n),
+                           b + "ffn_gate_exps.weight": (ne, ff, n),
+                           b + "ffn_down_exps.weight": (ne, n, ff),
+                           b + "ffn_up_exps.weight": (ne, ff, n),
+                           b + "ffn_gate_shexp.weight": (m.n_ff_shexp, n),
+                           b + "ffn_up_shexp.weight": (m.n_ff_shexp, n),
+                           b + "ffn_down_shexp.weight": (n, m.n_ff_shexp)})
+        else:
+            shapes.update({b + "ffn_gate.weight": (ff, n), b + "ffn_down.weight": (n, ff),
+                           b + "ffn_up.weight": (ff, n)})
+    return shapes
+
+
+def nemotron_h_experts(m: TinyModel, b: str, shapes: dict) -> None:
+    """An MoE layer: router, selection bias, the optional latent projections, up/down experts
+    (no gate), the shared expert."""
+    n, ne = m.n_embd, m.n_expert
+    lat = dict(m.metadata).get("moe_latent_size", 0)
+    w = lat or n
+    shapes.update({b + "ffn_gate_inp.weight": (ne, n), b + "exp_probs_b.bias": (ne,)})
+    if lat:
+        shapes.update({b + "ffn_latent_down.weight": (lat, n),
+                       b + "ffn_latent_up.weight": (n, lat)})
+    shapes.update({b + "ffn_down_exps.weight": (ne, w, m.n_ff_exp),
+                   b + "ffn_up_exps.weight": (ne, m.n_ff_exp, w),
+                   b + "ffn_down_shexp.weight": (n, m.n_ff_shexp),
+                   b + "ffn_up_shexp.weight": (m.n_ff_shexp, n)})
+
+
+def nemotron_h_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    """llama_model_nemotron_h::load_arch_tensors' order; ssm_a / ssm_d are [H, 1], ssm_norm
+    [G, d_inner / G] (kept f32 by add_weight, as the converter stores them)."""
+    d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
+    n, hd = m.n_embd, m.n_embd_head
+    ff = dict(m.metadata)["feed_forward_length"]
+    conv_dim = d_inner + 2 * n_group * d_state
+    shapes = {"token_embd.weight": (N_VOCAB, n), "output_norm.weight": (n,)}
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, n)
+    for i, (kv, f) in enumerate(zip(m.kv_layers, ff)):
+        b = f"blk.{i}."
+        shapes[b + "attn_norm.weight"] = (n,)
+        if kv == 0 and f == 0:
+            shapes.update({b + "ssm_in.weight": (2 * d_inner + 2 * n_group * d_state + dt_rank, n),
+                           b + "ssm_conv1d.weight": (conv_dim, d_conv),
+                           b + "ssm_conv1d.bias": (conv_dim,), b + "ssm_dt.bias": (dt_rank,),
+                           b + "ssm_a": (dt_rank, 1), b + "ssm_d": (dt_rank, 1),
+                           b + "ssm_norm.weight": (n_group, d_inner // n_group),
+                           b + "ssm_out.weight": (n, d_inner)})
+        elif f == 0:
+            shapes.update({b + "attn_q.weight": (n, n), b + "attn_k.weight": (kv * hd, n),
+                           b + "attn_v.weight": (kv * hd, n), b + "attn_output.weight": (n, n)})
+        elif m.n_expert:
+            nemotron_h_experts(m, b, shapes)
+        else:
+            shapes.update({b + "ffn_down.weight": (n, f), b + "ffn_up.weight": (f, n)})
+    return shapes
+
+
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "mxfp4": LlamaFileType.MOSTLY_MXFP4_MOE,
               "q8_0": LlamaFileType.MOSTLY_Q8_0,
@@ -513,6 +654,10 @@ def lfm2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
 
 def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     """NumPy shapes in llama.cpp's load order (ggml's ne reversed)."""
+    if m.arch.startswith("nemotron_h"):
+        return nemotron_h_shapes(m)
+    if m.arch == "granitehybrid":
+        return granite_shapes(m)
     if m.arch in ("lfm2", "lfm2moe"):
         return lfm2_shapes(m)
     if m.arch == "deepseek2":
@@ -654,6 +799,7 @@ def add_weight(writer: GGUFWriter, name: str, data: np.ndarray, weight_type: str
     converters do (and its quantizer never quantizes the router)."""
     if (data.ndim == 1 or weight_type == "f32" or ".ffn_gate_inp." in name
             or ".ssm_conv1d." in name or ".shortconv.conv." in name   # ggml's f32-only conv
+            or name.endswith((".ssm_a", ".ssm_d", ".ssm_norm.weight"))   # Mamba-2's [H, 1]
             or name.endswith(".bias")):                 # gpt-oss's 2-D expert biases
         writer.add_tensor(name, data)
     elif weight_type == "f16":
@@ -680,7 +826,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_head_count(m.n_head)
     if m.kv_layers:                 # lfm2: one per layer, 0 for a short-conv layer
         writer.add_head_count_kv(list(m.kv_layers))
-        writer.add_shortconv_l_cache(m.l_cache)
+        if m.l_cache:
+            writer.add_shortconv_l_cache(m.l_cache)
     elif "attention.head_count_kv" not in arrays:
         writer.add_head_count_kv(m.n_head_kv)
     if m.head_dim:
@@ -697,7 +844,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
     writer.add_rope_dimension_count(m.n_rot or m.n_embd_head)
     if m.ssm:
         d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
-        writer.add_rope_dimension_sections([3, 3, 2, 0])
+        if m.arch.startswith("qwen35"):
+            writer.add_rope_dimension_sections([3, 3, 2, 0])
         writer.add_ssm_conv_kernel(d_conv)
         writer.add_ssm_state_size(d_state)
         writer.add_ssm_group_count(n_group)
@@ -709,7 +857,8 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_rope_dimension_sections(list(m.sections))
     if "rope.freq_base" not in dict(m.metadata):
         writer.add_rope_freq_base(ROPE_FREQ_BASE)
-    writer.add_layer_norm_rms_eps(RMS_EPS)
+    if m.rms_eps:
+        writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_vocab_size(N_VOCAB)
     writer.add_file_type(FILE_TYPES[m.expert_type or m.weight_type])
     if m.n_expert:

@@ -338,6 +338,42 @@ EXTRAS += [
                          ("np2", {"ngl": 2, "parallel": 2}),
                          ("t40", {"ngl": 2, "tokens": TOKENS_2UB}))
 ]
+# --- the Mamba-2 hybrids (nemotron_h, nemotron_h_moe, granitehybrid): the grid, and the SSM
+# and conv state under -np 2 (a row per sequence), across two ubatches (t40), -ngl splitting
+# the layer kinds; the MoE ones' experts on the CPU
+MAMBA2_MODELS = ["tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-nemotronhmoe-f16",
+                 "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-f16", "tiny-granitehybrid-q8_0"]
+MAMBA2_MOE_MODELS = ["tiny-nemotronhmoe-f16", "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-q8_0"]
+MODELS += MAMBA2_MODELS
+# their committed dumps: the Mamba-2 block (ssm_conv, ssm_scan by ids, the state copies) split
+# between devices, the MLP / expert layers, granite's multipliers with and without rope
+COMMITTED_IDS |= {"tiny-nemotronh-f16/c256/ub32/fa0/ngl2",
+                  "tiny-nemotronhmoe-q8_0/c256/ub32/fa1/nglall",
+                  "tiny-granitehybrid-f16/c256/ub32/fa0/ngl2",
+                  "tiny-granitehybrid-q8_0/c256/ub32/fa1/nglall"}
+EXTRAS += [
+    (model, suffix, opts)
+    for model in MAMBA2_MODELS
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("np2", {"ngl": "all", "parallel": 2, "flash_attn": True}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": "all", "tokens": TOKENS_2UB, "flash_attn": True}),
+                         ("", {"ngl": 3}))
+] + [
+    # the state follows the KV cache to the CPU under -nkvo; -ot moves the SSM weights only
+    (model, suffix, opts)
+    for model in ("tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-granitehybrid-f16")
+    for suffix, opts in (("nkvo", {"ngl": "all", "no_kv_offload": True}),
+                         ("ot-ssm-cpu", {"ngl": "all", "overrides": [["ssm_", "CPU"]]}))
+] + [
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in MAMBA2_MOE_MODELS
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True,
+                                          "ubatch": 512}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}))
+]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
 # ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,

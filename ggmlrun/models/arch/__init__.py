@@ -41,6 +41,10 @@ _MODULES = {
     "qwen3vlmoe": "ggmlrun.models.arch.qwen3vlmoe",
     "lfm2": "ggmlrun.models.arch.lfm2",
     "lfm2moe": "ggmlrun.models.arch.lfm2moe",
+    # the Mamba-2 hybrids
+    "nemotron_h": "ggmlrun.models.arch.nemotron_h",
+    "nemotron_h_moe": "ggmlrun.models.arch.nemotron_h_moe",
+    "granitehybrid": "ggmlrun.models.arch.granitehybrid",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

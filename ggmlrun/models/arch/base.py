@@ -59,6 +59,12 @@ class Arch:
     rows_before_norm: bool = False
     # feed_forward_length may be absent (0): the FFN widths have keys of their own (qwen35moe)
     n_ff_optional: bool = False
+    # attention.layer_norm_rms_epsilon may be absent, attention.layer_norm_epsilon standing for
+    # it (nemotron_h: its converter writes only the latter)
+    rms_eps_fallback: bool = False
+    # the fewest tensors a layer has (attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up
+    # and down; nemotron_h's MLP layer: attn_norm, up, down)
+    min_layer_tensors: int = 6
 
     def tensor_shapes(self, hp) -> dict[str, tuple[int, ...]]:
         return {name: spec.shape for name, spec in self.tensors(hp).items()}
@@ -156,15 +162,15 @@ def nextn_tensors(hp, name, il: int) -> dict[str, TensorSpec]:
         (T.NEXTN_SHARED_HEAD_HEAD, (n_vocab, n_embd)), (T.NEXTN_SHARED_HEAD_NORM, (n_embd,)))}
 
 
-MIN_LAYER_TENSORS = 6     # attn_norm, Q/K/V or QKV, attn_output, ffn_norm, FFN up and down
 
 
 def check_tensors(arch, hp, tensors: dict, where: str | None, table: dict | None = None) -> dict:
     """Every tensor llama.cpp requires for the architecture, and every optional one present, in
     the shape the hyperparameters give it (TensorSpec above)."""
-    if hp.n_layer * MIN_LAYER_TENSORS > len(tensors):   # before listing a corrupt block_count's
+    least = hp.n_layer * arch.min_layer_tensors
+    if least > len(tensors):   # before listing a corrupt block_count's
         raise InputError(f"block_count {hp.n_layer} needs at least "
-                         f"{hp.n_layer * MIN_LAYER_TENSORS} tensors but the model has "
+                         f"{least} tensors but the model has "
                          f"{len(tensors)}", file=where)
     table = table if table is not None else arch.tensors(hp)
     for name, spec in table.items():

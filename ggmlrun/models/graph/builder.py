@@ -233,16 +233,21 @@ def rs_inputs(b: GraphBuilder, n_rs: int, n_seqs: int) -> dict[str, Tensor]:
 
 
 def build_rs(b: GraphBuilder, inputs: dict[str, Tensor], s: Tensor, state_size: int,
-             n_seqs: int, n_rs: int, rs_head: int = 0, rs_zero: int = 0) -> Tensor:
+             n_seqs: int, n_rs: int, rs_head: int = 0, rs_zero: int = 0,
+             get_state_rows=None) -> Tensor:
     """llm_graph_context::build_rs: clear the one state rs_zero (an in-place scale by 0 of its
-    row; a zero-sized view when rs_zero < 0), read the ubatch's states with get_rows, and copy
+    row; a zero-sized view when rs_zero < 0), read the ubatch's states with get_rows (or
+    `get_state_rows(states, ids)`: Mamba-2's ssm_scan reads them by id itself), and copy
     the other n_rs - n_seqs along (zero-sized when n_rs == n_seqs, as in every reserve)."""
     states = b.reshape(s, (s.shape[0], state_size))
     row = states.strides[0]
     on = rs_zero >= 0
     zero = b.view(states, (state_size * on,), (4,), rs_zero * row * on)
     b.expand(b.scale_inplace(zero, 0.0))
-    out = b.op("get_rows", [states, inputs["s_copy_main"]], (n_seqs, state_size))
+    if get_state_rows is None:
+        out = b.op("get_rows", [states, inputs["s_copy_main"]], (n_seqs, state_size))
+    else:
+        out = get_state_rows(states, inputs["s_copy_main"])
     b.expand(out)
     extra = b.op("get_rows", [states, inputs["s_copy_extra"]], (n_rs - n_seqs, state_size))
     dst = b.view(s, (n_rs - n_seqs, state_size), (s.strides[0], 4), (rs_head + n_seqs) * row)

@@ -75,9 +75,13 @@ class Decoder:
         b.expand(inp_embd)           # ggml_build_forward_select adds both candidates
         self.inpL = rows if width == hp.n_embd else b.view(
             rows, (n_tokens, hp.n_embd), (rows.strides[-2], rows.strides[-1]))
+        self.t_inp_embd = self.inpL      # llm_graph_result's t_inp_embd
+        if hp.f_embedding_scale:         # granite: the embeddings scaled (a cont first if
+            if width != hp.n_embd:       # they are a view)
+                self.inpL = b.cont(self.inpL)
+            self.inpL = b.op("scale", [self.inpL], self.inpL.shape, s=hp.f_embedding_scale)
         b.expand(self.inpL)
         b.cb(self.inpL, "embd", -1)
-        self.t_inp_embd = self.inpL      # llm_graph_result's t_inp_embd
         self.inputs = {
             "tokens": tokens, "embd": inp_embd,
             "pos": b.leaf("inp_pos", (n_tokens * arch.n_pos_per_embd,), "i32"),

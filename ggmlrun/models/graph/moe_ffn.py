@@ -27,8 +27,9 @@ def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
     by their sum, clamped at f16's smallest normal), the experts' products (mul_mat_id),
     each weighted, then the experts' outputs added up in order (views of one tensor).
     `logits`: the router's output made by the architecture (llama.cpp's probs_in, gemma4);
-    `glu`: the experts' gate ("geglu": LLM_FFN_GELU; gpt-oss's LLM_FFN_SWIGLU_OAI_MOE: the
-    glu op's params, op swiglu_oai with its alpha and limit); experts_ffn says the rest.
+    `glu`: the experts' gate ("geglu": LLM_FFN_GELU; "relu_sqr": LLM_FFN_RELU_SQR, no gate;
+    gpt-oss's LLM_FFN_SWIGLU_OAI_MOE: the glu op's params, op swiglu_oai with its alpha and
+    limit); experts_ffn says the rest.
     gpt-oss's variant: `biases` (the router's bias added to its logits, each expert's
     bias row added to its products by add_id), gating "softmax_weight" (the top experts
     by raw logit, their weights a soft_max over the chosen ones)."""
@@ -100,6 +101,11 @@ def experts_ffn(d, il: int, cur: Tensor, selected: Tensor, glu: str | dict,
     times its per-expert scale where the file has one (build_lora_mm_id's w_s: the scale
     repeated over the tokens, its selected rows by get_rows)."""
     b, cb = d.b, d.b.cb
+    if glu == "relu_sqr":      # LLM_FFN_RELU_SQR without a gate (nemotron_h_moe): up only
+        up = scaled_id(d, T.FFN_UP_EXP, il, cur, selected, "ffn_moe_up")
+        act = b.op("sqr", [b.op("relu", [up], up.shape)], up.shape)
+        act = cb(act, "ffn_moe_relu_sqr", il)
+        return scaled_id(d, T.FFN_DOWN_EXP, il, act, selected, "ffn_moe_down")
     gate_up = d.optional(T.FFN_GATE_UP_EXP, il)
     if gate_up is not None:
         gate_up = cb(mul_mat_id(b, gate_up, cur, selected), "ffn_moe_gate_up", il)

@@ -67,6 +67,9 @@ def output_head(d, inpL: Tensor, softcap: float | None = None,
     bias = d.optional(T.OUTPUT, None, "bias")
     if bias is not None:
         cur = d.add_bias(cur, bias)
+    if d.hp.f_logit_scale:       # granite: the logits divided by logit_scale
+        from ggmlrun.models.hparams.rules import as_f32
+        cur = b.op("scale", [cur], cur.shape, s=as_f32(1.0 / as_f32(d.hp.f_logit_scale)))
     if softcap is None:
         softcap = d.hp.f_final_logit_softcapping
     if softcap:

@@ -84,7 +84,7 @@ RULES: dict[str, Rule] = {
     "block_count": Rule("u32", 1, LLAMA_MAX_LAYERS, why="llama.cpp's LLAMA_MAX_LAYERS"),
     "context_length": Rule("u32", 1, U32_MAX),
     "embedding_length": Rule("u32"),
-    "feed_forward_length": Rule("u32", per_layer=True),
+    "feed_forward_length": Rule("u32", per_layer=True, zero_layers=True),
     "attention.head_count": Rule("u32", per_layer=True),
     "attention.head_count_kv": Rule("u32", per_layer=True, zero_layers=True),
     "attention.key_length": Rule("u32"),
@@ -93,6 +93,13 @@ RULES: dict[str, Rule] = {
     "vocab_size": Rule("u32"),
     "rope.freq_base": Rule("f32", 1.0, F32_MAX, why=_BASE_WHY),
     "attention.layer_norm_rms_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
+    # nemotron_h(_moe): required by llama.cpp (its MTP head's final norm)
+    "attention.layer_norm_epsilon": Rule("f32", 0.0, MAX_EPS, lo_open=True),
+    # granitehybrid's multipliers (0 or absent: none) and attention scale (0: 1/sqrt(head))
+    "logit_scale": Rule("f32", 0.0, F32_MAX),
+    "residual_scale": Rule("f32", 0.0, F32_MAX),
+    "embedding_scale": Rule("f32", 0.0, F32_MAX),
+    "attention.scale": Rule("f32", 0.0, F32_MAX),
     "rope.scaling.factor": Rule("f32", MIN_INVERTED, F32_MAX, or_zero=True,
                                 why="0: no scaling; rope takes its inverse"),
     "rope.scaling.type": Rule("str", choices=ROPE_SCALING_TYPES),
@@ -113,6 +120,9 @@ RULES: dict[str, Rule] = {
     "expert_weights_scale": Rule("f32", 0.0, MAX_EXPERT_WEIGHTS_SCALE,
                                  why="it multiplies every routed expert's output"),
     "expert_weights_norm": Rule("bool"),
+    # nemotron_h_moe: the experts' latent width (0: n_embd); expert groups (1 or absent: none)
+    "moe_latent_size": Rule("u32", 0),
+    "expert_group_count": Rule("u32", 0, LLAMA_MAX_EXPERTS),
     "expert_gating_func": Rule("u32", 0, 3, why="none, softmax, sigmoid, softmax_weight"),
     # rope scaling as llama_context derives it (every architecture), and keys some
     # architectures' load_arch_hparams read (mistral3: YaRN's betas and log multiplier,

@@ -72,6 +72,13 @@ class HParams:
     n_embd_per_layer: int = 0       # per-layer embeddings' width (gemma4)
     f_final_logit_softcapping: float = 0.0
     f_attention_scale: float = 0.0
+    # granite's multipliers (0: none): logits divided by f_logit_scale, each block's output
+    # (attention/SSM and FFN) times f_residual_scale, the token embeddings times
+    # f_embedding_scale (llama.cpp's build_inp_embd)
+    f_logit_scale: float = 0.0
+    f_residual_scale: float = 0.0
+    f_embedding_scale: float = 0.0
+    rope_finetuned: bool = True     # granitehybrid: rope.scaling.finetuned false = no rope
     attn_temp_scale: float = 0.0          # attention.temperature_scale (mistral3)
     n_attn_temp_floor_scale: int = 0      # n_ctx_orig_yarn when the scale is set
     # mixture of experts (0 experts: a dense model)
@@ -79,6 +86,7 @@ class HParams:
     n_expert_used: int = 0          # expert_used_count
     n_ff_exp: int = 0               # expert_feed_forward_length
     n_ff_shexp: int = 0             # expert_shared_feed_forward_length
+    n_moe_latent: int = 0           # moe_latent_size: the experts' width (0: n_embd)
     n_expert_shared: int = 0        # expert_shared_count
     n_layer_dense_lead: int = 0     # leading_dense_block_count
     expert_weights_scale: float = 0.0
@@ -140,7 +148,10 @@ class HParams:
                 and (il + 1) % self.full_attention_interval != 0)
 
     def has_kv(self, il: int) -> bool:
-        """Whether layer il stores K and V: every layer but those reading another's cache."""
+        """Whether layer il stores K and V: every layer but those reading another's cache and
+        those without KV heads (nemotron_h's MLP layers: the hybrid's attention filter)."""
+        if self.n_head_kv_arr and not self.n_head_kv_arr[il]:
+            return False
         return not self.n_layer_kv_from_start or il < self.n_layer_kv_from_start
 
     def kv_source(self, il: int) -> int:
@@ -274,6 +285,9 @@ def read_hparams(fields: dict, spec, types: dict | None = None) -> HParams:
     # rope_freq_scale_train = 1 / rope.scaling.factor (or the older rope.scale_linear), whatever
     # the scaling type; the context turns it back to 1 for type none (decoder.rope_params)
     factor = get("rope.scaling.factor", 0.0) or get("rope.scale_linear", 0.0)
+    rms_eps = get("attention.layer_norm_rms_epsilon", required=not spec.rms_eps_fallback)
+    if rms_eps is None:            # nemotron_h: the layer norm's epsilon stands for it
+        rms_eps = get("attention.layer_norm_epsilon")
     common = dict(
         arch=arch, ff_optional=spec.n_ff_optional,
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
@@ -284,7 +298,8 @@ def read_hparams(fields: dict, spec, types: dict | None = None) -> HParams:
         rope_freq_base=get("rope.freq_base", 10000.0),
         rope_freq_scale=1.0 / factor if factor else 1.0,
         # required: every registered architecture's load_arch_hparams reads it without a default
-        norm_rms_eps=get("attention.layer_norm_rms_epsilon"),
+        # (but nemotron_h's, which falls back to attention.layer_norm_epsilon)
+        norm_rms_eps=rms_eps,
         n_embd_head_k=head_k, n_embd_head_v=head_v,
         rope_scaling=scaling,
         n_ctx_orig_yarn=get("rope.scaling.original_context_length", 0),

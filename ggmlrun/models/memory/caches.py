@@ -6,8 +6,12 @@ cache holds it and in which widths, from the per-layer questions the hyperparame
 answers (as llama_hparams does):
 
 - `is_recurrent(il)`: the layer keeps llama_memory_recurrent's state (cache_r_l / cache_s_l,
-  n_embd_r / n_embd_s floats per row, max(1, n_seq_max) rows whatever the context);
-- `has_kv(il)`: the layer stores K and V (gemma4's last layers read another layer's cache);
+  n_embd_r / n_embd_s floats per row, max(1, n_seq_max) rows whatever the context): one family
+  whose widths the hyperparameters give (llama_hparams::n_embd_r / n_embd_s: a short conv's
+  n_embd (l_cache - 1) and no SSM state; a delta-net's or Mamba-2's conv state
+  (d_conv - 1)(d_inner + 2 n_group d_state) and SSM state d_state d_inner);
+- `has_kv(il)`: the layer stores K and V (gemma4's last layers read another layer's cache;
+  nemotron_h's MLP layers, without KV heads, store nothing);
 - `is_swa(il)`: into llama_kv_cache_iswa's sliding-window cache rather than the full one;
 - `n_embd_k_gqa_l(il)`, `n_embd_v_gqa_l(il)`: its row widths; V rows are the widest layer's
   (`n_embd_v_gqa`) while V is stored transposed, without flash attention

@@ -1,7 +1,8 @@
 """The ops of recurrent (linear-attention) layers llama.cpp's hybrid models use: ssm_conv (the
-short causal convolution over a sequence, its past taken from the conv state) and
-gated_delta_net (the fused gated delta rule of Qwen3-Next / Qwen3.5, its result holding the
-attention output and the new state side by side). Shapes are NumPy order (ggml's ne reversed);
+short causal convolution over a sequence, its past taken from the conv state), ssm_scan (the
+selective scan of Mamba-2's SSM, its state read by row ids) and gated_delta_net (the fused
+gated delta rule of Qwen3-Next / Qwen3.5, its result holding the attention output and the new
+state side by side). Shapes are NumPy order (ggml's ne reversed);
 each kernel follows ggml-cpu's (ggml/src/ggml-cpu/ops.cpp), in f32.
 """
 
@@ -55,6 +56,80 @@ register(OpSpec(name="ssm_conv", n_src=(2, 2), infer=_ssm_conv_infer, kernel=_ss
                 flops=lambda out, srcs: 2 * out.n_elements * srcs[1].shape[-1],
                 summary="causal conv: a f32 [S, C, d_conv-1+T] by c f32 [C, d_conv] -> "
                         "[S, T, C]"))
+
+
+# --- ssm_scan ----------------------------------------------------------------------------------
+
+def _ssm_scan_infer(srcs, *, K):
+    s, x, dt, A, B, C, ids = srcs
+    for name, t in zip(("s", "x", "dt", "A", "B", "C"), srcs):
+        need_dtype("ssm_scan", t, ("f32",), name)
+    need_dtype("ssm_scan", ids, ("i32",), "ids")
+    for name, t in (("s", s), ("dt", dt), ("A", A)):
+        need_contiguous("ssm_scan", t, name)
+    for name, t in (("x", x), ("B", B), ("C", C)):
+        need_ndim("ssm_scan", t, 1, 4, name)
+        shape, st = _pad(t.shape, 2), _pad(t.strides, 2)
+        if st[-1] != 4 or (shape[-2] > 1 and st[-2] != 4 * shape[-1]):
+            raise InputError(f"ssm_scan: {name} {who(t)} must have packed rows and heads "
+                             f"(ggml: nb[0] and nb[1] packed): insert a cont before it")
+    K = want_int("ssm_scan", "K", K, lo=1)
+    n_seqs, T, H, P = _pad(x.shape, 4)
+    N = s.shape[-1]
+    if (len(s.shape) != 4 or tuple(s.shape[1:3]) != (H, P)
+            or _pad(dt.shape, 3) != (n_seqs, T, H)
+            or len(A.shape) != 2 or A.shape[0] != H or A.shape[1] not in (1, N)
+            or tuple(B.shape) != tuple(C.shape) or _pad(B.shape, 4)[0:2] != (n_seqs, T)
+            or B.shape[-1] != N or H % _pad(B.shape, 4)[2] or tuple(ids.shape) != (n_seqs,)):
+        raise InputError(f"ssm_scan: s {fmt(s.shape)}, x {fmt(x.shape)}, dt {fmt(dt.shape)}, "
+                         f"A {fmt(A.shape)}, B {fmt(B.shape)}, C {fmt(C.shape)}, ids "
+                         f"{fmt(ids.shape)} must be [rows, H, P, N], [S, T, H, P], [S, T, H], "
+                         f"[H, 1 or N], [S, T, G, N] twice (G dividing H), [S]")
+    if A.shape[1] != 1 and K != 1:
+        raise InputError("ssm_scan: a per-state decay A [H, N] (Mamba-1) takes K 1")
+    return OpResult((n_seqs * T * H * P + K * N * P * H * n_seqs,), "f32")
+
+
+@quiet
+def _ssm_scan_kernel(out, s, x, dt, A, B, C, ids, *, K):
+    """ggml_compute_forward_ssm_scan_f32: per sequence, its state row ids[i] [H, P, N] decays
+    by exp(softplus(dt) A) (per head; Mamba-1: per state column too) and takes B x
+    softplus(dt), its group's B and C shared by H / G heads; y is the state read by C. The
+    output: y [S, T, H, P], then the final states (slot 0), then with K > 1 the states
+    before each of the last tokens (slot k: k tokens back)."""
+    n_seqs, T, H, P = _pad(x.shape, 4)
+    N = s.shape[-1]
+    x4 = np.asarray(x, dtype=F32).reshape(n_seqs, T, H, P)
+    dt3 = np.asarray(dt, dtype=F32).reshape(n_seqs, T, H)
+    B4, C4 = (np.asarray(t, dtype=F32).reshape(_pad(t.shape, 4)) for t in (B, C))
+    group = np.arange(H) // (H // B4.shape[2])          # repeat_interleave
+    a = np.asarray(A, dtype=F32)
+    state = np.array(np.asarray(s, dtype=F32)[np.asarray(ids, dtype=np.int64)])
+    flat = out.reshape(-1)
+    y = flat[:n_seqs * T * H * P].reshape(n_seqs, T, H, P)
+    states = flat[n_seqs * T * H * P:].reshape(K, n_seqs, H, P, N)
+    for t in range(T):
+        d = dt3[:, t]
+        soft = np.where(d > F32(20), d, np.log(F32(1) + np.exp(np.minimum(d, F32(20)))))
+        if a.shape[1] == 1:                               # Mamba-2: a scalar per head
+            dA = np.exp(soft * a[:, 0])[:, :, None, None]
+        else:                                             # Mamba-1: per state column
+            dA = np.exp(soft[:, :, None] * a)[:, :, None, :]
+        x_dt = (x4[:, t] * soft[:, :, None])[..., None]   # [S, H, P, 1]
+        state = state * dA + B4[:, t][:, group][:, :, None, :] * x_dt
+        y[:, t] = np.sum(state * C4[:, t][:, group][:, :, None, :], axis=-1, dtype=F32)
+        slot = T - 1 - t
+        if K > 1 and 0 < slot < K:
+            states[slot] = state
+    states[0] = state
+
+
+register(OpSpec(name="ssm_scan", n_src=(7, 7), infer=_ssm_scan_infer, kernel=_ssm_scan_kernel,
+                params={"K": 1},
+                flops=lambda out, srcs: 6 * srcs[1].n_elements * srcs[0].shape[-1],
+                summary="selective scan: s [rows, H, P, N], x [S, T, H, P], dt [S, T, H], "
+                        "A [H, 1], B, C [S, T, G, N], ids i32 [S] -> [S*T*H*P + K*S*H*P*N]: "
+                        "y, then states"))
 
 
 # --- gated_delta_net ---------------------------------------------------------------------------
