@@ -46,6 +46,11 @@ SWA_MODELS = ("tiny-gemma3-f16", "tiny-gemma3-q8_0", "tiny-gemma4-f16", "tiny-ge
 GPT_OSS_MODELS = ("tiny-gpt-oss-f16", "tiny-gpt-oss-q8_0", "tiny-gpt-oss-mxfp4")
 GRID_MODELS += GPT_OSS_MODELS
 SWA_MODELS += GPT_OSS_MODELS
+# wave 2b (issue 32): MiniMax-M2, ...
+WAVE2B_MODELS = ("tiny-minimaxm2-f16", "tiny-minimaxm2-q8_0", "tiny-llama4-f16",
+                 "tiny-llama4-q8_0", "tiny-seedoss-f16", "tiny-seedoss-q8_0", "tiny-olmo2-f16",
+                 "tiny-olmo2-q8_0", "tiny-smollm3-f16", "tiny-smollm3-q8_0")
+GRID_MODELS += WAVE2B_MODELS
 
 
 def model_options(cfg: dict, backends: tuple = (BACKENDS_FILE, BACKENDS_2_FILE)) -> list[str]:

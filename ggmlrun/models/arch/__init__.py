@@ -41,6 +41,12 @@ _MODULES = {
     "qwen3vlmoe": "ggmlrun.models.arch.qwen3vlmoe",
     "lfm2": "ggmlrun.models.arch.lfm2",
     "lfm2moe": "ggmlrun.models.arch.lfm2moe",
+    # wave 2b (issue 32)
+    "minimax-m2": "ggmlrun.models.arch.minimax_m2",
+    "llama4": "ggmlrun.models.arch.llama4",
+    "seed_oss": "ggmlrun.models.arch.seed_oss",
+    "olmo2": "ggmlrun.models.arch.olmo2",
+    "smollm3": "ggmlrun.models.arch.smollm3",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}
