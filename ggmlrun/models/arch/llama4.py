@@ -115,4 +115,7 @@ ARCH = Arch(name="llama4", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=buil
             card_hparams={"n_expert": ("expert_count", True, None),
                           "n_expert_used": ("expert_used_count", True, None),
                           "n_ff_exp": ("expert_feed_forward_length", True, None),
-                          "n_moe_layer_step": ("interleave_moe_layer_step", True, None)})
+                          "n_moe_layer_step": ("interleave_moe_layer_step", True, None),
+                          "n_swa": ("attention.sliding_window", False, None),
+                          "swa_pattern": ("attention.sliding_window_pattern", False, None),
+                          "rope_freq_base_swa": ("rope.freq_base_swa", False, None)})

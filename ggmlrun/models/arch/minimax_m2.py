@@ -91,4 +91,5 @@ ARCH = Arch(name="minimax-m2", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=
             read_hparams=read_hparams,
             card_hparams={"n_expert": ("expert_count", True, None),
                           "n_expert_used": ("expert_used_count", True, None),
+                          "n_ff_exp": ("expert_feed_forward_length", True, None),
                           "expert_gating_func": ("expert_gating_func", True, None)})
