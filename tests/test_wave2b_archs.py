@@ -1,5 +1,5 @@
-"""Issue 32's second-wave architectures beyond their recordings: llama4's layer kinds as
-llama.cpp derives them (chunked three of four, NoPE the fourth, MoE every step-th), and the
+"""Issue 32's second-wave architectures beyond their recordings: llama4's and OLMo 3's layer
+kinds as llama.cpp derives them (three of four chunked, or sliding with a window), and the
 files whose graph ggmlrun refuses rather than builds differently (exit 2)."""
 
 import pytest
@@ -31,6 +31,14 @@ def test_llama4_chunks_three_of_four_layers_of_8192_whatever_the_window(step, wi
     assert sorted(memory.kv.widths) == [3, 7] and memory.swa.swa_type == "chunked"
 
 
+@pytest.mark.parametrize("window", [0, 64, 4096])
+def test_olmo2_slides_three_of_four_layers_only_with_a_window(window):
+    hp = from_metadata(fields("olmo2", **{"attention.sliding_window": window}), "olmo2")
+    slides = [il for il in range(8) if hp.is_swa(il)]
+    assert slides == ([0, 1, 2, 4, 5, 6] if window else [])
+    assert (hp.n_swa, hp.swa_type) == (window, "standard") or not window
+
+
 @pytest.mark.parametrize("arch,extra,message", [
     ("llama4", {"interleave_moe_layer_step": 1, "attention.sliding_window": 0},
      "sliding_window is 0"),
@@ -38,7 +46,6 @@ def test_llama4_chunks_three_of_four_layers_of_8192_whatever_the_window(step, wi
     ("llama4", {}, "interleave_moe_layer_step"),
     ("minimax-m2", {}, "expert_gating_func 0"),
     ("minimax-m2", {"expert_gating_func": 2, "expert_used_count": 9}, "more than"),
-    ("olmo2", {"attention.sliding_window": 4096}, "sliding_window is set"),
     ("olmo2", {"attention.key_length": 32, "attention.value_length": 32}, "heads must be"),
 ])
 def test_files_not_built_are_input_errors(arch, extra, message):

@@ -388,7 +388,14 @@ MODELS += [
     TinyModel("tiny-smollm3-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=48,
               arch="smollm3"),
     TinyModel("tiny-smollm3-q8_0", "q8_0", n_embd=64, n_head=2, n_head_kv=1, n_ff=192, seed=49,
-              arch="smollm3", tied=True)]
+              arch="smollm3", tied=True),
+    # OLMo 3 (olmo2's graph with sliding layers): a window of 64 on layers 0-2 (the default
+    # pattern of 4), YaRN (factor 4 over 512) on the full layer only
+    TinyModel("tiny-olmo3-f16", "f16", n_embd=64, n_head=2, n_head_kv=2, n_ff=192, seed=50,
+              arch="olmo2", title="tiny-olmo3-f16",
+              metadata=(("attention.sliding_window", 64), ("rope.scaling.type", "yarn"),
+                        ("rope.scaling.factor", 4.0),
+                        ("rope.scaling.original_context_length", 512)))]
 
 
 def dense_shapes(m: TinyModel, order: tuple[str, ...]) -> dict[str, tuple[int, ...]]:

@@ -343,9 +343,15 @@ EXTRAS += [
 # CPU (-ot exps=CPU, --cpu-moe, --n-cpu-moe)
 WAVE2B_MOE = ["tiny-minimaxm2-f16", "tiny-minimaxm2-q8_0", "tiny-llama4-f16", "tiny-llama4-q8_0"]
 WAVE2B_DENSE = ["tiny-seedoss-f16", "tiny-seedoss-q8_0", "tiny-olmo2-f16", "tiny-olmo2-q8_0",
-                "tiny-smollm3-f16", "tiny-smollm3-q8_0"]
+                "tiny-smollm3-f16", "tiny-smollm3-q8_0", "tiny-olmo3-f16"]
 WAVE2B_MODELS = WAVE2B_MOE + WAVE2B_DENSE
 MODELS += WAVE2B_MODELS
+# OLMo 3's sliding layers (a window of 64): the grid again with --swa-full, and a prompt of
+# 160 tokens, longer than the window, in one ubatch
+SWA_MODELS += ["tiny-olmo3-f16"]
+EXTRAS += [("tiny-olmo3-f16", "long" + ("-swafull" if full else ""),
+            {"ngl": 2, "ubatch": 512, "flash_attn": fa, "swa_full": full, "tokens": LONG_TOKENS})
+           for fa in (False, True) for full in (False, True)]
 # llama4's chunked layers live in llama_kv_cache_iswa's second cache, which its chunk of 8192
 # makes full-size at any context here: --swa-full on a few configurations (the whole grid
 # again would repeat the same figures)
