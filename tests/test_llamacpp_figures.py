@@ -50,6 +50,12 @@ MAMBA2_MODELS = ("tiny-nemotronh-f16", "tiny-nemotronh-q8_0", "tiny-nemotronhmoe
                  "tiny-nemotronhmoe-q8_0", "tiny-granitehybrid-f16", "tiny-granitehybrid-q8_0")
 GRID_MODELS += MAMBA2_MODELS
 SWA_MODELS += GPT_OSS_MODELS
+# wave 2b (issue 32): MiniMax-M2, ...
+WAVE2B_MODELS = ("tiny-minimaxm2-f16", "tiny-minimaxm2-q8_0", "tiny-llama4-f16",
+                 "tiny-llama4-q8_0", "tiny-seedoss-f16", "tiny-seedoss-q8_0", "tiny-olmo2-f16",
+                 "tiny-olmo2-q8_0", "tiny-smollm3-f16", "tiny-smollm3-q8_0", "tiny-olmo3-f16")
+GRID_MODELS += WAVE2B_MODELS
+SWA_MODELS += ("tiny-olmo3-f16",)     # OLMo 3: olmo2's graph with sliding layers
 
 
 def model_options(cfg: dict, backends: tuple = (BACKENDS_FILE, BACKENDS_2_FILE)) -> list[str]:

@@ -40,7 +40,8 @@ def test_registry_lists_the_recorded_architectures_in_order():
                                   "gemma4", "qwen35", "qwen3moe", "glm4moe", "gpt-oss",
                                   "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe", "lfm2",
                                   "lfm2moe", "nemotron_h", "nemotron_h_moe",
-                                  "granitehybrid"}
+                                  "granitehybrid", "minimax-m2", "llama4", "seed_oss", "olmo2",
+                                  "smollm3"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -97,8 +98,13 @@ REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                             "attention.value_length_swa": 16,
                             "embedding_length_per_layer_input": 0},
                  "gpt-oss": {"expert_count": 8, "expert_used_count": 2,
-                             "expert_feed_forward_length": 32, "attention.sliding_window": 64}}
-OUTPUT_REQUIRED = {"gpt-oss"}     # create_tensor(output, 0): no tied output
+                             "expert_feed_forward_length": 32, "attention.sliding_window": 64},
+                 "minimax-m2": {"expert_count": 8, "expert_used_count": 2,
+                                "expert_feed_forward_length": 32, "expert_gating_func": 2},
+                 "llama4": {"expert_count": 8, "expert_used_count": 2,
+                            "expert_feed_forward_length": 32, "interleave_moe_layer_step": 2}}
+# create_tensor(output, 0): no tied output
+OUTPUT_REQUIRED = {"gpt-oss", "minimax-m2", "olmo2"}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

@@ -30,7 +30,7 @@ from ggmlrun.models.gguf.mapped import MappedFile, sigbus_guard
 from ggmlrun.models.modelfile import ModelFile
 from ggmlrun.models.options.params import (KV_PAD, ModelOptions, context_size, fa_requested,
                                            kv_size, swa_kv_size, ubatch_size)
-from ggmlrun.models.memory.caches import create_memory
+from ggmlrun.models.memory.caches import create_memory, swa_visible
 from ggmlrun.models.memory.placement import place
 from ggmlrun.models.reserve import check_options, fa_probe, placed_tensors
 
@@ -70,10 +70,11 @@ def weight_values(model: ModelFile, mg: ModelGraph, data: list[np.ndarray]
 
 
 def attn_input_values(inp: dict, n_tok: int, n_kv: int, kv_cells: int, n_embd_v_gqa: int,
-                      n_swa: int = 0, p0: int = 0) -> dict[Tensor, np.ndarray]:
+                      n_swa: int = 0, p0: int = 0,
+                      swa_type: str = "standard") -> dict[Tensor, np.ndarray]:
     """One cache's attention inputs for n_tok tokens of sequence 0 at positions p0.. in cells p0..
     (llama_kv_cache's set_input_k_idxs / v_idxs / kq_mask): a causal mask over its n_kv cells,
-    and with `n_swa` the standard sliding window too (is_masked_swa: p1 - p0 >= n_swa)."""
+    and with `n_swa` the sliding window of that kind too (caches.swa_visible)."""
     cells = np.arange(p0, p0 + n_tok, dtype=np.int64)
     if "v_idxs" not in inp:       # MLA: the K-only cache
         v_idxs = None
@@ -85,7 +86,7 @@ def attn_input_values(inp: dict, n_tok: int, n_kv: int, kv_cells: int, n_embd_v_
     p1, pc = cells[:, None], np.arange(n_kv)[None, :]
     keep = (pc <= p1) & (pc < p0 + n_tok)
     if n_swa:
-        keep &= p1 - pc < n_swa
+        keep &= swa_visible(swa_type, n_swa, pc, p1)
     mask = np.where(keep, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
     mask_t = inp["kq_mask"]
     rotations = {inp[key]: hadamard(inp[key].shape[0]) for key in ("k_rot", "v_rot") if key in inp}
@@ -104,7 +105,8 @@ def input_values(mg: ModelGraph, tokens: list[int], n_kv: int, kv_cells: int,
     values = attn_input_values(inp, n_tok, n_kv, kv_cells, n_embd_v_gqa, p0=p0)
     if mg.swa_cache is not None:      # llama_kv_cache_iswa: the SWA cache's own inputs
         values.update(attn_input_values(mg.swa_inputs, n_tok, mg.swa_n_kv, mg.swa_cache.kv_size,
-                                        n_embd_v_gqa, mg.n_swa, p0=p0))
+                                        n_embd_v_gqa, mg.n_swa, p0=p0,
+                                        swa_type=mg.swa_cache.memory.swa_type))
     pos = np.arange(p0, p0 + n_tok, dtype=np.int32)
     if inp["pos"].shape[0] == 4 * n_tok:     # M-RoPE / IMROPE text positions: t, h, w the same, e 0
         pos = np.concatenate([pos, pos, pos, np.zeros(n_tok, np.int32)])
@@ -148,9 +150,10 @@ def run_model(model: ModelFile, backends: list[BackendSpec], opts: ModelOptions,
     swa = swa_kv_size(opts, hp)
     placement = place(hp, model.tensors, backends, opts)
     scheduler = Scheduler(backends, op_offload=opts.op_offload, ggml=opts.ggml)
-    # a sliding-window cache's cells are reused past its size: those models run the prompt as
+    # a sliding-window cache's cells are reused past its size: a prompt longer than it runs as
     # one ubatch (as before); the others in ubatches of --ubatch tokens, as llama.cpp splits it
-    step = len(tokens) if hp.has_swa else ubatch
+    # (llama4's chunked cache is full-size up to its chunk of 8192)
+    step = len(tokens) if hp.has_swa and len(tokens) > swa else ubatch
     chunks = [tokens[i:i + step] for i in range(0, len(tokens), step)]
     if not model.files:
         raise InputError(f"model '{model.name}' is a card, with no weights to run; run a GGUF file")

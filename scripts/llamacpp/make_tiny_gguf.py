@@ -439,6 +439,143 @@ def nemotron_h_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+
+# --- wave 2b (issue 32): minimax-m2, llama4, ... -------------------------------------------
+# minimax-m2 (MiniMax-M2 in miniature): heads of 32 with a NeoX rope over 16 of them (M2's 64
+# of 128), Q/K norms over the whole Q / K width, 8 experts of 32 (feed_forward_length: llama.cpp
+# shapes the experts by it), 2 used, a selection bias; sigmoid gates in the f16 file (M2's),
+# softmax in the q8_0 one
+MODELS += [
+    TinyModel(f"tiny-minimaxm2-{weight}", weight, n_embd=64, n_head=4, n_head_kv=2, n_ff=32,
+              seed=seed, arch="minimax-m2", head_dim=32, n_rot=16, n_expert=8, n_expert_used=2,
+              n_ff_exp=32, probs_b=True, metadata=(("expert_gating_func", func),))
+    for weight, seed, func in (("f16", 40, 2), ("q8_0", 41, 1))]
+
+
+def minimax_m2_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    e, n_q, n_k = m.n_expert, m.n_head * m.n_embd_head, m.n_head_kv * m.n_embd_head
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd),
+                                          "output_norm.weight": (m.n_embd,),
+                                          "output.weight": (N_VOCAB, m.n_embd)}
+    for i in range(m.n_layer):
+        b = f"blk.{i}."
+        shapes.update({
+            b + "attn_q.weight": (n_q, m.n_embd), b + "attn_k.weight": (n_k, m.n_embd),
+            b + "attn_v.weight": (n_k, m.n_embd), b + "attn_output.weight": (m.n_embd, n_q),
+            b + "attn_norm.weight": (m.n_embd,), b + "attn_q_norm.weight": (n_q,),
+            b + "attn_k_norm.weight": (n_k,), b + "ffn_norm.weight": (m.n_embd,),
+            b + "ffn_gate_inp.weight": (e, m.n_embd),
+            b + "ffn_gate_exps.weight": (e, m.n_ff, m.n_embd),
+            b + "ffn_down_exps.weight": (e, m.n_embd, m.n_ff),
+            b + "ffn_up_exps.weight": (e, m.n_ff, m.n_embd), b + "exp_probs_b.bias": (e,)})
+    return shapes
+
+
+# llama4 (Llama 4 in miniature): heads of 32 all rotated, layers 0-2 chunked and layer 3 NoPE
+# (llama.cpp's pattern of 4), 8 experts of 32 (2 used) beside a shared expert of 32; the f16
+# file interleaves dense and MoE layers (step 2, as Maverick) and states a window (which
+# llama.cpp overrides with its chunk of 8192), the q8_0 one is all MoE (step 1, as Scout) and
+# ties the output
+MODELS += [
+    TinyModel("tiny-llama4-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=42,
+              arch="llama4", head_dim=32, n_expert=8, n_expert_used=2, n_ff_exp=32,
+              metadata=(("interleave_moe_layer_step", 2), ("attention.sliding_window", 8192))),
+    TinyModel("tiny-llama4-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=128, seed=43,
+              arch="llama4", head_dim=32, n_expert=8, n_expert_used=2, n_ff_exp=32, tied=True,
+              metadata=(("interleave_moe_layer_step", 1),))]
+
+
+def llama4_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
+    n_q, n_k, e = m.n_head * m.n_embd_head, m.n_head_kv * m.n_embd_head, m.n_expert
+    step = dict(m.metadata)["interleave_moe_layer_step"]
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd),
+                                          "output_norm.weight": (m.n_embd,)}
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, m.n_embd)
+    for i in range(m.n_layer):
+        b = f"blk.{i}."
+        shapes.update({b + "attn_norm.weight": (m.n_embd,), b + "attn_q.weight": (n_q, m.n_embd),
+                       b + "attn_k.weight": (n_k, m.n_embd), b + "attn_v.weight": (n_k, m.n_embd),
+                       b + "attn_output.weight": (m.n_embd, n_q), b + "ffn_norm.weight": (m.n_embd,)})
+        if (i + 1) % step == 0:
+            shapes.update({b + "ffn_gate_inp.weight": (e, m.n_embd),
+                           b + "ffn_gate_exps.weight": (e, m.n_ff_exp, m.n_embd),
+                           b + "ffn_down_exps.weight": (e, m.n_embd, m.n_ff_exp),
+                           b + "ffn_up_exps.weight": (e, m.n_ff_exp, m.n_embd),
+                           b + "ffn_gate_shexp.weight": (m.n_ff_exp, m.n_embd),
+                           b + "ffn_down_shexp.weight": (m.n_embd, m.n_ff_exp),
+                           b + "ffn_up_shexp.weight": (m.n_ff_exp, m.n_embd)})
+        else:
+            shapes.update({b + "ffn_gate.weight": (m.n_ff, m.n_embd),
+                           b + "ffn_down.weight": (m.n_embd, m.n_ff),
+                           b + "ffn_up.weight": (m.n_ff, m.n_embd)})
+    return shapes
+
+
+# dense ones: seed_oss (Seed-OSS-36B: heads of 32 over an n_embd of 64, Q/K/V biases, the FFN's
+# norm named post_attention_norm; the q8_0 file tied), olmo2 (OLMo 2: no pre-attention norm,
+# Q/K norms over the whole width, norms after attention and FFN; MHA in the f16 file, one KV
+# head in the q8_0 one), smollm3 (SmolLM3: every fourth layer without rope; the q8_0 file
+# tied, heads of 32)
+MODELS += [
+    TinyModel("tiny-seedoss-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=44,
+              arch="seed_oss", head_dim=32, qkv_bias=True),
+    TinyModel("tiny-seedoss-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=45,
+              arch="seed_oss", head_dim=32, qkv_bias=True, tied=True),
+    TinyModel("tiny-olmo2-f16", "f16", n_embd=64, n_head=2, n_head_kv=2, n_ff=192, seed=46,
+              arch="olmo2"),
+    TinyModel("tiny-olmo2-q8_0", "q8_0", n_embd=64, n_head=2, n_head_kv=1, n_ff=192, seed=47,
+              arch="olmo2"),
+    TinyModel("tiny-smollm3-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=192, seed=48,
+              arch="smollm3"),
+    TinyModel("tiny-smollm3-q8_0", "q8_0", n_embd=64, n_head=2, n_head_kv=1, n_ff=192, seed=49,
+              arch="smollm3", tied=True),
+    # OLMo 3 (olmo2's graph with sliding layers): a window of 64 on layers 0-2 (the default
+    # pattern of 4), YaRN (factor 4 over 512) on the full layer only
+    TinyModel("tiny-olmo3-f16", "f16", n_embd=64, n_head=2, n_head_kv=2, n_ff=192, seed=50,
+              arch="olmo2", title="tiny-olmo3-f16",
+              metadata=(("attention.sliding_window", 64), ("rope.scaling.type", "yarn"),
+                        ("rope.scaling.factor", 4.0),
+                        ("rope.scaling.original_context_length", 512)))]
+
+
+def dense_shapes(m: TinyModel, order: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """A dense model's tensors with each layer's in `order` (llama.cpp's load order)."""
+    n_q, n_k = m.n_head * m.n_embd_head, m.n_head_kv * m.n_embd_head
+    each = {"attn_norm.weight": (m.n_embd,), "attn_q.weight": (n_q, m.n_embd),
+            "attn_k.weight": (n_k, m.n_embd), "attn_v.weight": (n_k, m.n_embd),
+            "attn_q.bias": (n_q,), "attn_k.bias": (n_k,), "attn_v.bias": (n_k,),
+            "attn_output.weight": (m.n_embd, n_q), "attn_q_norm.weight": (n_q,),
+            "attn_k_norm.weight": (n_k,), "post_attention_norm.weight": (m.n_embd,),
+            "ffn_norm.weight": (m.n_embd,), "ffn_gate.weight": (m.n_ff, m.n_embd),
+            "ffn_up.weight": (m.n_ff, m.n_embd), "ffn_down.weight": (m.n_embd, m.n_ff),
+            "post_ffw_norm.weight": (m.n_embd,)}
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (N_VOCAB, m.n_embd),
+                                          "output_norm.weight": (m.n_embd,)}
+    if not m.tied:
+        shapes["output.weight"] = (N_VOCAB, m.n_embd)
+    for i in range(m.n_layer):
+        shapes.update((f"blk.{i}.{t}", each[t]) for t in order
+                      if m.qkv_bias or not t.endswith(".bias"))
+    return shapes
+
+
+QKV = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias", "attn_k.bias",
+       "attn_v.bias")
+WAVE2B_SHAPES = {
+    "minimax-m2": minimax_m2_shapes, "llama4": llama4_shapes,
+    "seed_oss": lambda m: dense_shapes(m, QKV + (
+        "attn_output.weight", "attn_norm.weight", "post_attention_norm.weight",
+        "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")),
+    "olmo2": lambda m: dense_shapes(m, QKV + (
+        "attn_output.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+        "post_attention_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+        "post_ffw_norm.weight")),
+    "smollm3": lambda m: dense_shapes(m, ("attn_norm.weight",) + QKV + (
+        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_down.weight",
+        "ffn_up.weight"))}
+# --- end of wave 2b ---------------------------------------------------------------------------
+
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
               "mxfp4": LlamaFileType.MOSTLY_MXFP4_MOE,
               "q8_0": LlamaFileType.MOSTLY_Q8_0,
@@ -658,6 +795,8 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
         return nemotron_h_shapes(m)
     if m.arch == "granitehybrid":
         return granite_shapes(m)
+    if m.arch in WAVE2B_SHAPES:
+        return WAVE2B_SHAPES[m.arch](m)
     if m.arch in ("lfm2", "lfm2moe"):
         return lfm2_shapes(m)
     if m.arch == "deepseek2":

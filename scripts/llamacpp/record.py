@@ -375,6 +375,44 @@ EXTRAS += [
                          ("n-cpu-moe2", {"n_cpu_moe": 2}))
 ]
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}   # ggml_type values
+# --- wave 2b (issue 32): minimax-m2, llama4, ... -------------------------------------------
+# each on the grid, then -np 2, two ubatches (t40) and, for the MoE ones, the experts on the
+# CPU (-ot exps=CPU, --cpu-moe, --n-cpu-moe)
+WAVE2B_MOE = ["tiny-minimaxm2-f16", "tiny-minimaxm2-q8_0", "tiny-llama4-f16", "tiny-llama4-q8_0"]
+WAVE2B_DENSE = ["tiny-seedoss-f16", "tiny-seedoss-q8_0", "tiny-olmo2-f16", "tiny-olmo2-q8_0",
+                "tiny-smollm3-f16", "tiny-smollm3-q8_0", "tiny-olmo3-f16"]
+WAVE2B_MODELS = WAVE2B_MOE + WAVE2B_DENSE
+MODELS += WAVE2B_MODELS
+# OLMo 3's sliding layers (a window of 64): the grid again with --swa-full, and a prompt of
+# 160 tokens, longer than the window, in one ubatch
+SWA_MODELS += ["tiny-olmo3-f16"]
+EXTRAS += [("tiny-olmo3-f16", "long" + ("-swafull" if full else ""),
+            {"ngl": 2, "ubatch": 512, "flash_attn": fa, "swa_full": full, "tokens": LONG_TOKENS})
+           for fa in (False, True) for full in (False, True)]
+# llama4's chunked layers live in llama_kv_cache_iswa's second cache, which its chunk of 8192
+# makes full-size at any context here: --swa-full on a few configurations (the whole grid
+# again would repeat the same figures)
+EXTRAS += [
+    (model, "swafull", {"ngl": ngl, "swa_full": True, "flash_attn": fa, "ubatch": ub})
+    for model in ("tiny-llama4-f16", "tiny-llama4-q8_0")
+    for ngl, fa, ub in ((2, False, 32), ("all", True, 512))
+]
+EXTRAS += [
+    (model, suffix, opts)
+    for model in WAVE2B_MODELS
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB, "ubatch": 512}))
+] + [
+    (model, suffix, dict({"ngl": "all"}, **opts))
+    for model in WAVE2B_MOE
+    for suffix, opts in (("ot-exps-cpu", {"overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"overrides": [["exps", "CPU"]], "flash_attn": True,
+                                          "ubatch": 512}),
+                         ("cpu-moe", {"cpu_moe": True}),
+                         ("n-cpu-moe2", {"n_cpu_moe": 2}))
+]
+# --- end of wave 2b ---------------------------------------------------------------------------
 # ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,
             "q5_0": 6, "q5_1": 7}

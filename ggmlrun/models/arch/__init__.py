@@ -45,6 +45,12 @@ _MODULES = {
     "nemotron_h": "ggmlrun.models.arch.nemotron_h",
     "nemotron_h_moe": "ggmlrun.models.arch.nemotron_h_moe",
     "granitehybrid": "ggmlrun.models.arch.granitehybrid",
+    # wave 2b (issue 32)
+    "minimax-m2": "ggmlrun.models.arch.minimax_m2",
+    "llama4": "ggmlrun.models.arch.llama4",
+    "seed_oss": "ggmlrun.models.arch.seed_oss",
+    "olmo2": "ggmlrun.models.arch.olmo2",
+    "smollm3": "ggmlrun.models.arch.smollm3",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

@@ -34,10 +34,11 @@ def read_hparams(get, common: dict) -> HParams:
 
 
 def attn_temperature(hp: HParams, pos):
-    """llm_graph_input_attn_temp::set_input: log(floor(pos / n) + 1) * scale + 1 per token."""
+    """llm_graph_input_attn_temp::set_input: log(floor((pos + offset) / n) + 1) * scale + 1
+    per token (the offset 0 here, llama4's 1)."""
     import numpy as np
 
-    p = np.asarray(pos, dtype=np.float32)
+    p = np.asarray(pos, dtype=np.float32) + np.float32(hp.attn_temp_offset)
     floor = np.floor(p / np.float32(hp.n_attn_temp_floor_scale)).astype(np.float64)
     out = np.log(floor + 1.0) * np.float32(hp.attn_temp_scale) + 1.0
     return out.astype(np.float32).reshape(len(p), 1, 1)

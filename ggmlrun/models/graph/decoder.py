@@ -146,11 +146,16 @@ class Decoder:
         cur = self.b.cb(self.norm(inpL, self.weight(T.ATTN_NORM, il), il), "attn_norm", il)
         return self.qkv(il, cur, self.hp.n_embd_head_k, self.hp.n_head, self.hp.n_head_kv)
 
-    def qkv(self, il: int, cur: Tensor, n_embd_head: int, n_head: int, n_head_kv: int):
+    def qkv(self, il: int, cur: Tensor, n_embd_head: int, n_head: int, n_head_kv: int,
+            reshape: bool = True):
         """build_qkv: a fused attn_qkv as three strided views of one product, or separate Q, K,
-        V products, each plus its optional bias; named Qcur/Kcur/Vcur as llama.cpp names them."""
+        V products, each plus its optional bias; named Qcur/Kcur/Vcur as llama.cpp names them.
+        Without `reshape`: [n_tokens, width] each, unnamed (contiguous copies of a fused
+        product's views), for a builder that norms the whole width first (minimax-m2)."""
         b, cb, n_tokens = self.b, self.b.cb, self.n_tokens
         wqkv = self.optional(T.ATTN_QKV, il)
+        if not reshape:
+            return self._qkv_flat(il, cur, wqkv, n_embd_head, n_head, n_head_kv)
         if wqkv is not None:
             qkv = cb(self.ctx.mul_mat(wqkv, cur), "wqkv", il)
             bias = self.optional(T.ATTN_QKV, il, "bias")
@@ -175,6 +180,26 @@ class Decoder:
             q, k, v = (b.reshape(x, (n_tokens, heads, n_embd_head))
                        for x, heads in zip(out, (n_head, n_head_kv, n_head_kv)))
         return cb(q, "Qcur", il), cb(k, "Kcur", il), cb(v, "Vcur", il)
+
+    def _qkv_flat(self, il: int, cur: Tensor, wqkv: Tensor | None, n_embd_head: int,
+                  n_head: int, n_head_kv: int):
+        """build_qkv with reshape false (no clamp, no names)."""
+        b = self.b
+        widths = (n_embd_head * n_head, n_embd_head * n_head_kv, n_embd_head * n_head_kv)
+        if wqkv is None:
+            return tuple(self.add_bias(self.ctx.mul_mat(self.weight(t, il), cur),
+                                       self.optional(t, il, "bias"))
+                         for t in (T.ATTN_Q, T.ATTN_K, T.ATTN_V))
+        qkv = b.cb(self.ctx.mul_mat(wqkv, cur), "wqkv", il)
+        bias = self.optional(T.ATTN_QKV, il, "bias")
+        if bias is not None:
+            qkv = b.cb(self.add_bias(qkv, bias), "wqkv_b", il)
+        item, offset, out = TYPES[qkv.dtype].type_size, 0, []
+        for width in widths:
+            out.append(b.view(qkv, (self.n_tokens, width), (qkv.strides[-2], item),
+                              offset * item))
+            offset += width
+        return tuple(b.cont(x) for x in out)
 
     def _rope_factors_name(self, n_ctx_seq: int) -> str:
         """llama_model::get_rope_factors: rope_freqs when the model has it, else LongRoPE's
@@ -274,14 +299,16 @@ class Decoder:
     def n_tokens_of(cur: Tensor) -> int:
         return cur.shape[-2]
 
-    def ffn_block(self, il: int, cur: Tensor, residual: Tensor, ffn=None) -> Tensor:
+    def ffn_block(self, il: int, cur: Tensor, residual: Tensor, ffn=None,
+                  norm=(T.FFN_NORM, "ffn_norm")) -> Tensor:
         """The post-attention tail llama, qwen2, qwen3(moe) and mistral3 share: the last
-        layer's output rows, the residual (`ffn_inp`), `ffn_norm`, the FFN (`ffn(il, cur)`,
+        layer's output rows, the residual (`ffn_inp`), `ffn_norm` (`norm`: the norm's tensor
+        and name where they differ, seed_oss's attn_post_norm), the FFN (`ffn(il, cur)`,
         default the dense SwiGLU) and the second residual, named `l_out`."""
         b = self.b
         cur, residual = self.last_rows(il, cur, residual)
         ffn_inp = b.cb(self.add(cur, residual), "ffn_inp", il)
-        cur = b.cb(self.norm(ffn_inp, self.weight(T.FFN_NORM, il), il), "ffn_norm", il)
+        cur = b.cb(self.norm(ffn_inp, self.weight(norm[0], il), il), norm[1], il)
         cur = ffn(il, cur) if ffn else b.cb(self.ffn_swiglu(il, cur), "ffn_out", il)
         return b.cb(self.add(cur, ffn_inp), "l_out", il)
 

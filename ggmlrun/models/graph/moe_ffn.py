@@ -20,7 +20,8 @@ from ggmlrun.models.graph.builder import GraphBuilder
 def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
                   norm_w: bool, w_scale: float = 0.0, gating: str = "softmax",
                   exp_probs_b: Tensor | None = None, logits: Tensor | None = None,
-                  biases: bool = False, glu: str | dict = "swiglu") -> Tensor:
+                  biases: bool = False, glu: str | dict = "swiglu",
+                  weight_before_ffn: bool = False) -> Tensor:
     """build_moe_ffn (LLM_FFN_SILU unless `glu` says otherwise): the router
     (ffn_gate_inp), its soft_max (or sigmoid) probabilities, the top n_expert_used by
     argsort (a view of its first columns), their weights (get_rows; with `norm_w` divided
@@ -32,7 +33,9 @@ def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
     limit); experts_ffn says the rest.
     gpt-oss's variant: `biases` (the router's bias added to its logits, each expert's
     bias row added to its products by add_id), gating "softmax_weight" (the top experts
-    by raw logit, their weights a soft_max over the chosen ones)."""
+    by raw logit, their weights a soft_max over the chosen ones). llama4's
+    `weight_before_ffn`: the input repeated once per chosen expert and weighted before the
+    experts' products, which are then summed unweighted."""
     b, cb = d.b, d.b.cb
     n_tokens, n_embd = d.n_tokens_of(cur), cur.shape[-1]
     if logits is None:
@@ -76,8 +79,13 @@ def build_moe_ffn(d, il: int, cur: Tensor, *, n_expert: int, n_expert_used: int,
                      "ffn_moe_weights_scaled", il)
     b.expand(weights)
     cur = b.reshape(cur, (n_tokens, 1, n_embd))
+    if weight_before_ffn:
+        cur = b.op("repeat", [cur], (n_tokens, n_expert_used, n_embd),
+                   shape=[n_tokens, n_expert_used, n_embd])
+        cur = cb(b.op("mul", [cur, weights], cur.shape), "ffn_moe_weighted", il)
     experts = experts_ffn(d, il, cur, selected, glu, biases)
-    experts = cb(b.op("mul", [experts, weights], experts.shape), "ffn_moe_weighted", il)
+    if not weight_before_ffn:
+        experts = cb(b.op("mul", [experts, weights], experts.shape), "ffn_moe_weighted", il)
     b.expand(experts)
     views = []
     for i in range(n_expert_used):

@@ -165,6 +165,8 @@ RULES: dict[str, Rule] = {
     # qwen3vl(moe): the vision encoder's deepstack features, added after the first layers
     "n_deepstack_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="0: none"),
     "nextn_predict_layers": Rule("u32", 0, LLAMA_MAX_LAYERS, why="MTP / NextN blocks"),
+    # llama4: every n-th layer a mixture of experts (0: none)
+    "interleave_moe_layer_step": Rule("u32", 0, LLAMA_MAX_LAYERS, why="0: no MoE layer"),
     # deepseek2's multi-head latent attention: the low-rank Q (0: none, the lite variant) and
     # KV compressions, and the per-head sizes Q/K and V decompress to
     "attention.q_lora_rank": Rule("u32", 0, MAX_DIM, why="0: no Q compression"),

@@ -58,6 +58,9 @@ class HParams:
     # have it (gemma3); a model with any SWA layer gets llama_kv_cache_iswa's two caches
     n_swa: int = 0
     swa_layers: tuple = ()          # per layer: True for a sliding-window layer
+    # llama_swa_type: "standard" (a window of n_swa positions back) or "chunked" (llama4: the
+    # positions of the token's own chunk of n_swa, is_masked_swa's LLAMA_SWA_TYPE_CHUNKED)
+    swa_type: str = "standard"
     rope_freq_base_swa: float = 10000.0    # rope_freq_base_train_swa (SWA layers' rope)
     rope_freq_scale_swa: float = 1.0
     n_embd_head_k_swa: int = 0      # the sliding layers' head size (0: n_embd_head_k)
@@ -81,6 +84,12 @@ class HParams:
     rope_finetuned: bool = True     # granitehybrid: rope.scaling.finetuned false = no rope
     attn_temp_scale: float = 0.0          # attention.temperature_scale (mistral3)
     n_attn_temp_floor_scale: int = 0      # n_ctx_orig_yarn when the scale is set
+    attn_temp_offset: float = 0.0         # added to the position first (llama4: 1)
+    # llama4: every n-th layer a mixture of experts (interleave_moe_layer_step), every n-th
+    # without rope (NoPE, n_no_rope_layer_step), RMS norms over Q/K heads on the roped layers
+    n_moe_layer_step: int = 0
+    n_no_rope_layer_step: int = 4
+    use_kq_norm: bool = False
     # mixture of experts (0 experts: a dense model)
     n_expert: int = 0               # expert_count
     n_expert_used: int = 0          # expert_used_count

@@ -12,7 +12,10 @@ answers (as llama_hparams does):
   (d_conv - 1)(d_inner + 2 n_group d_state) and SSM state d_state d_inner);
 - `has_kv(il)`: the layer stores K and V (gemma4's last layers read another layer's cache;
   nemotron_h's MLP layers, without KV heads, store nothing);
-- `is_swa(il)`: into llama_kv_cache_iswa's sliding-window cache rather than the full one;
+- `is_swa(il)`: into llama_kv_cache_iswa's sliding-window cache rather than the full one,
+  whose kind (`swa_type`, llama_swa_type) says which cells a token sees: a window of n_swa
+  positions back ("standard") or its own chunk of n_swa positions ("chunked", llama4);
+  `swa_visible` is that rule (is_masked_swa), the one every mask over the cache follows;
 - `n_embd_k_gqa_l(il)`, `n_embd_v_gqa_l(il)`: its row widths; V rows are the widest layer's
   (`n_embd_v_gqa`) while V is stored transposed, without flash attention
   ([TAG_V_CACHE_VARIABLE]);
@@ -35,6 +38,16 @@ from ggmlrun.models.options.params import (ModelOptions, kv_size, kv_streams, se
                                            swa_kv_size)
 
 STATE_TYPE = "f32"     # llama_memory_recurrent: r and s in F32 whatever the KV type
+SWA_TYPES = ("standard", "chunked")     # LLAMA_SWA_TYPE_STANDARD, LLAMA_SWA_TYPE_CHUNKED
+
+
+def swa_visible(swa_type: str, n_swa: int, p0, p1):
+    """Whether a token at position p1 sees the cell of position p0 (causality aside) in a
+    sliding-window cache of this kind: llama_hparams::is_masked_swa, negated. Works on ints
+    and on NumPy arrays alike."""
+    if swa_type == "chunked":
+        return p0 >= (p1 // n_swa) * n_swa
+    return p1 - p0 < n_swa
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,7 @@ class KVCache:
     v_trans: bool                 # V read transposed (no flash attention)
     widths: dict[int, tuple[int, int]] = field(default_factory=dict)
     swa: bool = False             # the iSWA pair's sliding-window cache
+    swa_type: str = ""            # its kind (SWA_TYPES); "" for a full cache
 
     def tensors(self) -> list[CacheTensor]:
         out = []
@@ -142,8 +156,8 @@ def create_memory(hp, *, cells: int, flash_attn: bool, kv_type: str = "f16",
     v_trans = not flash_attn
     types = (type_k or kv_type, type_v or kv_type)
     full = KVCache(*types, cells, n_stream, v_trans)
-    swa = KVCache(*types, swa_cells or cells, n_stream, v_trans, swa=True) if hp.has_swa \
-        else None
+    swa = KVCache(*types, swa_cells or cells, n_stream, v_trans, swa=True,
+                  swa_type=hp.swa_type) if hp.has_swa else None
     state = RecurrentState(max(1, n_seq_max))
     for il in range(hp.n_layer):
         if hp.is_recurrent(il):

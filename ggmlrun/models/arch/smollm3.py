@@ -1,0 +1,36 @@
+"""llama.cpp's smollm3 graph (src/models/smollm3.cpp; SmolLM3-3B): llama's block where every
+fourth layer has no rope (NoPE: llama.cpp fixes n_no_rope_layer_step at 4), a tied output when
+the file has none; no attn_output bias (llama.cpp never creates one)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors, default_kq_scale
+
+if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
+    from ggmlrun.models.graph.decoder import Decoder
+
+NO_ROPE_STEP = 4    # load_arch_hparams' n_no_rope_layer_step
+
+
+def tensors(hp):
+    return decoder_tensors("smollm3", hp)
+
+
+def build(d: Decoder):
+    hp, b = d.hp, d.b
+    kq_scale = default_kq_scale(hp)
+    inpL = d.inpL
+    for il in range(hp.n_layer):
+        inpSA = inpL
+        q, k, v = d.layer_qkv(il, inpL)
+        if (il + 1) % NO_ROPE_STEP != 0:
+            q, k = d.rope_ext(q, None), d.rope_ext(k, None)
+        q, k, v = b.cb(q, "Qcur", il), b.cb(k, "Kcur", il), b.cb(v, "Vcur", il)
+        cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
+        inpL = d.ffn_block(il, cur, inpSA)
+    return inpL
+
+
+ARCH = Arch(name="smollm3", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build)
