@@ -169,7 +169,7 @@ def test_memory_picture_fits_80_and_120_columns(width):
                 result = SimpleNamespace(ngl=81, n_layer=80, fits=not over, shown_ngl=81,
                                          n_cpu_moe=None, tensor_split=(80, 15), backends=rows,
                                          ctx=8192, probes=[(81, 8192)], probe_reserved=None,
-                                         seconds=0.5)
+                                         seconds=0.5, measure=None)
                 console = Console(width=width, file=io.StringIO(), record=True)
                 console.print(report.fit_table(SimpleNamespace(name="Llama-3-70B Q4_K_M"),
                                                result))
