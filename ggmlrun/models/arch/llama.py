@@ -21,9 +21,10 @@ def tensors(hp):
     return decoder_tensors("llama", hp, rope_freqs=True, attn_out_bias=True, ffn_bias=True)
 
 
-def build(d: Decoder, scale_q=None):
+def build(d: Decoder, scale_q=None, ffn_norm=None):
     """llama's layers; `scale_q(il, q)` changes Q after rope (mistral3's attention
-    temperature), the one place mistral3's layers differ."""
+    temperature), the one place mistral3's layers differ; `ffn_norm` the FFN norm's tensor and
+    name where they are not ffn_norm (seed_oss's attn_post_norm)."""
     hp, b = d.hp, d.b
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
@@ -37,7 +38,8 @@ def build(d: Decoder, scale_q=None):
         if scale_q is not None:
             q = scale_q(il, q)
         cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
-        inpL = d.ffn_block(il, cur, inpSA)
+        inpL = (d.ffn_block(il, cur, inpSA) if ffn_norm is None
+                else d.ffn_block(il, cur, inpSA, norm=ffn_norm))
     return inpL
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec, default_kq_scale
+from ggmlrun.models.arch import llama
+from ggmlrun.models.arch.base import ROPE_TYPE_NEOX, Arch, TensorSpec
 from ggmlrun.models.gguf.names import MODEL_TENSOR as T
 from ggmlrun.models.gguf.names import tn
 
@@ -36,18 +37,8 @@ def tensors(hp) -> dict[str, TensorSpec]:
 
 
 def build(d: Decoder):
-    hp, b = d.hp, d.b
-    kq_scale = default_kq_scale(hp)
-    inpL = d.inpL
-    for il in range(hp.n_layer):
-        inpSA = inpL
-        q, k, v = d.layer_qkv(il, inpL)
-        q = b.cb(d.rope_ext(q, None), "Qcur", il)
-        k = b.cb(d.rope_ext(k, None), "Kcur", il)
-        b.cb(v, "Vcur", il)
-        cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
-        inpL = d.ffn_block(il, cur, inpSA, norm=(T.ATTN_POST_NORM, "attn_post_norm"))
-    return inpL
+    """llama's layers (seed-oss.cpp is llama.cpp's llama graph but for the FFN norm's name)."""
+    return llama.build(d, ffn_norm=(T.ATTN_POST_NORM, "attn_post_norm"))
 
 
 ARCH = Arch(name="seed_oss", rope_type=ROPE_TYPE_NEOX, tensors=tensors, build=build,
