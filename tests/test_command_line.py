@@ -198,7 +198,7 @@ def test_measure_prints_the_line():
     code, out, err = invoke("measure", TINY, "--ngl", "2", "--kv-type", "f32", "--ubatch", "64")
     assert code == 0, err
     # -fa auto and -np auto are llama-server's own defaults: not written
-    assert "llama-server -ngl 2 -c 2048 -ub 64 -ctk f32 -ctv f32" in out
+    assert f"llama-server -m {TINY} -ngl 2 -c 2048 -ub 64 -ctk f32 -ctv f32" in out
     code, out, _ = invoke("measure", TINY, "--ngl", "2", "--json")
     assert json.loads(out)["command"] == "-ngl 2 -c 2048"
 

@@ -269,9 +269,11 @@ def test_run_refuses_a_card_and_needs_tokens():
 
 
 def test_readme_first_command_fits_the_tiny_gguf():
-    code, out, err = invoke("fit", ROOT / "examples/models/tiny-llama-q8_0.gguf")
+    model = ROOT / "examples/models/tiny-llama-q8_0.gguf"
+    code, out, err = invoke("fit", model)
     assert code == 0, err
-    assert "llama-server -ngl 5 -c 2048\n" in out      # -fa auto, -np auto: llama-server's own
+    # the model as llama.cpp names it; -fa auto, -np auto: llama-server's own, left unwritten
+    assert f"llama-server -m {model} -ngl 5 -c 2048\n" in out
     code, out, err = invoke("measure", ROOT / "examples/models/tiny-llama-q8_0.gguf", "--json")
     data = json.loads(out)
     assert {"n_nodes", "n_splits", "backends"} <= set(data)

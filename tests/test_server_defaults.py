@@ -158,4 +158,4 @@ def test_for_cli_is_one_sequence():
         assert (o["parallel"], o["kv_unified"], o["flash_attn"], o["flash_attn_mode"]) == want
         assert record["program"] == program
         code, out, _ = invoke("measure", model, *given)
-        assert out.splitlines()[-1] == f"{program} {record['command']}"
+        assert out.splitlines()[-1] == f"{program} -m {model} {record['command']}"

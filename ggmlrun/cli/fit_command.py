@@ -11,7 +11,7 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.llama_tail import TailCommand
 from ggmlrun.cli.common import (MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, cli, emit_json,
                                 placement_options, stdout)
-from ggmlrun.cli.model_options import (draft_of, model_options, _model_input,
+from ggmlrun.cli.model_options import (draft_of, llama_model_words, model_options, _model_input,
                                        planned_for_dict, print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 from ggmlrun.models.options.params import U32_MAX
@@ -109,7 +109,7 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin
         emit_json(record)
     else:
         print_model_figures(model, report.fit_table(model[0], result), result.backends,
-                            opts.no_mmap, report.fit_line(result),
+                            opts.no_mmap, report.fit_line(result, llama_model_words(model[0])),
                             draft=result.measure.draft if result.measure else None,
                             without_draft=result.without_draft)
         for line in report.llamacpp_fit_lines(record["llamacpp_fit"], result, stdout().width):

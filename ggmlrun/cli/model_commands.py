@@ -69,7 +69,8 @@ def _measure_model(model_input, as_json, cmd=None):
 
     if cmd is not None:
         model_input = _command_input(model_input, cmd)
-    from ggmlrun.models.options.command_line import program
+    from ggmlrun.cli.model_options import llama_model_words
+    from ggmlrun.models.options.command_line import paste_line
 
     model, backends, opts = model_input
     figures, memory, fit, command, record = measure_answer(model_input)
@@ -79,7 +80,7 @@ def _measure_model(model_input, as_json, cmd=None):
         emit_json(record)
     else:
         print_model_figures(model_input, report.model_measure_table(model, figures),
-                            figures.backends, opts.no_mmap, f"{program(opts)} {command}",
+                            figures.backends, opts.no_mmap, paste_line(opts, command, llama_model_words(model)),
                             draft=figures.draft)
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)

@@ -261,6 +261,15 @@ def planned_for_dict(model_input) -> dict:
     return report.planned_for_dict(backends, model_input.sources, model_input.machine)
 
 
+def llama_model_words(model_file) -> list[str]:
+    """-m PATH, -hf OWNER/REPO:QUANT, -mu URL: the model as the line to paste names it (a
+    card names no file: nothing)."""
+    from ggmlrun.models.options.command_line import model_words
+
+    return model_words(model_file.source or str(model_file.path or ""),
+                       local_gguf=model_file.kv is not None)
+
+
 def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: str,
                         draft=None, without_draft=None) -> None:
     """The text report of measure MODEL and fit: where the sizes came from, the figures'

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from typing import TYPE_CHECKING
 
 from ggmlrun.core.util.fmt import human_bytes
@@ -279,15 +281,17 @@ def host_lines(backends, no_mmap: bool = False, width: int = 80) -> list[str]:
     return pack_line(f"host {plain(cpu.name)}:", items, width)
 
 
-def fit_line(result) -> str:
-    """The line to paste, named by the program whose defaults it leaves out (--for), and what one more step would free (the steps are in the error when
-    nothing fits)."""
+def fit_line(result, model: list[str] | tuple = ()) -> str:
+    """The line to paste: the program whose defaults it leaves out (--for), the model as
+    llama.cpp names it (`model`: -m PATH, -hf OWNER/REPO:QUANT), the options; and what one
+    more step would free (the steps are in the error when nothing fits)."""
     from ggmlrun.models.fit.steps import steps_text
 
     if not result.fits:
         return f"{result.program}: nothing fits (see the error below)"
     more = steps_text(getattr(result, "steps", []))
-    return f"{result.program} {result.command}" + (f"\n{more}" if more else "")
+    line = " ".join([result.program, *map(shlex.quote, model), result.command])
+    return line + (f"\n{more}" if more else "")
 
 
 def llamacpp_fit_lines(llama: dict, result, width: int = 80) -> list[str]:

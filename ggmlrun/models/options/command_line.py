@@ -93,6 +93,28 @@ def program(opts: ModelOptions) -> str:
     return PROGRAMS[opts.target]
 
 
+def model_words(source: str, local_gguf: bool) -> list[str]:
+    """How llama.cpp names the model ggmlrun was given (the inverse of llama_command's -m, -hf,
+    -hff, -mu): `hf://OWNER/REPO[:QUANT]` is `-hf OWNER/REPO[:QUANT]`, a file in a repository
+    `-hf OWNER/REPO -hff PATH`, a URL `-mu URL`, a local GGUF file `-m PATH`; a model card
+    or a pinned revision (`@REV`, which -hf cannot say) names nothing llama.cpp loads: []."""
+    if source.startswith("hf://"):
+        body = source[len("hf://"):]
+        if "@" in body:
+            return []
+        owner, _, rest = body.partition("/")
+        repo, _, path = rest.partition("/")
+        return ["-hf", f"{owner}/{repo}", "-hff", path] if path else ["-hf", body]
+    if source.startswith(("http://", "https://")):
+        return ["-mu", source]
+    return ["-m", source] if source and local_gguf else []
+
+
+def paste_line(opts: ModelOptions, command: str, model: list[str]) -> str:
+    """The line to paste: the program (--for), the model as llama.cpp names it, the options."""
+    return " ".join([program(opts), *map(shlex.quote, model), command]).rstrip()
+
+
 def llama_cpp_line(opts: ModelOptions, backends, *, ngl: int | None, ctx: int) -> str:
     """The arguments as one line to paste in a shell (regexes quoted)."""
     return shlex.join(llama_cpp_args(opts, backends, ngl=ngl, ctx=ctx))
