@@ -260,3 +260,19 @@ def test_two_gpu_fit_line_measures_the_same(extra):
     again = measure_model(model, backends, options_from_line(data["command"]))
     assert [(b.name, b.weights_bytes, b.kv_bytes, b.arena_bytes) for b in again.backends] == \
         [(b["name"], b["weights_bytes"], b["kv_bytes"], b["arena_bytes"]) for b in data["backends"]]
+
+
+def test_the_line_names_the_model_as_llama_cpp_reads_it_back():
+    """model_words is the inverse of the `--` form's -m / -hf / -hff / -mu: a name written
+    and read back is the same model; a card and a pinned revision name nothing."""
+    from ggmlrun.models.options.command_line import model_words
+    from ggmlrun.models.options.llama_command import read_command
+
+    for source in ("examples/models/tiny-llama-f16.gguf", "hf://owner/repo:Q4_K_M",
+                   "hf://owner/repo", "hf://owner/repo/sub/model-Q8_0.gguf",
+                   "https://example.com/m.gguf"):
+        words = model_words(source, local_gguf=True)
+        cmd = read_command(["llama-server", *words])
+        assert str(cmd.model) == source, (source, words)
+    assert model_words("ggmlrun/models/cards/llama-3-8b-q4_k_m.yaml", local_gguf=False) == []
+    assert model_words("hf://owner/repo:Q4_K_M@abc123", local_gguf=True) == []
