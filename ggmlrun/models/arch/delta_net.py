@@ -1,7 +1,8 @@
 """What the hybrid Qwen3.5 family's gated delta-net layers are made of, as tables: their
 hyperparameters (llama_hparams' ssm_* keys, the recurrent-layer pattern, the state sizes
 llama_memory_hybrid allocates), a card's keys for them, and the tensors load_block_trunk and
-load_block_mtp create (src/models/qwen35.cpp, qwen35moe.cpp). `validate` and a card need
+load_block_mtp create (src/models/qwen35.cpp, qwen35moe.cpp; qwen3next.cpp's differ by
+ssm_ba and the absent IMROPE sections: parameters here). `validate` and a card need
 these and no graph code; the layers themselves are delta_net_graph's.
 """
 

@@ -2,7 +2,8 @@
 hybrid Qwen3.5 family shares (src/models/qwen35.cpp, qwen35moe.cpp): llama_memory_hybrid's
 recurrent state, the linear-attention layer (conv state, SSM_CONV, L2 norms, the fused
 GATED_DELTA_NET, the gated RMS norm) and the gated full-attention layer (a doubled Q
-projection: query and gate; Q/K head norms; IMROPE). Their tables are delta_net's.
+projection: query and gate; Q/K head norms; IMROPE). Their tables are delta_net's. qwen3next
+(src/models/qwen3next.cpp) builds the same layers with the differences `Variant` names.
 
 A graph's ubatch holds d.n_seqs sequences of equal length (1 unless a reserve with -np N, whose
 n_seq_max rows of state the graph sees whole), with fused gated delta net on (llama.cpp
