@@ -41,7 +41,7 @@ def test_registry_lists_the_recorded_architectures_in_order():
                                   "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe", "lfm2",
                                   "lfm2moe", "nemotron_h", "nemotron_h_moe",
                                   "granitehybrid", "minimax-m2", "llama4", "seed_oss", "olmo2",
-                                  "smollm3"}
+                                  "smollm3", "qwen3next"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -85,6 +85,7 @@ REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                  "qwen3vlmoe": {"expert_count": 8, "expert_used_count": 2,
                                 "rope.dimension_sections": [3, 3, 2, 0]},
                  "qwen35moe": {"expert_count": 8, "expert_used_count": 2},
+                 "qwen3next": {"expert_count": 8, "expert_used_count": 2},
                  "glm4moe": {"expert_count": 8, "expert_used_count": 2,
                              "expert_feed_forward_length": 32, "expert_shared_count": 1},
                  "deepseek2": {"expert_count": 8, "expert_used_count": 2,

@@ -537,6 +537,17 @@ MODELS += [
               metadata=(("attention.sliding_window", 64), ("rope.scaling.type", "yarn"),
                         ("rope.scaling.factor", 4.0),
                         ("rope.scaling.original_context_length", 512)))]
+# qwen3next (Qwen3-Next-80B-A3B in miniature): qwen35moe's layers (2 key heads repeated to 4
+# value heads, 8 experts of 32 with 2 used, a gated shared expert of 64) with NEOX rope over 16
+# of 32 dims and ssm_beta_alpha; the f16 file has every second layer full attention and no
+# feed_forward_length, the q8_0 one the default interval 4 and an MTP block (block 4 of 5)
+MODELS += [
+    TinyModel("tiny-qwen3next-f16", "f16", n_embd=64, n_head=4, n_head_kv=2, n_ff=0, seed=60,
+              arch="qwen3next", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), interval=2,
+              n_expert=8, n_expert_used=2, n_ff_exp=32, n_ff_shexp=64),
+    TinyModel("tiny-qwen3next-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=2, n_ff=96, seed=61,
+              arch="qwen3next", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), n_layer=5,
+              nextn=1, n_expert=8, n_expert_used=2, n_ff_exp=32)]
 
 
 def dense_shapes(m: TinyModel, order: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
@@ -598,7 +609,8 @@ def vocabulary(n_vocab: int = N_VOCAB) -> tuple[list[bytes], list[float], list[i
 
 
 def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
-    """qwen35's tensors (llama_model_qwen35::load_arch_tensors), NumPy order."""
+    """qwen35's tensors (llama_model_qwen35::load_arch_tensors), NumPy order; qwen35moe's and
+    qwen3next's with their experts."""
     d_conv, d_state, n_group, dt_rank, d_inner = m.ssm
     hd, n = m.n_embd_head, m.n_embd
     conv_dim = 2 * d_state * n_group + d_inner
@@ -620,8 +632,11 @@ def qwen35_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
             shapes[f"blk.{i}.ssm_conv1d.weight"] = (conv_dim, d_conv)
             shapes[f"blk.{i}.ssm_dt.bias"] = (dt_rank,)
             shapes[f"blk.{i}.ssm_a"] = (dt_rank,)
-            shapes[f"blk.{i}.ssm_beta.weight"] = (dt_rank, n)
-            shapes[f"blk.{i}.ssm_alpha.weight"] = (dt_rank, n)
+            if m.arch == "qwen3next":       # one projection: [b, a] per key head
+                shapes[f"blk.{i}.ssm_ba.weight"] = (2 * dt_rank, n)
+            else:
+                shapes[f"blk.{i}.ssm_beta.weight"] = (dt_rank, n)
+                shapes[f"blk.{i}.ssm_alpha.weight"] = (dt_rank, n)
             shapes[f"blk.{i}.ssm_norm.weight"] = (d_inner // dt_rank,)
             shapes[f"blk.{i}.ssm_out.weight"] = (n, d_inner)
         if m.n_expert:
@@ -801,7 +816,7 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
         return lfm2_shapes(m)
     if m.arch == "deepseek2":
         return deepseek2_shapes(m)
-    if m.arch in ("qwen35", "qwen35moe"):
+    if m.arch in ("qwen35", "qwen35moe", "qwen3next"):
         return qwen35_shapes(m)
     if m.arch == "gemma4":
         return gemma4_shapes(m)

@@ -413,6 +413,18 @@ EXTRAS += [
                          ("n-cpu-moe2", {"n_cpu_moe": 2}))
 ]
 # --- end of wave 2b ---------------------------------------------------------------------------
+# qwen3next: the grid, then -np 2 (a state row per sequence), two ubatches (t40), its experts
+# on the CPU (-ot exps=CPU, --n-cpu-moe 2)
+QWEN3NEXT_MODELS = ["tiny-qwen3next-f16", "tiny-qwen3next-q8_0"]
+MODELS += QWEN3NEXT_MODELS
+EXTRAS += [
+    (model, suffix, opts)
+    for model in QWEN3NEXT_MODELS
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]]}),
+                         ("n-cpu-moe2", {"ngl": "all", "n_cpu_moe": 2}))
+]
 # ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,
             "q5_0": 6, "q5_1": 7}

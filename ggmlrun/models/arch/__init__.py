@@ -51,6 +51,7 @@ _MODULES = {
     "seed_oss": "ggmlrun.models.arch.seed_oss",
     "olmo2": "ggmlrun.models.arch.olmo2",
     "smollm3": "ggmlrun.models.arch.smollm3",
+    "qwen3next": "ggmlrun.models.arch.qwen3next",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

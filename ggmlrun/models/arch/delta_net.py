@@ -1,7 +1,8 @@
 """What the hybrid Qwen3.5 family's gated delta-net layers are made of, as tables: their
 hyperparameters (llama_hparams' ssm_* keys, the recurrent-layer pattern, the state sizes
 llama_memory_hybrid allocates), a card's keys for them, and the tensors load_block_trunk and
-load_block_mtp create (src/models/qwen35.cpp, qwen35moe.cpp). `validate` and a card need
+load_block_mtp create (src/models/qwen35.cpp, qwen35moe.cpp; qwen3next.cpp's differ by
+ssm_ba and the absent IMROPE sections: parameters here). `validate` and a card need
 these and no graph code; the layers themselves are delta_net_graph's.
 """
 
@@ -27,8 +28,9 @@ CARD_HPARAMS = {"ssm_d_conv": ("ssm.conv_kernel", True, None),
                 "n_layer_nextn": ("nextn_predict_layers", False, None)}
 
 
-def read_hparams(get, common: dict, **extra) -> HParams:
-    """The delta-net keys (`extra`: an architecture's own on top, qwen35moe's experts)."""
+def read_hparams(get, common: dict, sections: bool = True, **extra) -> HParams:
+    """The delta-net keys (`extra`: an architecture's own on top, qwen35moe's experts);
+    `sections`: IMROPE's rope.dimension_sections are required (qwen3next's NEOX rope has none)."""
     # the last nextn_predict_layers blocks are MTP (multi-token prediction) blocks: counted by
     # block_count, so by -ngl and the layer split, but never loaded (TENSOR_SKIP without
     # load_mtp) nor run, and without KV cache or state (the memory's filters take il < n_layer)
@@ -43,7 +45,7 @@ def read_hparams(get, common: dict, **extra) -> HParams:
              ssm_d_state=get("ssm.state_size"), ssm_dt_rank=get("ssm.time_step_rank"),
              ssm_n_group=get("ssm.group_count"),
              full_attention_interval=get("full_attention_interval", 4),
-             rope_sections=get("rope.dimension_sections"))
+             rope_sections=get("rope.dimension_sections") if sections else ())
     if hp.ssm_d_inner % hp.ssm_dt_rank or hp.ssm_d_inner // hp.ssm_dt_rank != hp.ssm_d_state:
         raise InputError(f"ssm.inner_size {hp.ssm_d_inner} must be ssm.time_step_rank "
                          f"{hp.ssm_dt_rank} heads of ssm.state_size {hp.ssm_d_state} "
@@ -54,12 +56,16 @@ def read_hparams(get, common: dict, **extra) -> HParams:
     if hp.n_embd_head_k != hp.n_embd_head_v:
         raise InputError(f"attention.key_length {hp.n_embd_head_k} must equal "
                          f"attention.value_length {hp.n_embd_head_v}")
-    check_rope_sections(hp.rope_sections, hp.n_rot)
+    if sections:
+        check_rope_sections(hp.rope_sections, hp.n_rot)
     return hp
 
 
-def layer_tensors(arch: str, hp: HParams, il: int) -> dict[str, TensorSpec]:
-    """load_block_trunk up to the FFN: the norms, then the attention or delta-net tensors."""
+def layer_tensors(arch: str, hp: HParams, il: int, beta_alpha: bool = False
+                  ) -> dict[str, TensorSpec]:
+    """load_block_trunk up to the FFN: the norms, then the attention or delta-net tensors;
+    `beta_alpha`: qwen3next's one ssm_beta_alpha projection ([b, a] per key head) in place of
+    ssm_beta and ssm_alpha."""
     name = lambda t, s="weight": tn(arch, t, s, il)   # noqa: E731
     n, hd = hp.n_embd, hp.n_embd_head_k
     out = {name(T.ATTN_NORM): TensorSpec((n,)), name(T.ATTN_POST_NORM): TensorSpec((n,))}
@@ -80,21 +86,25 @@ def layer_tensors(arch: str, hp: HParams, il: int) -> dict[str, TensorSpec]:
     out[name(T.SSM_CONV1D)] = TensorSpec((conv_dim, hp.ssm_d_conv))
     out[name(T.SSM_DT, "bias")] = TensorSpec((hp.ssm_dt_rank,))
     out[tn(arch, T.SSM_A, "", il)] = TensorSpec((hp.ssm_dt_rank,))    # "blk.N.ssm_a"
-    out[name(T.SSM_BETA)] = TensorSpec((hp.ssm_dt_rank, n))
-    out[name(T.SSM_ALPHA)] = TensorSpec((hp.ssm_dt_rank, n))
+    if beta_alpha:
+        out[name(T.SSM_BETA_ALPHA)] = TensorSpec((2 * hp.ssm_dt_rank, n))
+    else:
+        out[name(T.SSM_BETA)] = TensorSpec((hp.ssm_dt_rank, n))
+        out[name(T.SSM_ALPHA)] = TensorSpec((hp.ssm_dt_rank, n))
     out[name(T.SSM_NORM)] = TensorSpec((hp.ssm_d_state,))
     out[name(T.SSM_OUT)] = TensorSpec((n, value_dim))
     return out
 
 
-def mtp_tensors(arch: str, hp: HParams, ffn) -> dict[str, TensorSpec]:
+def mtp_tensors(arch: str, hp: HParams, ffn, beta_alpha: bool = False
+                ) -> dict[str, TensorSpec]:
     """load_block_mtp for each MTP block (il >= n_layer): a full-attention block (its FFN from
     `ffn(name, il)`: dense or the experts) and the nextn.* tensors, all optional: llama.cpp
     skips them without load_mtp."""
     out = {}
     for il in range(hp.n_layer, hp.n_layer_all):
         name = lambda t, s="weight": tn(arch, t, s, il)   # noqa: E731
-        block = dict(layer_tensors(arch, hp, il))
+        block = dict(layer_tensors(arch, hp, il, beta_alpha))
         block.update(ffn(name, il))
         n = hp.n_embd
         block[name(T.NEXTN_EH_PROJ)] = TensorSpec((n, 2 * n))

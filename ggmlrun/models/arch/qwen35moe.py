@@ -18,15 +18,16 @@ from ggmlrun.models.hparams.record import HParams
 from ggmlrun.models.hparams.rules import check_experts
 
 
-def read_hparams(get, common: dict) -> HParams:
+def read_hparams(get, common: dict, sections: bool = True) -> HParams:
+    """`sections`: delta_net.read_hparams' (qwen3next's NEOX rope has no IMROPE sections)."""
     n_expert, n_used = int(get("expert_count", 0) or 0), int(get("expert_used_count", 0) or 0)
     n_ff_exp = check_experts(common["arch"], n_expert, n_used, common["n_ff"],
                              int(get("expert_feed_forward_length", 0) or 0))
     n_ff_shexp = int(get("expert_shared_feed_forward_length", 0) or 0) or common["n_ff"]
     if n_ff_shexp <= 0:
-        raise InputError("qwen35moe needs expert_shared_feed_forward_length (or "
+        raise InputError(f"{common['arch']} needs expert_shared_feed_forward_length (or "
                          "feed_forward_length)")
-    return delta_net.read_hparams(get, common, n_expert=n_expert, n_expert_used=n_used,
+    return delta_net.read_hparams(get, common, sections, n_expert=n_expert, n_expert_used=n_used,
                                   n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp)
 
 

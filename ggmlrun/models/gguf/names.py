@@ -22,14 +22,14 @@ _GGUF_ARCH = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
 # (gemma3): one name, "blk.{bid}.ffn_norm", under either
 _SAME_NAME = {MODEL_TENSOR.FFN_NORM: MODEL_TENSOR.FFN_PRE_NORM}
 # tensors llama.cpp's loader creates for an architecture that the gguf package's table does not
-# list for it (the qwen35 family's MTP blocks: llama_model_qwen35(moe)::load_block_mtp); the
+# list for it (the qwen35 family's and qwen3next's MTP blocks: load_block_mtp); the
 # names are still gguf's (TENSOR_NAMES)
 _NEXTN = frozenset({MODEL_TENSOR.NEXTN_EH_PROJ, MODEL_TENSOR.NEXTN_ENORM, MODEL_TENSOR.NEXTN_HNORM,
                     MODEL_TENSOR.NEXTN_EMBED_TOKENS, MODEL_TENSOR.NEXTN_SHARED_HEAD_HEAD,
                     MODEL_TENSOR.NEXTN_SHARED_HEAD_NORM})
 # lfm2moe: the optional output (and ColBert's dense_2_out) llama_model_lfm2moe creates as
 # lfm2's loader does
-_LOADER_ONLY = {"qwen35": _NEXTN, "qwen35moe": _NEXTN,
+_LOADER_ONLY = {"qwen35": _NEXTN, "qwen35moe": _NEXTN, "qwen3next": _NEXTN,
                 "lfm2moe": frozenset({MODEL_TENSOR.OUTPUT, MODEL_TENSOR.DENSE_2_OUT})}
 
 

@@ -2,7 +2,8 @@
 hybrid Qwen3.5 family shares (src/models/qwen35.cpp, qwen35moe.cpp): llama_memory_hybrid's
 recurrent state, the linear-attention layer (conv state, SSM_CONV, L2 norms, the fused
 GATED_DELTA_NET, the gated RMS norm) and the gated full-attention layer (a doubled Q
-projection: query and gate; Q/K head norms; IMROPE). Their tables are delta_net's.
+projection: query and gate; Q/K head norms; IMROPE). Their tables are delta_net's. qwen3next
+(src/models/qwen3next.cpp) builds the same layers with the differences `Variant` names.
 
 A graph's ubatch holds d.n_seqs sequences of equal length (1 unless a reserve with -np N, whose
 n_seq_max rows of state the graph sees whole), with fused gated delta net on (llama.cpp
@@ -13,9 +14,25 @@ and no rollback snapshots (n_rs_seq 0).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ggmlrun.core.util.lazynumpy import np     # graph building only: headers load no NumPy
 from ggmlrun.models.gguf.names import MODEL_TENSOR as T
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Where qwen3next.cpp's layers differ from qwen35's (the defaults): beta and alpha from one
+    ssm_beta_alpha projection ([b, a] per key head), the key heads repeat-interleaved to the
+    value heads before the gated delta net (qwen35 broadcasts them inside the fused op), Qcur_full
+    reshaped before the query / gate views, and the input embedding's callback name."""
+    beta_alpha: bool = False
+    repeat_heads: bool = False
+    q_reshape: bool = False
+    embd_name: str = "model.input_embed"
+
+
+QWEN35 = Variant()
 
 
 def ssm_a(d, il: int):
@@ -38,7 +55,49 @@ def norm_l2(d, x, eps: float):
     return d.b.op("scale", [cur], x.shape, s=float(np.float32(1.0) / np.float32(math.sqrt(n))))
 
 
-def linear_attn(d, cur, il: int):
+def beta_gate(d, cur, il: int, var: Variant):
+    """beta (sigmoid) and the decay gate (softplus(alpha + dt) * ssm_a), each (ns, Tn, nvh, 1):
+    from ssm_beta / ssm_alpha (qwen35) or split from ssm_beta_alpha (qwen3next)."""
+    hp, b, ctx, cb, w = d.hp, d.b, d.ctx, d.b.cb, d.weight
+    ns, nkh, nvh = d.n_seqs, hp.ssm_n_group, hp.ssm_dt_rank
+    Tn = d.n_tokens // ns
+    if var.beta_alpha:
+        r = nvh // nkh
+        ba = cb(ctx.mul_mat(w(T.SSM_BETA_ALPHA, il), cur), "linear_attn_mixed_ba", il)
+        ba = b.reshape(ba, (ns, Tn, nkh, 2 * r))
+        st = (*ba.strides[:3], 4)
+        beta = cb(b.view(ba, (ns, Tn, nkh, r), st, 0), "b", il)
+        alpha = cb(b.view(ba, (ns, Tn, nkh, r), st, r * 4), "a", il)
+        beta = b.cont(beta)
+        beta = b.op("sigmoid", [beta], beta.shape)
+        alpha = b.cont(alpha, (ns, Tn, nvh))
+    else:
+        beta = ctx.mul_mat(w(T.SSM_BETA, il), cur)
+        beta = cb(b.reshape(beta, (ns, Tn, nvh, 1)), "beta", il)
+        beta = cb(b.op("sigmoid", [beta], beta.shape), "beta_sigmoid", il)
+        alpha = ctx.mul_mat(w(T.SSM_ALPHA, il), cur)
+        alpha = cb(b.reshape(alpha, (ns, Tn, nvh)), "alpha", il)
+    alpha = b.op("add", [alpha, w(T.SSM_DT, il, "bias")], alpha.shape)
+    alpha = cb(b.op("softplus", [alpha], alpha.shape), "a_softplus", il)
+    gate = cb(b.op("mul", [alpha, ssm_a(d, il)], alpha.shape), "gate", il)
+    if var.beta_alpha:
+        beta = b.reshape(beta, (ns, Tn, nvh, 1))
+    return beta, b.reshape(gate, (ns, Tn, nvh, 1))
+
+
+def repeat_heads(d, x):
+    """qwen3next's repeat interleave of the key heads to the value heads: (hd, 1, nkh, T) tiled
+    to (hd, r, nkh, T), so value head h reads key head h // r."""
+    hp, b = d.hp, d.b
+    ns, S, nkh, nvh = d.n_seqs, hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank
+    Tn = d.n_tokens // ns
+    x = b.reshape(x, (Tn * ns, nkh, 1, S))
+    shape = (Tn * ns, nkh, nvh // nkh, S)
+    x = b.op("repeat", [x], shape, shape=list(shape))
+    return b.reshape(x, (ns, Tn, nvh, S))
+
+
+def linear_attn(d, cur, il: int, var: Variant = QWEN35):
     """build_layer_attn_linear: projections, the conv state through SSM_CONV, the fused gated
     delta net with the delta state, the gated norm and ssm_out; Tn tokens per sequence of the
     ubatch's ns sequences."""
@@ -55,15 +114,7 @@ def linear_attn(d, cur, il: int):
     qkv = ctx.mul_mat(w(T.ATTN_QKV, il), cur)
     qkv = cb(b.reshape(qkv, (ns, Tn, conv_dim)), "linear_attn_qkv_mixed", il)
     z = cb(ctx.mul_mat(w(T.ATTN_GATE, il), cur), "z", il)
-    beta = ctx.mul_mat(w(T.SSM_BETA, il), cur)
-    beta = cb(b.reshape(beta, (ns, Tn, nvh, 1)), "beta", il)
-    beta = cb(b.op("sigmoid", [beta], beta.shape), "beta_sigmoid", il)
-    alpha = ctx.mul_mat(w(T.SSM_ALPHA, il), cur)
-    alpha = cb(b.reshape(alpha, (ns, Tn, nvh)), "alpha", il)
-    alpha = b.op("add", [alpha, w(T.SSM_DT, il, "bias")], alpha.shape)
-    alpha = cb(b.op("softplus", [alpha], alpha.shape), "a_softplus", il)
-    gate = cb(b.op("mul", [alpha, ssm_a(d, il)], alpha.shape), "gate", il)
-    gate = b.reshape(gate, (ns, Tn, nvh, 1))
+    beta, gate = beta_gate(d, cur, il, var)
     # build_conv_state (n_rs_seq 0): the conv state's columns before the ubatch's
     states = cb(build_rs(b, d.inputs, r_l, hp.n_embd_r, ns, d.n_rs, 0, d.rs_zero),
                 "conv_states", il)
@@ -87,14 +138,16 @@ def linear_attn(d, cur, il: int):
 
     q = cb(heads(nkh, 0), "q_conv", il)
     k = cb(heads(nkh, S * nkh * 4), "k_conv", il)
-    v = cb(heads(nvh, 2 * S * nkh * 4), "v_conv", il)
+    val = cb(heads(nvh, 2 * S * nkh * 4), "v_conv", il)
     q = norm_l2(d, q, hp.norm_rms_eps)
     k = norm_l2(d, k, hp.norm_rms_eps)
+    if var.repeat_heads and nkh != nvh:
+        q, k = repeat_heads(d, q), repeat_heads(d, k)
     cb(q, "q_conv_predelta", il)
     cb(k, "k_conv_predelta", il)
-    cb(v, "v_conv_predelta", il)
+    cb(val, "v_conv_predelta", il)
     # build_recurrent_attn -> build_delta_net_fused (K = 1)
-    gdn = b.op("gated_delta_net", [q, k, v, gate, beta, state], ((Tn + S) * ns, S * nvh), K=1)
+    gdn = b.op("gated_delta_net", [q, k, val, gate, beta, state], ((Tn + S) * ns, S * nvh), K=1)
     out = b.view(gdn, (ns, Tn, nvh, S), (S * nvh * Tn * 4, S * nvh * 4, S * 4, 4), 0)
     new = b.view(gdn, (ns, nvh, S, S), (S * S * nvh * 4, S * S * 4, S * 4, 4),
                  S * nvh * Tn * ns * 4)
@@ -110,7 +163,7 @@ def linear_attn(d, cur, il: int):
     return b.reshape(cur, (Tn * ns, hp.n_embd))
 
 
-def gated_attn(d, cur, il: int):
+def gated_attn(d, cur, il: int, var: Variant = QWEN35):
     """build_layer_attn: Q and its gate from one doubled projection, Q/K head norms, IMROPE,
     attention over the KV cache, the output times sigmoid(gate), then wo."""
     from ggmlrun.models.graph.attention import build_attn_kv
@@ -122,13 +175,19 @@ def gated_attn(d, cur, il: int):
     q_full = cb(ctx.mul_mat(w(T.ATTN_Q, il), cur), "Qcur_full", il)
     k = cb(ctx.mul_mat(w(T.ATTN_K, il), cur), "Kcur", il)
     v = cb(ctx.mul_mat(w(T.ATTN_V, il), cur), "Vcur", il)
-    row = q_full.strides[-2]
-    q = cb(b.view(q_full, (Tn, hp.n_head, hd), (row, hd * 2 * 4, 4), 0), "Qcur_reshaped", il)
+    if var.q_reshape:     # ggml_reshape_4d, then views of it (the same bytes as qwen35's)
+        q_full = b.reshape(q_full, (Tn, hp.n_head, 2 * hd))
+    row = q_full.strides[0]
+    q = cb(b.view(q_full, (Tn, hp.n_head, hd), (row, hd * 2 * 4, 4), 0),
+           "Qcur_view" if var.q_reshape else "Qcur_reshaped", il)
     q = cb(d.norm(q, w(T.ATTN_Q_NORM, il), il), "Qcur_normed", il)
     k = b.reshape(k, (Tn, hp.n_head_kv, hd))
     k = cb(d.norm(k, w(T.ATTN_K_NORM, il), il), "Kcur_normed", il)
     gate = b.view(q_full, (Tn, hp.n_head, hd), (row, hd * 2 * 4, 4), hd * 4)
-    gate = cb(b.cont(gate, (Tn, hp.n_head * hd)), "gate_reshaped", il)
+    if var.q_reshape:
+        gate = b.cont(cb(gate, "gate", il), (Tn, hp.n_head * hd))
+    else:
+        gate = cb(b.cont(gate, (Tn, hp.n_head * hd)), "gate_reshaped", il)
     v = b.reshape(v, (Tn, hp.n_head_kv, hd))
     q = cb(d.rope_ext(q, None), "Qcur", il)
     k = cb(d.rope_ext(k, None), "Kcur", il)
@@ -140,18 +199,18 @@ def gated_attn(d, cur, il: int):
     return cb(ctx.mul_mat(w(T.ATTN_OUT, il), cur), "attn_output", il)
 
 
-def build(d, ffn) -> object:
+def build(d, ffn, var: Variant = QWEN35) -> object:
     """The qwen35 / qwen35moe layer loop; `ffn(d, cur, il)` is the FFN (dense or MoE). The
     output rows are picked after the final norm (embeddings_nextn_masked is off). The FFN's
     residual (qwen35moe names it "post_moe") is renamed l_out at once, as in llama.cpp."""
     hp, b = d.hp, d.b
     memory_inputs(d)
-    inpL = b.cb(d.inpL, "model.input_embed", -1)
+    inpL = b.cb(d.inpL, var.embd_name, -1)
     for il in range(hp.n_layer):
         inpSA = inpL
         cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
         b.expand(cur)
-        cur = linear_attn(d, cur, il) if hp.is_recurrent(il) else gated_attn(d, cur, il)
+        cur = linear_attn(d, cur, il, var) if hp.is_recurrent(il) else gated_attn(d, cur, il, var)
         cur = b.cb(d.add(cur, inpSA), "attn_residual", il)
         residual = cur
         cur = b.cb(d.norm(cur, d.weight(T.ATTN_POST_NORM, il), il), "attn_post_norm", il)
