@@ -57,6 +57,7 @@ WAVE2B_MODELS = ("tiny-minimaxm2-f16", "tiny-minimaxm2-q8_0", "tiny-llama4-f16",
 GRID_MODELS += WAVE2B_MODELS
 SWA_MODELS += ("tiny-olmo3-f16",)     # OLMo 3: olmo2's graph with sliding layers
 GRID_MODELS += ("tiny-qwen3next-f16", "tiny-qwen3next-q8_0")
+GRID_MODELS += ("tiny-mistral4-f16", "tiny-mistral4-q8_0")
 
 
 def model_options(cfg: dict, backends: tuple = (BACKENDS_FILE, BACKENDS_2_FILE)) -> list[str]:

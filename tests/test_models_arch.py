@@ -41,7 +41,7 @@ def test_registry_lists_the_recorded_architectures_in_order():
                                   "qwen35moe", "deepseek2", "qwen3vl", "qwen3vlmoe", "lfm2",
                                   "lfm2moe", "nemotron_h", "nemotron_h_moe",
                                   "granitehybrid", "minimax-m2", "llama4", "seed_oss", "olmo2",
-                                  "smollm3", "qwen3next"}
+                                  "smollm3", "qwen3next", "mistral4"}
     for name in ARCHITECTURES:
         assert get_arch(name).name == name
     # every architecture has its tiny models, and they are what the tests compare
@@ -104,6 +104,7 @@ REQUIRED_KEYS = {"qwen3moe": {"expert_count": 8, "expert_used_count": 2},
                                 "expert_feed_forward_length": 32, "expert_gating_func": 2},
                  "llama4": {"expert_count": 8, "expert_used_count": 2,
                             "expert_feed_forward_length": 32, "interleave_moe_layer_step": 2}}
+REQUIRED_KEYS["mistral4"] = REQUIRED_KEYS["deepseek2"]     # deepseek2's load_arch_hparams
 # create_tensor(output, 0): no tied output
 OUTPUT_REQUIRED = {"gpt-oss", "minimax-m2", "olmo2"}
 

@@ -549,6 +549,27 @@ MODELS += [
               arch="qwen3next", head_dim=32, n_rot=16, ssm=(4, 16, 2, 4, 64), n_layer=5,
               nextn=1, n_expert=8, n_expert_used=2, n_ff_exp=32)]
 
+# mistral4 (Mistral Small 4 in miniature): deepseek2's MLA and experts under their own
+# architecture name. The f16 file has YaRN with a log multiplier of 0.0707 (mscale_all_dim
+# 0.707), where llama.cpp's mscale stays 1 for mistral4 (deepseek2's takes mscale_all_dims),
+# softmax gating and every layer MoE; the q8_0 one Mistral's own shape: YaRN with multiplier
+# 0.1 (mscale_all_dim 1), sigmoid gating with a selection bias, a dense first layer
+MODELS += [
+    TinyModel("tiny-mistral4-f16", "f16", n_embd=64, n_head=4, n_head_kv=1, n_ff=128, seed=62,
+              arch="mistral4", n_expert=8, n_expert_used=2, n_ff_exp=32, n_expert_shared=1,
+              dense_lead=0, n_rot=16, mla=(32, 32, 32, 32),
+              metadata=(("expert_weights_norm", True), ("expert_gating_func", 1),
+                        ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+                        ("rope.scaling.original_context_length", 512),
+                        ("rope.scaling.yarn_log_multiplier", 0.0707))),
+    TinyModel("tiny-mistral4-q8_0", "q8_0", n_embd=64, n_head=4, n_head_kv=1, n_ff=128,
+              seed=63, arch="mistral4", n_expert=8, n_expert_used=2, n_ff_exp=32,
+              n_expert_shared=1, dense_lead=1, n_rot=16, mla=(32, 32, 32, 32), probs_b=True,
+              metadata=(("expert_weights_norm", True), ("expert_gating_func", 2),
+                        ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+                        ("rope.scaling.original_context_length", 512),
+                        ("rope.scaling.yarn_log_multiplier", 0.1)))]
+
 
 def dense_shapes(m: TinyModel, order: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
     """A dense model's tensors with each layer's in `order` (llama.cpp's load order)."""
@@ -814,7 +835,7 @@ def tensor_shapes(m: TinyModel) -> dict[str, tuple[int, ...]]:
         return WAVE2B_SHAPES[m.arch](m)
     if m.arch in ("lfm2", "lfm2moe"):
         return lfm2_shapes(m)
-    if m.arch == "deepseek2":
+    if m.arch in ("deepseek2", "mistral4"):
         return deepseek2_shapes(m)
     if m.arch in ("qwen35", "qwen35moe", "qwen3next"):
         return qwen35_shapes(m)
@@ -1021,7 +1042,7 @@ def write_model(m: TinyModel, out_dir: Path) -> Path:
         writer.add_expert_feed_forward_length(m.n_ff_exp)
     if m.n_ff_shexp:
         writer.add_expert_shared_feed_forward_length(m.n_ff_shexp)
-    if m.arch == "deepseek2":
+    if m.arch in ("deepseek2", "mistral4"):
         writer.add_expert_shared_count(m.n_expert_shared)
         writer.add_leading_dense_block_count(m.dense_lead)
     if m.arch == "glm4moe":

@@ -425,6 +425,21 @@ EXTRAS += [
                          ("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]]}),
                          ("n-cpu-moe2", {"ngl": "all", "n_cpu_moe": 2}))
 ]
+# mistral4 (deepseek2's graph under its own name, YaRN's mscale left at 1): the grid, then -np 2,
+# two ubatches (t40), its experts on the CPU with every layer offloaded (-ot exps=CPU, both
+# attentions; --n-cpu-moe 2)
+MISTRAL4_MODELS = ["tiny-mistral4-f16", "tiny-mistral4-q8_0"]
+MODELS += MISTRAL4_MODELS
+EXTRAS += [
+    (model, suffix, opts)
+    for model in MISTRAL4_MODELS
+    for suffix, opts in (("np2", {"ngl": 2, "parallel": 2}),
+                         ("t40", {"ngl": 2, "tokens": TOKENS_2UB}),
+                         ("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]]}),
+                         ("ot-exps-cpu", {"ngl": "all", "overrides": [["exps", "CPU"]],
+                                          "flash_attn": True}),
+                         ("n-cpu-moe2", {"ngl": "all", "n_cpu_moe": 2}))
+]
 # ggml_type values of common/arg.cpp's kv_cache_types (-ctk/-ctv)
 KV_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20,
             "q5_0": 6, "q5_1": 7}

@@ -52,6 +52,7 @@ _MODULES = {
     "olmo2": "ggmlrun.models.arch.olmo2",
     "smollm3": "ggmlrun.models.arch.smollm3",
     "qwen3next": "ggmlrun.models.arch.qwen3next",
+    "mistral4": "ggmlrun.models.arch.mistral4",
 }
 ARCHITECTURES = tuple(_MODULES)
 _LOADED: dict = {}

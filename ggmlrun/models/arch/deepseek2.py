@@ -41,7 +41,7 @@ GLM47_VOCAB = 154880       # GLM-4.7-Flash: sigmoid gating without the key
 LITE_VOCAB = 128256        # a 48-layer lite model (Kanana-2-30B-A3B): no q_lora_rank
 
 
-def read_hparams(get, common: dict) -> HParams:
+def read_hparams(get, common: dict, arch: str = "deepseek2") -> HParams:
     block_count = common["n_layer"]
     nextn = int(get("nextn_predict_layers", 0) or 0)
     if nextn >= block_count:
@@ -53,16 +53,16 @@ def read_hparams(get, common: dict) -> HParams:
     if not func:
         func = 2 if n_layer in (47, 48) and n_vocab == GLM47_VOCAB else 1
     if func not in GATING:
-        raise InputError(f"expert_gating_func {func} is not built for deepseek2 (softmax 1, "
+        raise InputError(f"expert_gating_func {func} is not built for {arch} (softmax 1, "
                          f"sigmoid 2)")
     k_mla = int(get("attention.key_length_mla", 0) or 0)
     v_mla = int(get("attention.value_length_mla", 0) or 0)
     if not k_mla or not v_mla:
-        raise InputError("a deepseek2 file without attention.key_length_mla / "
+        raise InputError(f"a {arch} file without attention.key_length_mla / "
                          "value_length_mla (a legacy file with attn_kv_b) is not built; "
                          "reconvert it with a current convert_hf_to_gguf.py")
     if get("attention.temperature_scale", 0.0):
-        raise InputError("deepseek2 with attention.temperature_scale (Mistral Large 3's "
+        raise InputError(f"{arch} with attention.temperature_scale (Mistral Large 3's "
                          "attention temperature) is not built yet")
     kv_lora = int(get("attention.kv_lora_rank"))
     n_rot = common["n_rot"]
@@ -76,21 +76,23 @@ def read_hparams(get, common: dict) -> HParams:
                          f"and value_length kv_lora_rank ({kv_lora}); the file has "
                          f"{common['n_head_kv']}, {head_k} and {head_v}")
     log_mul = float(get("rope.scaling.yarn_log_multiplier", 0.0) or 0.0)
+    # llama_context's YaRN mscale is mscale_all_dims for the deepseek2 arch only (mistral4: 1)
     return HParams(
         **dict(common, n_layer=n_layer), n_layer_nextn=nextn,
         rope_yarn_log_mul=as_f32(as_f32(log_mul) / as_f32(0.1)) if log_mul else 0.0,
-        yarn_mscale_all_dims=True, gating=GATING[func], **glm4moe.moe_fields(get, common),
+        yarn_mscale_all_dims=arch == "deepseek2", gating=GATING[func],
+        **glm4moe.moe_fields(get, common),
         n_lora_q=0 if lite else int(get("attention.q_lora_rank", None)),
         n_lora_kv=kv_lora, n_embd_head_k_mla=k_mla, n_embd_head_v_mla=v_mla)
 
 
-def tensors(hp: HParams) -> dict[str, TensorSpec]:
+def tensors(hp: HParams, arch: str = "deepseek2") -> dict[str, TensorSpec]:
     """load_arch_tensors, in its order; the NextN layers' tensors may be absent (a trunk-only
     file) and are never loaded."""
     n_embd, n_head = hp.n_embd, hp.n_head
     k_mla, v_mla, n_rot = hp.n_embd_head_k_mla, hp.n_embd_head_v_mla, hp.n_rot
     q_lora, kv_lora = hp.n_lora_q, hp.n_lora_kv
-    name = lambda t, s="weight", bid=None: tn("deepseek2", t, s, bid)   # noqa: E731
+    name = lambda t, s="weight", bid=None: tn(arch, t, s, bid)   # noqa: E731
     out = {name(T.TOKEN_EMBD): TensorSpec((hp.n_vocab, n_embd)),
            name(T.OUTPUT_NORM): TensorSpec((n_embd,)),
            name(T.OUTPUT): TensorSpec((hp.n_vocab, n_embd), False)}
@@ -183,8 +185,8 @@ def attention(d: Decoder, il: int, cur, scale: float):
 def build(d: Decoder):
     hp, b = d.hp, d.b
     if TYPES[d.cache.kv_type].is_block:
-        raise InputError(f"a {d.cache.kv_type} KV cache is not built for deepseek2 (MLA) yet; "
-                         f"use f16 or f32")
+        raise InputError(f"a {d.cache.kv_type} KV cache is not built for {d.arch.name} (MLA) "
+                         f"yet; use f16 or f32")
     d.inputs.pop("v_idxs")           # build_attn_inp_k: no V to store
     scale = kq_scale(d)
     inpL = d.inpL

@@ -20,7 +20,7 @@ from ggmlrun.models.hparams.keys import F32_MAX, MAX_DIM, RULES, VOCAB_LIST, Rul
 FULL_ROPE = ("llama", "qwen2", "qwen3", "mistral3", "qwen3moe", "qwen3vl", "qwen3vlmoe")
 # architectures whose cached key and value differ in size (MLA: K is kv_lora_rank plus the
 # rotated part, V the first kv_lora_rank values of the same row)
-MLA_HEADS = ("deepseek2",)
+MLA_HEADS = ("deepseek2", "mistral4")
 
 # Weight types a card may give a tensor: those ggmlrun has a kernel for (f32/f16/bf16 and the
 # block types core/ir/types.decode_blocks decodes) and llama.cpp loads as weights. Not the
