@@ -5,12 +5,10 @@ llama.cpp is outside the graph's code:
 
 - llama_context's YaRN: the [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX] special case (mscale =
   mscale_all_dims) tests `arch == LLM_ARCH_DEEPSEEK2`, so mistral4 keeps mscale 1 and its
-  rope's attention factor is 1 / mscale(factor, log_mul) (hparams/rope.py); the KQ scale's
+  rope's attention factor is mscale(s, 1) / mscale(s, log_mul) (hparams/rope.py); the KQ scale's
   formula is deepseek2's.
 - build_moe_ffn sets GGML_PREC_F32 on the routed experts' down product (src1 can pass f16's
   range): a kernel precision, no tensor or buffer of its own.
-- llm_arch_supports_sm_tensor lists it as false (deepseek2 true): -sm tensor, which ggmlrun's
-  fit refuses for every architecture.
 """
 
 from __future__ import annotations
