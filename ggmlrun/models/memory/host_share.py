@@ -67,12 +67,14 @@ def recurrent_state_bytes(state: RecurrentState) -> int:
     return n
 
 
-def checkpoint_bytes(hp, memory: Memory) -> int:
-    """One context checkpoint at its largest (0: the model makes none)."""
+def checkpoint_bytes(hp, memory: Memory, tokens: int | None = None) -> int:
+    """One context checkpoint of a sequence of `tokens` tokens (None: at its largest, a whole
+    window); 0 where the model makes none."""
     if memory.recurrent is not None:
         return _HEADER + recurrent_state_bytes(memory.recurrent)
     if memory.swa is not None and not memory.swa_full:
-        return _HEADER + kv_state_bytes(hp, memory.swa, min(hp.n_swa, memory.swa.cells))
+        window = hp.n_swa if tokens is None else min(tokens, hp.n_swa)
+        return _HEADER + kv_state_bytes(hp, memory.swa, min(window, memory.swa.cells))
     return 0
 
 
@@ -126,3 +128,15 @@ def host_growth(hp, memory: Memory, opts: ModelOptions) -> HostGrowth | None:
     else:
         cache, bound = 0, "off"
     return HostGrowth(seq_max(opts), per_slot, one, ram, cache, bound)
+
+
+def server_growth(hp, opts: ModelOptions, ctx: int) -> HostGrowth | None:
+    """host_growth for the memory llama-server makes at context `ctx` (fit's answer or
+    measure's): -fa auto makes its cache as for flash attention, as model_memory does."""
+    from dataclasses import replace
+
+    from ggmlrun.models.memory.caches import model_memory
+
+    if opts.target != "server":
+        return None
+    return host_growth(hp, model_memory(hp, replace(opts, ctx=ctx)), opts)
