@@ -21,12 +21,14 @@ def host_growth_dict(growth, free_bytes: int) -> dict | None:
             "host_free_bytes": free_bytes, "fits": g.total_bytes <= free_bytes}
 
 
-def _cache_text(g: dict) -> str:
+def _cache_text(g: dict) -> list[str]:
     if g["prompt_cache_bound"] == "off":
-        return "prompt cache off (--cache-ram 0),"
-    why = (f"--cache-ram {g['cache_ram_mib']}" if g["prompt_cache_bound"] == "cache-ram"
-           else "--cache-ram -1: the context's tokens, about")
-    return f"prompt cache {human_bytes(g['prompt_cache_bytes'])} ({why}),"
+        return ["prompt cache off", "(--cache-ram 0),"]
+    if g["prompt_cache_bound"] == "cache-ram":
+        return [f"prompt cache {human_bytes(g['prompt_cache_bytes'])}",
+                f"(--cache-ram {g['cache_ram_mib']}),"]
+    return [f"prompt cache about {human_bytes(g['prompt_cache_bytes'])}",
+            f"(--cache-ram {g['cache_ram_mib']}: the context's tokens),"]
 
 
 def host_growth_lines(backends, growth: dict | None, width: int = 80) -> list[str]:
@@ -36,14 +38,15 @@ def host_growth_lines(backends, growth: dict | None, width: int = 80) -> list[st
     if growth is None or cpu is None:
         return []
     g, free = growth, growth["host_free_bytes"]
-    ckpt = (f"context checkpoints {human_bytes(g['checkpoints_bytes'])} ({g['slots']} slots x "
-            f"{g['checkpoints_per_slot']} x {human_bytes(g['checkpoint_bytes'])});"
-            if g["checkpoint_bytes"] else "no context checkpoints (the model needs none);")
+    ckpt = ([f"context checkpoints {human_bytes(g['checkpoints_bytes'])}",
+             f"({g['slots']} slots x {g['checkpoints_per_slot']} x "
+             f"{human_bytes(g['checkpoint_bytes'])});"]
+            if g["checkpoint_bytes"] else ["no context checkpoints", "(the model needs none);"])
     left = "within the" if g["fits"] else "past the"
-    items = [_cache_text(g), ckpt, f"{human_bytes(g['total_bytes'])} in all, {left}",
+    items = ["(llama-server, upper bounds)", *_cache_text(g), *ckpt,
+             f"{human_bytes(g['total_bytes'])} in all,", left,
              f"{human_bytes(max(0, free))} free after start"]
-    return pack_line(f"host {plain(cpu.name)} grows into (llama-server, upper bounds):", items,
-                     width)
+    return pack_line(f"host {plain(cpu.name)} grows into:", items, width)
 
 
 def host_growth_warning(growth: dict | None) -> str | None:
