@@ -1,8 +1,9 @@
-"""llama-server's host growth (issue 30 item 1; models/memory/host_share.py): the context
-checkpoints of SWA, recurrent and hybrid models and the prompt cache, upper bounds the server
-grows into after it starts. A checkpoint's bytes and a sequence's full state are llama.cpp's
-own (llama_state_seq_get_size_ext with and without LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY,
-recorded by scripts/llamacpp/record_host_share.py)."""
+"""llama-server's host growth (issue 30 item 1; models/memory/host_share.py), llama-cli's
+too (the same server in a thread, one slot): the context checkpoints of SWA, recurrent and
+hybrid models and the prompt cache, upper bounds the server grows into after it starts. A
+checkpoint's bytes and a sequence's full state are llama.cpp's own
+(llama_state_seq_get_size_ext with and without LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, recorded by
+scripts/llamacpp/record_host_share.py)."""
 
 from __future__ import annotations
 
@@ -102,14 +103,19 @@ def test_prompt_cache_bound(name, parallel, unified):
     assert g.total_bytes == g.prompt_cache_bytes + g.checkpoints_bytes
 
 
-def test_cli_target_has_none():
-    """llama-cli keeps no prompt cache between runs: no growth, JSON null."""
-    opts = ModelOptions(ctx=1024, target="cli")
-    assert server_growth(_hp("tiny-gemma3-q8_0"), opts, 1024) is None
+def test_cli_target_grows_with_its_one_slot():
+    """llama-cli runs llama-server in a thread (tools/cli/cli-server.h) with -np 1: the same
+    prompt cache, one slot's checkpoints."""
+    hp = _hp("tiny-gemma3-q8_0")
+    cli = server_growth(hp, ModelOptions(ctx=1024, target="cli"), 1024)
+    server = server_growth(hp, ModelOptions(ctx=1024), 1024)
+    assert (cli.slots, server.slots) == (1, 4)
+    assert 4 * cli.checkpoints_bytes == server.checkpoints_bytes > 0
+    assert cli.prompt_cache_bytes == server.prompt_cache_bytes
     got, out, err = invoke("measure", "--json", str(MODELS / "tiny-gemma3-q8_0.gguf"),
                            "--for", "cli", "--ram", "1GiB", "--ctx", "512")
     assert got == 0, err
-    assert json.loads(out)["host_growth"] is None
+    assert json.loads(out)["host_growth"]["slots"] == 1
 
 
 def test_options_parse_in_every_form():
@@ -120,7 +126,8 @@ def test_options_parse_in_every_form():
     for words in ("--cache-ram 100 -ctxcp 0", "-cram 0 --ctx-checkpoints 8"):
         fields = parse_llama_args(words)
         opts = ModelOptions(**fields)
-        assert options_from_line(llama_cpp_line(opts, [], ngl=1, ctx=512)).cache_ram == opts.cache_ram
+        again = options_from_line(llama_cpp_line(opts, [], ngl=1, ctx=512))
+        assert (again.cache_ram, again.ctx_checkpoints) == (opts.cache_ram, opts.ctx_checkpoints)
     got, out, err = invoke("measure", "--json", "--ram", "1GiB", "--", "llama-server", "-m",
                            str(MODELS / "tiny-gemma3-q8_0.gguf"), "-c", "512", "-cram", "100",
                            "-ctxcp", "8")
@@ -144,4 +151,5 @@ def test_overrun_is_a_warning_not_a_failure():
         assert ("--cache-ram" in err) is not fits
     got, out, err = invoke("fit", model, "--ram", "64MiB", "--gpu", "4GiB")
     assert got == 0, err
-    assert "grows into: (llama-server, upper bounds)" in " ".join(out.split()) and "--cache-ram" in err
+    said = " ".join(out.split())
+    assert "grows into: (llama-server, upper bounds)" in said and "--cache-ram" in err

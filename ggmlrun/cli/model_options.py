@@ -283,11 +283,11 @@ def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: 
     click.echo(last_line)
 
 
-def host_growth(model_input, opts, ctx: int, free_bytes: int) -> dict | None:
-    """The record's `host_growth` (llama-server's prompt cache and context checkpoints at
-    context `ctx`; null for --for cli), warning on stderr when these upper bounds overrun the
-    host's `free_bytes` left after start (a warning: the server starts, and grows into them
-    only while it serves)."""
+def host_growth(model_input, opts, ctx: int, free_bytes: int) -> dict:
+    """The record's `host_growth`: llama-server's prompt cache and context checkpoints at
+    context `ctx` (llama-cli's too: it runs the same server with one slot), with a warning on
+    stderr when these upper bounds overrun the host's `free_bytes` left after start (a
+    warning: the server starts, and grows into them only while it serves)."""
     from ggmlrun.models.memory.host_share import server_growth
 
     record = report.host_growth_dict(server_growth(model_input[0].hparams, opts, ctx),

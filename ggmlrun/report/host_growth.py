@@ -7,11 +7,9 @@ from ggmlrun.core.util.fmt import human_bytes
 from ggmlrun.report.table import pack_line, plain
 
 
-def host_growth_dict(growth, free_bytes: int) -> dict | None:
-    """`host_growth`: null for --for cli; `free_bytes` is what the host has left after what
+def host_growth_dict(growth, free_bytes: int) -> dict:
+    """`host_growth`: `free_bytes` is what the host has left after what
     is taken at start (fit: after the margin too), `fits` whether the upper bounds fit it."""
-    if growth is None:
-        return None
     g = growth
     return {"upper_bounds": True, "slots": g.slots,
             "prompt_cache_bytes": g.prompt_cache_bytes, "prompt_cache_bound": g.prompt_cache_bound,
@@ -33,7 +31,7 @@ def _cache_text(g: dict) -> list[str]:
 
 def host_growth_lines(backends, growth: dict | None, width: int = 80) -> list[str]:
     """`host CPU grows into (llama-server, upper bounds): ...` from host_growth_dict's
-    record; none for --for cli."""
+    record."""
     cpu = next((b for b in backends if b.kind == "cpu"), None)
     if growth is None or cpu is None:
         return []
@@ -52,12 +50,12 @@ def host_growth_lines(backends, growth: dict | None, width: int = 80) -> list[st
 def host_growth_warning(growth: dict | None) -> str | None:
     """A warning, not a failure, when only the upper bounds overrun the host: what keeps
     them within it."""
-    if growth is None or growth["fits"]:
+    if growth["fits"]:
         return None
     free = growth["host_free_bytes"]
     room = (free - growth["checkpoints_bytes"]) // 2**20
     fix = (f"--cache-ram {room} keeps them within it" if room > 0
            else "--cache-ram 0 and fewer --ctx-checkpoints keep them smaller")
     return (f"llama-server's prompt cache and context checkpoints may grow to "
-            f"{human_bytes(growth['total_bytes'])} on the host, past the {human_bytes(max(0, free))} "
-            f"left after start; {fix}")
+            f"{human_bytes(growth['total_bytes'])} on the host, past the "
+            f"{human_bytes(max(0, free))} left after start; {fix}")

@@ -2,7 +2,8 @@
 context checkpoints (tools/server/server-context.cpp, server-task.cpp of the vendored
 llama.cpp). Neither is allocated at start (the weights, KV cache, compute and output buffers
 are, models/reserve.py); both are std::vector copies of sequence states made while serving, so
-`fit` states them as upper bounds the host must leave room for.
+`fit` states them as upper bounds the host must leave room for. llama-cli runs the same server
+in a thread (tools/cli/cli-server.h), with one slot, so it grows alike.
 
 - A context checkpoint (server_prompt_checkpoint) is llama_state_seq_get_size_ext(ctx, slot,
   LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY): the part of a sequence's memory that cannot be rolled
@@ -108,11 +109,10 @@ class HostGrowth:
         return self.checkpoints_bytes + self.prompt_cache_bytes
 
 
-def host_growth(hp, memory: Memory, opts: ModelOptions) -> HostGrowth | None:
-    """llama-server's growth for these options and this memory; None for --for cli (llama-cli
-    keeps no prompt cache between runs and ggmlrun plans its one conversation's memory)."""
-    if opts.target != "server":
-        return None
+def host_growth(hp, memory: Memory, opts: ModelOptions) -> HostGrowth:
+    """llama-server's growth for these options and this memory. llama-cli is the same server
+    run in a thread (tools/cli/cli-server.h: llama_server(params) with llama-cli's params), so
+    --for cli grows alike, with its one slot."""
     one = checkpoint_bytes(hp, memory)
     per_slot = max(0, opts.ctx_checkpoints) if one else 0
     ram = opts.cache_ram
@@ -130,13 +130,11 @@ def host_growth(hp, memory: Memory, opts: ModelOptions) -> HostGrowth | None:
     return HostGrowth(seq_max(opts), per_slot, one, ram, cache, bound)
 
 
-def server_growth(hp, opts: ModelOptions, ctx: int) -> HostGrowth | None:
+def server_growth(hp, opts: ModelOptions, ctx: int) -> HostGrowth:
     """host_growth for the memory llama-server makes at context `ctx` (fit's answer or
     measure's): -fa auto makes its cache as for flash attention, as model_memory does."""
     from dataclasses import replace
 
     from ggmlrun.models.memory.caches import model_memory
 
-    if opts.target != "server":
-        return None
     return host_growth(hp, model_memory(hp, replace(opts, ctx=ctx)), opts)
