@@ -154,10 +154,10 @@ def test_what_llama_cpp_defaults_spell():
 
 def test_unmodelled_named_on_stderr_once():
     data, err = _json("measure", *DEVICES, "--", "llama-server", "-m", TINY, "-c", "512",
-                      "-ngl", "2", "--port", "8080", "--temp", "0.5", "-cram", "0")
-    assert data["unmodelled"] == ["--port 8080", "--temp 0.5", "-cram 0"]
+                      "-ngl", "2", "--port", "8080", "--temp", "0.5", "-cms", "64")
+    assert data["unmodelled"] == ["--port 8080", "--temp 0.5", "-cms 64"]
     lines = [line for line in err.splitlines() if "not modelled" in line]
-    assert len(lines) == 1 and all(w in lines[0] for w in ("--port 8080", "--temp 0.5", "-cram 0"))
+    assert len(lines) == 1 and all(w in lines[0] for w in ("--port 8080", "--temp 0.5", "-cms 64"))
 
 
 @pytest.mark.parametrize("args, says", [

@@ -77,6 +77,9 @@ CASES = {
                         type_v_draft="f32"),
     "ctx_draft": dict(model_draft="d.gguf", ctx_draft=512),   # not llama.cpp's: not written
     "devices_draft": dict(model_draft="d.gguf", devices_draft=("GPU1",)),
+    # llama-server's host growth, not allocated at start (host_growth, tests/test_host_share.py
+    # measures it): the line carries them
+    "cache_ram": dict(cache_ram=100, ctx_checkpoints=4),
     # the projector (--mmproj): its bytes on its backends (mmproj_bytes)
     "mmproj": dict(mmproj=MMPROJ, flash_attn=True),
     "mmproj_offload": dict(mmproj=MMPROJ, mmproj_offload=False),
@@ -220,7 +223,8 @@ def test_every_cli_model_option_reaches_the_line():
                f"--cache-type-v-draft bf16 -md {DRAFT}": "-ctvd bf16",
                f"--device-draft none -md {DRAFT}": "-devd none",
                f"--mmproj {MMPROJ}": f"--mmproj {MMPROJ}", "--no-mmproj": "--no-mmproj",
-               "--no-mmproj-offload": "--no-mmproj-offload"}
+               "--no-mmproj-offload": "--no-mmproj-offload",
+               "--cache-ram -1": "-cram -1", "--ctx-checkpoints 0": "-ctxcp 0"}
     not_llama = {"--ram": "the host's memory: llama.cpp takes what the machine has",
                  "--sched-copies": "a build option: cmake -DGGML_SCHED_MAX_COPIES=N",
                  "--ctx-draft": "the vendored llama.cpp has no -cd: the draft gets the "

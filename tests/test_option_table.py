@@ -104,7 +104,7 @@ def test_two_devices_pin_the_memory_split():
     ("-m model.gguf", "-m"), ("-hf owner/repo:Q4_K_M", "-hf"), ("-sm row", "-sm"),
     ("-mmu https://x/p.gguf", "-mmu"), ("-cd 4096", "-cd"), ("--fit on", "--fit"),
     ("--fit-target x", "whole number"), ("--fit-ctx 0", "--fit-ctx"),
-    ("--cache-ram 8192", "--cache-ram"),
+    ("--cache-ram x", "--cache-ram"), ("-ctxcp 1.5", "-ctxcp"),
     ("--no-repack", "--no-repack"), ("-nr", "-nr"),
     ("-ngl 3 --temp 0.5", "--temp"), ("-c", "-c"), ("-np 0", "-np"), ("-fa maybe", "maybe"),
     ("-ctk q3_K", "q3_K"), ("-ot ffn", "REGEX=BACKEND"),

@@ -11,8 +11,8 @@ from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.llama_tail import TailCommand
 from ggmlrun.cli.common import (MODEL_ARG, BACKENDS, JSON, DEBUG, GGML, cli, emit_json,
                                 placement_options, stdout)
-from ggmlrun.cli.model_options import (draft_of, llama_model_words, model_options, _model_input,
-                                       planned_for_dict, print_model_figures)
+from ggmlrun.cli.model_options import (draft_of, host_growth, llama_model_words, model_options,
+                                       _model_input, planned_for_dict, print_model_figures)
 from ggmlrun.models.arch import ARCHITECTURES, LLAMA_CPP
 from ggmlrun.models.options.params import U32_MAX
 
@@ -111,7 +111,8 @@ def fit(model_path, backends_file, as_json, fit_ctx, min_ctx, fit_target, margin
         print_model_figures(model, report.fit_table(model[0], result), result.backends,
                             opts.no_mmap, report.fit_line(result, llama_model_words(model[0])),
                             draft=result.measure.draft if result.measure else None,
-                            without_draft=result.without_draft)
+                            without_draft=result.without_draft,
+                            growth=record["host_growth"])
         for line in report.llamacpp_fit_lines(record["llamacpp_fit"], result, stdout().width):
             click.echo(line)
     if not result.fits:
@@ -195,7 +196,9 @@ def fit_answer(model_input, fit_ctx, min_ctx: int, margin: str | None,
     llama = llamacpp_fit(model_file, backends, opts, ctx_auto=not isinstance(fit_ctx, int),
                          margins=fit_targets(fit_target, backends), fit_ctx=min_ctx,
                          user_ngl=ngl)
-    record = {**report.model_fit_dict(model_file, result), **extra,
+    cpu = next((b for b in result.backends if b.kind == "cpu"), None)
+    growth = host_growth(model_input, opts, result.ctx, cpu.free_bytes if cpu else 0)
+    record = {**report.model_fit_dict(model_file, result), **extra, "host_growth": growth,
               "options": options_json(opts, result.measure.flash_attn if result.measure else None),
               "llamacpp_fit": llama.as_dict(),
               **planned_for_dict(model_input)}

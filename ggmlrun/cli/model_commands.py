@@ -10,8 +10,8 @@ import click
 from ggmlrun import report
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.cli.common import stdout, emit_json
-from ggmlrun.cli.model_options import (draft_of, planned_for_dict, print_model_figures,
-                                       print_planned_for)
+from ggmlrun.cli.model_options import (draft_of, host_growth, planned_for_dict,
+                                       print_model_figures, print_planned_for)
 
 
 def _validate_model(model, backends, opts, as_json):
@@ -57,8 +57,11 @@ def measure_answer(model_input):
                                            main_backend(figures.draft))
     fit = model_fit(figures)
     command = llama_cpp_line(opts, backends, ngl=figures.ngl, ctx=figures.ctx)
+    host = next((b for b in fit.backends if b.kind == "cpu"), None)
+    growth = host_growth(model_input, opts, figures.ctx,
+                         host.memory_bytes - host.need_bytes if host else 0)
     record = {**report.model_measure_dict(model, figures, memory), **report.fits_dict(fit),
-              **extra, "command": command, "program": program(opts),
+              **extra, "host_growth": growth, "command": command, "program": program(opts),
               "options": options_json(opts, figures.flash_attn),
               **planned_for_dict(model_input)}
     return figures, memory, fit, command, record
@@ -80,8 +83,9 @@ def _measure_model(model_input, as_json, cmd=None):
         emit_json(record)
     else:
         print_model_figures(model_input, report.model_measure_table(model, figures),
-                            figures.backends, opts.no_mmap, paste_line(opts, command, llama_model_words(model)),
-                            draft=figures.draft)
+                            figures.backends, opts.no_mmap,
+                            paste_line(opts, command, llama_model_words(model)),
+                            draft=figures.draft, growth=record["host_growth"])
     # as plan does: the figures first, then exit 1 naming what does not fit (README)
     engine.check_capacity(figures.schedule, memory, fit=fit)
 

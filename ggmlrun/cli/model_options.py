@@ -271,10 +271,11 @@ def llama_model_words(model_file) -> list[str]:
 
 
 def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: str,
-                        draft=None, without_draft=None) -> None:
+                        draft=None, without_draft=None, growth: dict | None = None) -> None:
     """The text report of measure MODEL and fit: where the sizes came from, the figures'
-    table, each backend's memory bar, the host's lines, the draft's share (`draft`: its
-    ModelMeasure), and the command's own last line."""
+    table, each backend's memory bar, the host's lines (what is taken at start, then
+    llama-server's growth: `growth`, the record's host_growth), the draft's share (`draft`:
+    its ModelMeasure), and the command's own last line."""
     from ggmlrun import visual
 
     print_planned_for(model_input)
@@ -282,8 +283,25 @@ def print_model_figures(model_input, table, backends, no_mmap: bool, last_line: 
     visual.print_memory_bars(stdout(), report.memory_bars(backends))
     for line in report.host_lines(backends, no_mmap, stdout().width):
         click.echo(line)
+    for line in report.host_growth_lines(backends, growth, stdout().width):
+        click.echo(line)
     if draft is not None:
         for line in report.draft_lines(draft_of(model_input).name, draft, stdout().width,
                                        without_draft):
             click.echo(line)
     click.echo(last_line)
+
+
+def host_growth(model_input, opts, ctx: int, free_bytes: int) -> dict:
+    """The record's `host_growth`: llama-server's prompt cache and context checkpoints at
+    context `ctx` (llama-cli's too: it runs the same server with one slot), with a warning on
+    stderr when these upper bounds overrun the host's `free_bytes` left after start (a
+    warning: the server starts, and grows into them only while it serves)."""
+    from ggmlrun.models.memory.host_share import server_growth
+
+    record = report.host_growth_dict(server_growth(model_input[0].hparams, opts, ctx),
+                                     free_bytes)
+    warning = report.host_growth_warning(record)
+    if warning:
+        click.echo(f"ggmlrun: warning: {warning}", err=True)
+    return record

@@ -15,6 +15,7 @@ _NAMES = {
               "layer_fit_dict", "layer_fit_line", "measure_dict", "measure_table",
               "offload_note", "ops_dict", "ops_table", "pack_table", "plan_dict",
               "policy_table", "split_table", "summary_dict", "summary_table"),
+    "host_growth": ("host_growth_dict", "host_growth_lines", "host_growth_warning"),
     "model": ("draft_dict", "draft_lines", "fit_line", "fit_table", "llamacpp_fit_lines",
               "host_lines", "model_fit_dict", "model_measure_dict",
               "memory_bars", "model_measure_table", "model_run_dict", "model_summary",

@@ -12,7 +12,7 @@ argument" (llama-cli has no -kvu, llama-server no -st). What is left is one of t
   -np -1: llama-server's auto, the default);
 * what says which model and how llama.cpp's --fit runs: -m, -hf (with -hff), -mu, --fit,
   --fit-target, --fit-ctx, read here;
-* everything else llama.cpp takes (sampling, the server's port, threads, --cache-ram, ...):
+* everything else llama.cpp takes (sampling, the server's port, threads, -cms, ...):
   not modelled, kept as written so that the answer names every one of them.
 """
 

@@ -34,6 +34,9 @@ class ModelOptions:
     target: str = "server"        # --for: whose defaults (llama-server's -np auto, llama-cli's 1)
     cpu_moe: bool = False         # --cpu-moe: every expert tensor on the CPU
     n_cpu_moe: int = 0            # --n-cpu-moe N: the experts of layers 0..N-1 on the CPU
+    # llama-server's host growth (models/memory/host_share.py)
+    cache_ram: int = 8192         # --cache-ram MiB of prompt cache (-1: no limit, 0: off)
+    ctx_checkpoints: int = 32     # --ctx-checkpoints: context checkpoints kept per slot
     # the multimodal projector llama-server loads beside the model (models/projector/)
     mmproj: str | None = None     # --mmproj: its clip GGUF (a path, URL or hf:// file)
     no_mmproj: bool = False       # --no-mmproj: left out, even when --mmproj names one

@@ -131,6 +131,14 @@ OPTIONS: tuple[Option, ...] = (       # in the order the line to paste writes th
            "(always, under llama-server's -np auto)",
            flag="--kv-unified", llama=(("-kvu", "--kv-unified"),),
            llama_off=("-no-kvu", "--no-kv-unified")),
+    Option("cache_ram", Count(-I32_MAX - 1, I32_MAX, "llama.cpp's int32"), "server",
+           "llama-server's prompt cache in host RAM, MiB: an upper bound it grows into "
+           "(negative: no limit, 0: off)",
+           flag="--cache-ram", llama=(("-cram", "--cache-ram"),)),
+    Option("ctx_checkpoints", Count(-I32_MAX - 1, I32_MAX, "llama.cpp's int32"), "server",
+           "llama-server's context checkpoints kept per slot in host RAM for an SWA, recurrent "
+           "or hybrid model (0 or negative: none)", flag="--ctx-checkpoints",
+           llama=(("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints"),)),
     Option("target", Choice(TARGETS), "server", "Whose defaults the answer and the line to "
            "paste are for: llama-server's (-np auto: 4 sequences, one unified KV cache) or "
            "llama-cli's (-np 1)", flag="--for"),
