@@ -43,8 +43,8 @@ def test_fit_ngl_says_fit_chooses_it():
 def test_negative_bytes_are_formatted():
     assert human_bytes(-4294967296) == "-4.00 GiB"
     assert human_bytes(-100) == "-100 B"
-    code, out, err = invoke("fit", CARD_70B, "--gpu", "512MiB", "--margin", "1GiB", "--ram",
-                            "1TiB")
+    code, out, err = invoke("fit", CARD_70B.with_name("llama-3-8b-q4_k_m.yaml"), "--gpu",
+                            "512MiB", "--margin", "1GiB", "--ram", "1TiB")
     assert code == 1
     assert "its memory, 512.00 MiB, is less than the margin of 1.00 GiB" in err
     assert not re.search(r"-\d{4,} B", err)
