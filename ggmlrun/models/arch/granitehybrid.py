@@ -11,7 +11,6 @@ gate tensors.
 
 from __future__ import annotations
 
-import math
 
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import nemotron_h
@@ -85,19 +84,6 @@ def tensors(hp: HParams) -> dict[str, TensorSpec]:
     return out
 
 
-def attention(d, cur, il: int):
-    """build_attention_layer: Q/K/V, rope where the model has it, attention, wo."""
-    hp = d.hp
-    d.add_kv_layer(il)
-    hd = hp.n_embd_head_k
-    q, k, v = d.qkv(il, cur, hd, hp.heads(il), hp.heads_kv(il))
-    if hp.rope_finetuned:
-        q, k = d.rope_ext(q, d.rope_factors(il)), d.rope_ext(k, d.rope_factors(il))
-        q, k = d.b.cb(q, "Qcur", il), d.b.cb(k, "Kcur", il)
-    scale = hp.f_attention_scale or 1.0 / math.sqrt(float(hd))
-    return d.b.cb(d.attn(il, q, k, v, scale), "attn_out", il)
-
-
 def residual_scaled(d, cur):
     hp = d.hp
     return d.b.op("scale", [cur], cur.shape, s=hp.f_residual_scale) if hp.f_residual_scale \
@@ -129,7 +115,8 @@ def build(d):
     inpL = d.inpL
     for il in range(hp.n_layer):
         cur = b.cb(d.norm(inpL, d.weight(T.ATTN_NORM, il), il), "attn_norm", il)
-        cur = mamba2_layer(d, cur, il) if hp.is_recurrent(il) else attention(d, cur, il)
+        cur = (mamba2_layer(d, cur, il) if hp.is_recurrent(il)
+               else nemotron_h.attention(d, cur, il, rope=hp.rope_finetuned))
         cur, inpSA = d.last_rows(il, cur, inpL)
         ffn_inp = b.cb(d.add(residual_scaled(d, cur), inpSA), "ffn_inp", il)
         cur = b.cb(d.norm(ffn_inp, d.weight(T.FFN_NORM, il), il), "ffn_norm", il)

@@ -21,19 +21,21 @@ def tensors(hp):
     return decoder_tensors("llama", hp, rope_freqs=True, attn_out_bias=True, ffn_bias=True)
 
 
-def build(d: Decoder, scale_q=None, ffn_norm=None):
+def build(d: Decoder, scale_q=None, ffn_norm=None, roped=None):
     """llama's layers; `scale_q(il, q)` changes Q after rope (mistral3's attention
     temperature), the one place mistral3's layers differ; `ffn_norm` the FFN norm's tensor and
-    name where they are not ffn_norm (seed_oss's attn_post_norm)."""
+    name where they are not ffn_norm (seed_oss's attn_post_norm); `roped(il)` whether layer
+    il ropes Q and K (smollm3's NoPE layers do not; default every layer)."""
     hp, b = d.hp, d.b
     kq_scale = default_kq_scale(hp)
     inpL = d.inpL
     for il in range(hp.n_layer):
         inpSA = inpL
         q, k, v = d.layer_qkv(il, inpL)
-        factors = d.rope_factors(il)
-        q = b.cb(d.rope_ext(q, factors), "Qcur", il)
-        k = b.cb(d.rope_ext(k, factors), "Kcur", il)
+        if roped is None or roped(il):
+            factors = d.rope_factors(il)
+            q, k = d.rope_ext(q, factors), d.rope_ext(k, factors)
+        q, k = b.cb(q, "Qcur", il), b.cb(k, "Kcur", il)
         b.cb(v, "Vcur", il)
         if scale_q is not None:
             q = scale_q(il, q)

@@ -121,12 +121,16 @@ def relu_sqr_ffn(d, cur, il: int, up=T.FFN_UP, down=T.FFN_DOWN):
     return cur
 
 
-def attention(d, cur, il: int):
-    """build_attention_layer: Q/K/V (no rope), attention over the KV cache, wo."""
+def attention(d, cur, il: int, rope: bool = False):
+    """build_attention_layer: Q/K/V (roped only with `rope`: granitehybrid's files with
+    rope.scaling.finetuned), attention over the KV cache, wo."""
     hp = d.hp
     d.add_kv_layer(il)
     hd = hp.n_embd_head_k
     q, k, v = d.qkv(il, cur, hd, hp.heads(il), hp.heads_kv(il))
+    if rope:
+        q, k = d.rope_ext(q, d.rope_factors(il)), d.rope_ext(k, d.rope_factors(il))
+        q, k = d.b.cb(q, "Qcur", il), d.b.cb(k, "Kcur", il)
     scale = hp.f_attention_scale or 1.0 / math.sqrt(float(hd))
     return d.b.cb(d.attn(il, q, k, v, scale), "attn_out", il)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors, default_kq_scale
+from ggmlrun.models.arch import llama
+from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, decoder_tensors
 
 if TYPE_CHECKING:     # the graph builders load with the first graph (docs/models.md)
     from ggmlrun.models.graph.decoder import Decoder
@@ -19,18 +20,8 @@ def tensors(hp):
 
 
 def build(d: Decoder):
-    hp, b = d.hp, d.b
-    kq_scale = default_kq_scale(hp)
-    inpL = d.inpL
-    for il in range(hp.n_layer):
-        inpSA = inpL
-        q, k, v = d.layer_qkv(il, inpL)
-        if (il + 1) % NO_ROPE_STEP != 0:
-            q, k = d.rope_ext(q, None), d.rope_ext(k, None)
-        q, k, v = b.cb(q, "Qcur", il), b.cb(k, "Kcur", il), b.cb(v, "Vcur", il)
-        cur = b.cb(d.attn(il, q, k, v, kq_scale), "attn_out", il)
-        inpL = d.ffn_block(il, cur, inpSA)
-    return inpL
+    """llama's layers, every NO_ROPE_STEP-th without rope."""
+    return llama.build(d, roped=lambda il: (il + 1) % NO_ROPE_STEP != 0)
 
 
 ARCH = Arch(name="smollm3", rope_type=ROPE_TYPE_NORM, tensors=tensors, build=build)
