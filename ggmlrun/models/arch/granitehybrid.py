@@ -11,7 +11,6 @@ gate tensors.
 
 from __future__ import annotations
 
-
 from ggmlrun.core.util.errors import InputError
 from ggmlrun.models.arch import nemotron_h
 from ggmlrun.models.arch.base import ROPE_TYPE_NORM, Arch, TensorSpec
